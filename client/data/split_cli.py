@@ -1,0 +1,128 @@
+"""`silofl data split`: load a dataset, partition it among silos and write one silo directory per silo.
+
+    silofl data split DATASET --silos N [--partition iid|attribute|classes|dirichlet] [--heterogeneity H]
+        [--classes-per-silo K] [--dirichlet-alpha A] [--seed S] [--test-fraction F] [--data-dir D] [--no-download]
+        [--target COL --sensitive COL[,COL] --features COL,...] --out DIR [--overwrite]
+
+Writes DIR/silo_0, DIR/silo_1, ... (see `silo_store.py`) and prints a summary table. `add_data_parser` registers
+the command on the `silofl` console script's subparsers; the parsed namespace carries ``func=split_command``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from client.data.loaders import BUILTIN_DATASETS, load_dataset
+from client.data.partition import PARTITIONS, partition_dataset
+from client.data.silo_store import INFO_FILE, save_silo
+from client.data.sources import DATA_DIR_ENV
+from client.data.tabular import DatasetInfo, SiloData
+
+__all__ = ["add_data_parser", "split_command"]
+
+
+def _columns(text: str) -> list[str]:
+    columns = [c.strip() for c in text.split(",") if c.strip()]
+    if not columns:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated column names, got {text!r}")
+    return columns
+
+
+def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `data split` on an argparse subparsers object (e.g. the `silofl` command's)."""
+    data = subparsers.add_parser("data", help="prepare silo data", description="Prepare silo data.")
+    data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
+    split = data_sub.add_parser(
+        "split", help="partition a dataset among silos and write one directory per silo",
+        description="Load a dataset, partition its train and test splits among silos, write DIR/silo_<k>.")
+    split.add_argument("dataset", metavar="DATASET",
+                       help=f"a built-in dataset ({', '.join(BUILTIN_DATASETS)}) or a .csv/.parquet file")
+    split.add_argument("--silos", type=int, required=True, metavar="N", help="number of silos")
+    split.add_argument("--partition", choices=PARTITIONS, default="iid", help="how to split records (default iid)")
+    split.add_argument("--heterogeneity", type=float, default=0.0, metavar="H",
+                       help="Algorithm 3 level h in [0, 1] for --partition attribute (default 0)")
+    split.add_argument("--classes-per-silo", type=int, default=2, metavar="K",
+                       help="labels per silo for --partition classes (default 2)")
+    split.add_argument("--dirichlet-alpha", type=float, default=0.5, metavar="A",
+                       help="concentration for --partition dirichlet (default 0.5)")
+    split.add_argument("--seed", type=int, default=0, help="seed of the train/test split and the partition")
+    split.add_argument("--test-fraction", type=float, default=0.25, metavar="F", help="test share (default 0.25)")
+    split.add_argument("--data-dir", type=Path, default=None, metavar="D",
+                       help=f"raw data directory (default ${DATA_DIR_ENV}, else ~/.cache/silofl/data)")
+    split.add_argument("--no-download", action="store_true", help="fail instead of downloading missing files")
+    split.add_argument("--target", default=None, metavar="COL", help="label column (file datasets)")
+    split.add_argument("--sensitive", type=_columns, default=None, metavar="COL[,COL]",
+                       help="sensitive column(s); several form one joint category")
+    split.add_argument("--features", type=_columns, default=None, metavar="COL,...",
+                       help="feature columns (default: all other columns)")
+    split.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
+    split.add_argument("--overwrite", action="store_true", help="replace silo directories already in DIR")
+    split.set_defaults(func=split_command)
+
+
+def _counts(values: np.ndarray, names: tuple[str, ...]) -> str:
+    counts = np.bincount(values, minlength=len(names))
+    return ", ".join(f"{name} {count}" for name, count in zip(names, counts, strict=True))
+
+
+def _summary(info: DatasetInfo, silos: list[SiloData], out: Path) -> Table:
+    table = Table(title=f"{info.name}: {len(silos)} silos, {info.num_features} features -> {out}")
+    for column in ("silo", "train", "test", "train labels", f"train groups ({'|'.join(info.sensitive_columns)})"):
+        table.add_column(column, justify="right" if column in ("silo", "train", "test") else "left")
+    for silo in silos:
+        table.add_row(str(silo.silo_id), str(len(silo.train)), str(len(silo.test)),
+                      _counts(silo.train.nonsensitive.labels, info.label_names),
+                      _counts(silo.train.sensitive.groups, info.group_names))
+    return table
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    existing = sorted(p for p in out.glob("silo_*") if p.is_dir()) if out.is_dir() else []
+    if existing and not overwrite:
+        raise FileExistsError(f"{out} already holds {', '.join(p.name for p in existing)}; pass --overwrite to "
+                              "replace them or choose another --out")
+    for path in existing:  # stale silos of an earlier, larger split would otherwise survive
+        if (path / INFO_FILE).is_file() or not any(path.iterdir()):
+            shutil.rmtree(path)
+        else:
+            raise FileExistsError(f"{path} is not a silo directory (no {INFO_FILE}); remove it yourself")
+
+
+def split_command(args: argparse.Namespace) -> int:
+    """Run `data split` from parsed arguments; 0 on success, 2 with a message on stderr for bad input."""
+    console = Console()
+    try:
+        ds = load_dataset(args.dataset, data_dir=args.data_dir, seed=args.seed, test_fraction=args.test_fraction,
+                          target=args.target, sensitive=args.sensitive, features=args.features,
+                          download=not args.no_download)
+        silos = partition_dataset(ds, args.silos, method=args.partition, seed=args.seed,
+                                  heterogeneity=args.heterogeneity, classes_per_silo=args.classes_per_silo,
+                                  dirichlet_alpha=args.dirichlet_alpha)
+        _prepare_out(args.out, args.overwrite)
+        for silo in silos:
+            save_silo(silo, args.out / f"silo_{silo.silo_id}")
+    except (ValueError, OSError) as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    console.print(_summary(ds.info, silos, args.out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (`python -m client.data.split_cli data split ...`) until `silofl` wires it in."""
+    parser = argparse.ArgumentParser(prog="silofl")
+    add_data_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""DP-SGD building blocks: per-sample gradients, clipping, and flat gradient vectors.
+
+Per-sample gradients are computed with ``torch.func`` (``vmap(grad(loss of one sample))`` over the batch), so there is
+no Python loop over records. They feed the clipped, noised sums of DP-SGD (Abadi et al. 2016, Algorithm 1 lines
+"compute gradient", "clip gradient") and of the sensitive division in SteFFLe (``specs/steffle.md``, Algorithm 1 step
+3: per-sample gradients clipped to norm ``C_theta``). The non-sensitive gradient of step 2 is an ordinary minibatch
+mean, :func:`mean_gradient`.
+
+Flat vectors follow :func:`protocols.models.parameter_spec` order (the ``state_dict`` order), which is the layout
+:func:`unflatten` inverts. Every function requires the model's ``state_dict`` to hold exactly its parameters (no
+buffers), as all models from :func:`protocols.models.build_model` do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from protocols.models import loss_fn
+
+__all__ = [
+    "clip_rows",
+    "clipped_gradient_sum",
+    "flatten_per_sample",
+    "mean_gradient",
+    "per_sample_gradients",
+    "unflatten",
+]
+
+
+def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Named parameters in ``state_dict`` order; rejects models whose state also holds buffers."""
+    params = dict(model.named_parameters())
+    state_names = list(model.state_dict().keys())
+    if list(params) != state_names:
+        raise ValueError(
+            "the model's state_dict must hold exactly its parameters in the same order (no buffers), so that flat "
+            f"gradients follow parameter_spec; parameters {list(params)}, state_dict {state_names}"
+        )
+    return params
+
+
+def _check_batch(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a batch: ``x`` floating ``(n, d)``, ``y`` integer ``(n,)``; returns ``y`` as int64."""
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"x and y must be torch tensors, got {type(x).__name__} and {type(y).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (n, num_features), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating tensor (float32), got dtype {x.dtype}")
+    if y.ndim != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"y must be 1-D with one label per row of x ({x.shape[0]}), got shape {tuple(y.shape)}")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
+    return x, y.long()
+
+
+def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Gradient of ``loss_fn`` on each single record: ``{name: (n, *param_shape)}`` in parameter order.
+
+    ``vmap(grad(...))`` of the one-record loss evaluated through ``functional_call`` with detached parameters, so the
+    model's ``.grad`` fields are left untouched.
+    """
+    x, y = _check_batch(x, y)
+    params = {name: p.detach() for name, p in _parameters(model).items()}
+
+    def one_record_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, p, (xi.unsqueeze(0),))
+        return loss_fn(logits, yi.unsqueeze(0))
+
+    if x.shape[0] == 0:
+        return {name: p.new_zeros((0, *p.shape)) for name, p in params.items()}
+    return vmap(grad(one_record_loss), in_dims=(None, 0, 0))(params, x, y)
+
+
+def flatten_per_sample(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-sample gradients ``{name: (n, ...)}`` into ``(n, P)``, in the mapping's order."""
+    if not grads:
+        raise ValueError("grads is empty; expected one (n, *shape) tensor per parameter")
+    sizes = {name: g.shape[0] for name, g in grads.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"all per-sample gradients must share the leading (batch) dimension, got {sizes}")
+    return torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], dim=1)
+
+
+def _check_clip_norm(clip_norm: float) -> float:
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)):
+        raise TypeError(f"clip_norm must be a number, got {type(clip_norm).__name__}")
+    if not math.isfinite(clip_norm) or clip_norm <= 0:
+        raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm!r}")
+    return float(clip_norm)
+
+
+def clip_rows(g: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """Scale each row of ``g (n, P)`` to L2 norm ``<= clip_norm``: ``g_i * min(1, C / ||g_i||)``.
+
+    Rows already within the bound are returned unchanged (no epsilon in the denominator, unlike Opacus' ``C/(||g||+
+    1e-6)``, so a row of norm exactly ``C`` is not shrunk). Returns a new tensor.
+    """
+    clip_norm = _check_clip_norm(clip_norm)
+    if g.ndim != 2:
+        raise ValueError(f"g must be 2-D (n, P), got shape {tuple(g.shape)}")
+    return g * _clip_factors(torch.linalg.vector_norm(g, dim=1), clip_norm).unsqueeze(1)
+
+
+def _clip_factors(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """``min(1, C / norm)`` per row; exactly 1 for rows within the bound (and for zero rows)."""
+    # where(norm > C): the division only matters where norm > C > 0, so it never divides by zero.
+    return torch.where(norms > clip_norm, clip_norm / norms, torch.ones_like(norms))
+
+
+def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """``sum_i clip(grad loss(x_i, y_i), C)`` as a flat ``(P,)`` vector; zeros for an empty batch.
+
+    The sum (not the mean) is what DP-SGD noises: its L2 sensitivity to adding/removing one record is ``C``. An empty
+    batch is legitimate under Poisson sampling and contributes nothing.
+
+    Equal to ``clip_rows(flatten_per_sample(per_sample_gradients(...)), C).sum(0)`` but computed per parameter (row
+    norms from per-parameter norms, then one matrix-vector product per parameter), which never materialises the
+    ``(n, P)`` matrix or its scaled copy (1.7M floats for the MLP at n = 256, d = 102, hidden = 64): measured
+    1.1-1.8 ms per call against 1.6-7.4 ms for the flatten-then-clip route on 2 CPU cores.
+    """
+    clip_norm = _check_clip_norm(clip_norm)
+    x, y = _check_batch(x, y)
+    if x.shape[0] == 0:
+        params = list(_parameters(model).values())
+        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    n = x.shape[0]
+    rows = [g.reshape(n, -1) for g in per_sample_gradients(model, x, y).values()]
+    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1), dim=1)
+    factors = _clip_factors(norms, clip_norm)
+    return torch.cat([factors @ r for r in rows])
+
+
+def mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Ordinary minibatch gradient of the mean loss as a flat ``(P,)`` vector (no clipping, no noise).
+
+    Uses ``torch.autograd.grad`` so the model's ``.grad`` fields are left untouched. The mean of an empty batch is
+    undefined, so ``n == 0`` raises; callers decide what an empty Poisson batch contributes.
+    """
+    x, y = _check_batch(x, y)
+    if x.shape[0] == 0:
+        raise ValueError(
+            "mean_gradient of an empty batch is undefined (n == 0); skip the step or report zeros upstream"
+        )
+    params = _parameters(model)
+    loss = loss_fn(model(x), y)
+    grads = torch.autograd.grad(loss, list(params.values()))
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def unflatten(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """Split a flat ``(P,)`` vector into ``{name: tensor of shape}`` following ``spec`` (views into ``vector``)."""
+    if vector.ndim != 1:
+        raise ValueError(f"vector must be 1-D, got shape {tuple(vector.shape)}")
+    sizes = [math.prod(shape) for _, shape in spec]
+    if sum(sizes) != vector.shape[0]:
+        raise ValueError(f"vector has {vector.shape[0]} entries but spec describes {sum(sizes)} ({spec})")
+    out: dict[str, torch.Tensor] = {}
+    for (name, shape), piece in zip(spec, torch.split(vector, sizes), strict=True):
+        out[name] = piece.view(shape)
+    return out

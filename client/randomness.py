@@ -1,0 +1,45 @@
+"""Where a silo's randomness (Poisson sampling, shuffling, Gaussian noise) comes from.
+
+Simulated silos derive every draw from (run seed, silo id, round, stream), so one seed gives one result on every
+engine, whatever order the silos run in. A deployed silo must not do that: the server knows the run seed, and noise it
+can regenerate is noise it can subtract (and a sample it can predict voids amplification by sampling). A deployed silo
+therefore draws from the operating system's entropy unless its operator sets `deterministic-noise = true` in its
+node config for a reproducible experiment.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import torch
+from flwr.app import Context
+
+from client.silo_data import is_deployed
+
+DETERMINISTIC_KEY = "deterministic-noise"
+#: Independent streams of one silo in one round.
+SAMPLING, NOISE, SHUFFLE = 0, 1, 2
+
+
+def is_deterministic(context: Context) -> bool:
+    """Seeded draws for simulated silos; OS entropy for deployed ones unless their operator opts in."""
+    if not is_deployed(context):
+        return True
+    return str(context.node_config.get(DETERMINISTIC_KEY, "false")).lower() in {"true", "1", "yes"}
+
+
+def round_seed(context: Context, *, seed: int, silo_id: int, server_round: int, stream: int) -> int:
+    """A 63-bit seed for one stream of one silo in one round."""
+    if not is_deterministic(context):
+        return secrets.randbits(63)
+    seq = np.random.SeedSequence([seed, silo_id, server_round, stream])
+    return int(seq.generate_state(2, dtype=np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+def numpy_rng(context: Context, **kwargs: int) -> np.random.Generator:
+    return np.random.default_rng(round_seed(context, **kwargs))
+
+
+def torch_generator(context: Context, **kwargs: int) -> torch.Generator:
+    return torch.Generator().manual_seed(round_seed(context, **kwargs))

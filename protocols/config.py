@@ -1,0 +1,154 @@
+"""The run configuration: what a user asks for, validated once at the boundary.
+
+The same model validates every way a run is described: `silofl run` flags, the `[tool.flwr.app.config]` table of
+`pyproject.toml` and `flwr run . --run-config` overrides (Flower passes them to the ServerApp as
+`context.run_config`, with kebab-case keys). An unknown, missing or out-of-range key is a :class:`ConfigError` that
+names the key and the allowed values, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Algorithm = Literal["fedavg", "dp-fedsgd"]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+#: Algorithms whose silos add Gaussian noise and keep a privacy ledger.
+PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd"})
+Partition = Literal["iid", "attribute", "classes", "dirichlet"]
+ModelKind = Literal["logreg", "mlp"]
+Accountant = Literal["rdp", "pld", "best"]
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be run; the message names each bad key and what it accepts."""
+
+
+class RunConfig(BaseModel):
+    """Everything needed to (re)run one federated job. Field names are the run-config keys with `-` for `_`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=lambda s: s.replace("_", "-"))
+
+    algorithm: Algorithm
+    dataset: str = Field(default="synthetic", min_length=1, description="builtin name or path to a .csv/.parquet file")
+    data_dir: str = Field(default="", description="folder with the datasets; empty: $SILOFL_DATA_DIR")
+    target: str = Field(default="", description="label column of a CSV/Parquet dataset")
+    sensitive: str = Field(default="", description="comma-separated sensitive column(s) of a CSV/Parquet dataset")
+    features: str = Field(default="", description="comma-separated feature columns; empty: all other columns")
+    num_silos: int = Field(default=3, ge=1, le=1000)
+    partition: Partition = "iid"
+    heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)
+    classes_per_silo: int = Field(default=2, ge=1)
+    dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    model: ModelKind = "logreg"
+    hidden: int = Field(default=64, ge=1, le=65536)
+    rounds: int = Field(default=0, ge=0, le=10_000_000, description="communication rounds; 0: derived from epochs")
+    epochs: float = Field(default=0.0, ge=0.0, le=100_000, description="passes over the data; 0: use rounds")
+    batch_size: int = Field(default=256, ge=1, description="expected records per silo per step (Poisson rate m / n_j)")
+    lr: float = Field(default=0.5, gt=0.0, le=1e4)
+    lr_decay: float = Field(default=1.0, gt=0.0, le=1.0, description="factor applied every lr-decay-epochs")
+    lr_decay_epochs: float = Field(default=0.0, ge=0.0, description="0: constant learning rate")
+    local_epochs: int = Field(default=1, ge=1, le=1000, description="fedavg: local passes per round")
+    clip: float = Field(default=1.0, gt=0.0, description="per-sample gradient L2 clip norm C")
+    epsilon: float = Field(default=math.inf, gt=0.0, description="target epsilon per silo; inf: no noise")
+    delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="target delta; 0: 1/n^2 with n the training records")
+    accountant: Accountant = "best"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    eval_every: int = Field(default=0, ge=0, description="rounds between federated evaluations; 0: about 20 in a run")
+    round_timeout: float = Field(default=600.0, gt=0.0, description="seconds to wait for the silos' replies")
+    out_dir: str = Field(default="", description="where result.json is written; empty: do not write")
+
+    @field_validator("epsilon", mode="before")
+    @classmethod
+    def _parse_infinity(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in {"inf", "infinity", "none"}:
+            return math.inf
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> RunConfig:
+        if self.rounds and self.epochs:
+            raise ValueError("give either 'rounds' or 'epochs', not both (set the other to 0)")
+        if not self.rounds and not self.epochs:
+            raise ValueError("give 'rounds' (communication rounds) or 'epochs' (passes over each silo's data)")
+        if self.algorithm in PRIVATE_ALGORITHMS and math.isinf(self.epsilon):
+            pass  # allowed: a non-private run of a private algorithm (sigma = 0), reported as epsilon = inf
+        if self.algorithm not in PRIVATE_ALGORITHMS and not math.isinf(self.epsilon):
+            raise ValueError(
+                f"'epsilon' = {self.epsilon} was given but algorithm '{self.algorithm}' adds no noise; "
+                f"use one of {sorted(PRIVATE_ALGORITHMS)} or drop 'epsilon'"
+            )
+        if not self.dataset.endswith((".csv", ".parquet")) and (self.target or self.sensitive or self.features):
+            raise ValueError("'target', 'sensitive' and 'features' apply only to a .csv/.parquet 'dataset'")
+        if self.dataset.endswith((".csv", ".parquet")) and not (self.target and self.sensitive):
+            raise ValueError(f"dataset '{self.dataset}' is a file: also give 'target' and 'sensitive' columns")
+        return self
+
+    @property
+    def private(self) -> bool:
+        """Whether the silos add noise (a finite epsilon on a private algorithm)."""
+        return self.algorithm in PRIVATE_ALGORITHMS and math.isfinite(self.epsilon)
+
+    def to_run_config(self) -> dict[str, str | int | float | bool]:
+        """Flower run-config form (kebab-case keys, only scalars; infinity as the string 'inf')."""
+        out: dict[str, str | int | float | bool] = {}
+        for key, value in self.model_dump(by_alias=True).items():
+            out[key] = "inf" if isinstance(value, float) and math.isinf(value) else value
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe dict (the `config` block of result.json); `RunConfig.parse(...)` reads it back."""
+        return self.to_run_config()
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Validate a run config; raise :class:`ConfigError` naming each bad key and what it accepts."""
+        try:
+            return cls.model_validate(dict(values))
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
+
+
+def allowed_values(key: str) -> str:
+    """Human description of what run-config key `key` accepts (for error messages and `--help`)."""
+    name = key.replace("-", "_")
+    field = RunConfig.model_fields.get(name)
+    if field is None:
+        return "one of the keys " + ", ".join(sorted(RunConfig.model_fields[f].alias or f for f in RunConfig.model_fields))
+    choices = get_args(field.annotation)
+    if choices and all(isinstance(c, str) for c in choices):
+        return "one of " + ", ".join(repr(c) for c in choices)
+    bounds = []
+    for meta in field.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "length >=")):
+            if getattr(meta, attr, None) is not None:
+                bounds.append(f"{sym} {getattr(meta, attr)}")
+    kind = getattr(field.annotation, "__name__", str(field.annotation))
+    text = f"{kind} " + " and ".join(bounds) if bounds else kind
+    return text + (f" ({field.description})" if field.description else "")
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = ["invalid run configuration:"]
+    known = sorted((RunConfig.model_fields[f].alias or f) for f in RunConfig.model_fields)
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else ""
+        if err["type"] == "extra_forbidden":
+            close = [k for k in known if _similar(k, key)]
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            lines.append(f"  - unknown key '{key}'{hint}; known keys: {', '.join(known)}")
+        elif err["type"] == "missing":
+            lines.append(f"  - missing key '{key}': give {allowed_values(key)}")
+        elif not key:
+            lines.append(f"  - {err['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"  - key '{key}' = {err.get('input')!r}: {err['msg']}; allowed: {allowed_values(key)}")
+    return "\n".join(lines)
+
+
+def _similar(a: str, b: str) -> bool:
+    a, b = a.lower().replace("_", "-"), b.lower().replace("_", "-")
+    return a == b or (len(a) > 3 and (a in b or b in a))

@@ -1,0 +1,200 @@
+"""What the server and the silos say to each other, and how each side checks it on receipt.
+
+Every message is a Flower :class:`~flwr.app.RecordDict`. Its scalar parts are pydantic models (extra keys forbidden,
+ranges checked); its arrays are checked against the shapes both sides derive from the model (:func:`check_arrays`):
+names, shapes, dtypes and finite values. A message that fails any check raises :class:`MessageError`, whose text
+names the message, the field and what was expected, so that a bad message is refused before it touches any state.
+
+Message types (Flower `message_type`):
+
+* ``query.setup``  server -> silo: :class:`DataSpec` (which data a simulated silo loads); reply :class:`SiloInfo`.
+* ``train``        server -> silo: arrays ``model`` + :class:`TrainInstruction`; reply arrays ``update`` + :class:`TrainReport`.
+* ``evaluate``     server -> silo: arrays ``model`` + :class:`EvaluateInstruction`; reply arrays ``counts`` +
+  :class:`EvaluateReport`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SETUP = "query.setup"
+TRAIN = "train"
+EVALUATE = "evaluate"
+
+#: Names of the records inside a message's RecordDict.
+CONFIG = "config"
+MODEL = "model"
+UPDATE = "update"
+COUNTS = "counts"
+REPORT = "report"
+
+ArraySpec = Sequence[tuple[str, tuple[int, ...]]]
+M = TypeVar("M", bound=BaseModel)
+
+
+class MessageError(ValueError):
+    """A message that does not follow the protocol. Nothing it carries has been applied."""
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, alias_generator=lambda s: s.replace("_", "-")
+    )
+
+    def to_config_record(self) -> ConfigRecord:
+        return ConfigRecord(_flower_values(self.model_dump(by_alias=True)))
+
+    def to_metric_record(self) -> MetricRecord:
+        return MetricRecord(_flower_values(self.model_dump(by_alias=True)))
+
+
+def _flower_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, tuple):
+            value = list(value)
+        out[key] = value
+    return out
+
+
+class DataSpec(_Schema):
+    """Which data a silo holds when it is simulated (no `data-path` in its node config)."""
+
+    dataset: str = Field(min_length=1)
+    data_dir: str = ""
+    target: str = ""
+    sensitive: str = ""
+    features: str = ""
+    num_silos: int = Field(ge=1)
+    partition: Literal["iid", "attribute", "classes", "dirichlet"] = "iid"
+    heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)
+    classes_per_silo: int = Field(default=2, ge=1)
+    dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    seed: int = Field(default=0, ge=0)
+
+
+class SiloInfo(_Schema):
+    """A silo's public description, sent once in the setup round."""
+
+    silo_id: int = Field(ge=0)
+    dataset: str
+    num_features: int = Field(ge=1)
+    num_labels: int = Field(ge=2)
+    num_groups: int = Field(ge=1)
+    n_train: int = Field(ge=1)
+    n_test: int = Field(ge=0)
+    schema_hash: str = Field(min_length=1, description="hash of feature/label/group names: silos must agree")
+    label_names: tuple[str, ...]
+    group_names: tuple[str, ...]
+
+
+class ModelSpec(_Schema):
+    """Which model both sides build (its parameter shapes follow from it and the data dimensions)."""
+
+    model: Literal["logreg", "mlp"] = "logreg"
+    hidden: int = Field(default=64, ge=1)
+
+
+class TrainInstruction(_Schema):
+    """Server -> silo, every training round."""
+
+    algorithm: Literal["fedavg", "dp-fedsgd"]
+    server_round: int = Field(ge=1)
+    total_rounds: int = Field(ge=1)
+    model: Literal["logreg", "mlp"] = "logreg"
+    hidden: int = Field(default=64, ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0.0)
+    local_epochs: int = Field(default=1, ge=1)
+    clip: float = Field(default=1.0, gt=0.0)
+    epsilon: float = Field(default=math.inf, gt=0.0)
+    delta: float = Field(default=0.0, ge=0.0, lt=1.0)
+    accountant: Literal["rdp", "pld", "best"] = "best"
+    seed: int = Field(default=0, ge=0)
+
+
+class TrainReport(_Schema):
+    """Silo -> server with each update. Only public quantities: no count or loss that depends on the sampled data."""
+
+    silo_id: int = Field(ge=0)
+    server_round: int = Field(ge=1)
+    num_examples: int = Field(ge=0, description="fedavg: local records; private algorithms: n_j (public, from setup)")
+    epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after this answer (inf: no noise)")
+    noise_multiplier: float = Field(ge=0.0)
+    sampling_rate: float = Field(ge=0.0, le=1.0)
+
+
+class EvaluateInstruction(_Schema):
+    """Server -> silo: evaluate this model on the silo's local test split."""
+
+    server_round: int = Field(ge=0)
+    model: Literal["logreg", "mlp"] = "logreg"
+    hidden: int = Field(default=64, ge=1)
+
+
+class EvaluateReport(_Schema):
+    """Silo -> server with the confusion counts (array `counts`)."""
+
+    silo_id: int = Field(ge=0)
+    server_round: int = Field(ge=0)
+    num_examples: int = Field(ge=0)
+    loss_sum: float = Field(ge=0.0, allow_inf_nan=False)
+
+
+def read_config(content: RecordDict, schema: type[M], *, record: str = CONFIG, what: str = "message") -> M:
+    """Validate the ConfigRecord (or MetricRecord) `record` of `content` against `schema`."""
+    if record not in content:
+        raise MessageError(f"{what}: missing record '{record}' (has: {sorted(content.keys())})")
+    try:
+        return schema.model_validate(dict(content[record]))
+    except ValidationError as exc:
+        problems = "; ".join(f"'{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in exc.errors())
+        raise MessageError(f"{what}: invalid {schema.__name__} in record '{record}': {problems}") from None
+
+
+def arrays_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """Named numpy arrays as an ArrayRecord (order kept)."""
+    return ArrayRecord({name: _array(value) for name, value in arrays.items()})
+
+
+def _array(value: np.ndarray):
+    from flwr.app import Array
+
+    return Array(np.ascontiguousarray(value))
+
+
+def check_arrays(
+    content: RecordDict, record: str, spec: ArraySpec, *, dtype: str = "float32", what: str = "message"
+) -> dict[str, np.ndarray]:
+    """Return the arrays of `record`, after checking names, shapes, dtype and finite values against `spec`."""
+    if record not in content:
+        raise MessageError(f"{what}: missing array record '{record}' (has: {sorted(content.keys())})")
+    rec = content[record]
+    if not isinstance(rec, ArrayRecord):
+        raise MessageError(f"{what}: record '{record}' must be an ArrayRecord, got {type(rec).__name__}")
+    expected = [name for name, _ in spec]
+    if list(rec.keys()) != expected:
+        raise MessageError(f"{what}: arrays in '{record}' are {list(rec.keys())}, expected {expected} in that order")
+    out: dict[str, np.ndarray] = {}
+    for name, shape in spec:
+        arr = rec[name]
+        if arr.dtype != np.dtype(dtype).str and arr.dtype != dtype:
+            raise MessageError(f"{what}: array '{record}.{name}' has dtype {arr.dtype}, expected {dtype}")
+        if tuple(arr.shape) != tuple(shape):
+            raise MessageError(f"{what}: array '{record}.{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
+        try:
+            value = arr.numpy()
+        except Exception as exc:  # corrupt payload: wrong byte count for the declared shape
+            raise MessageError(f"{what}: array '{record}.{name}' cannot be decoded: {exc}") from None
+        if value.shape != tuple(shape) or value.dtype != np.dtype(dtype):
+            raise MessageError(f"{what}: array '{record}.{name}' decodes to {value.dtype}{value.shape}")
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise MessageError(f"{what}: array '{record}.{name}' contains NaN or infinite values")
+        out[name] = value
+    return out

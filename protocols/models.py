@@ -1,0 +1,175 @@
+"""Models that the server and every silo agree on, plus their (de)serialisation.
+
+The server and the silos must build byte-identical architectures so that a parameter dictionary produced on one side
+loads on the other; :func:`build_model` is the single place where those architectures are defined.
+
+Every model maps a float32 batch ``(n, num_features)`` to LOGITS ``(n, num_labels)``; the model output of the papers is
+``F(x; theta) = softmax(logits)`` (``specs/steffle.md``, "Objective").
+
+Binary heads (``num_labels == 2``) have ONE linear output ``z`` and return the logits ``[0, z]``. Then
+``softmax([0, z]) = (1 - sigmoid(z), sigmoid(z))``, the papers' binary logistic model, and cross-entropy on these logits
+equals BCE-with-logits on ``z`` (the released SteFFLe code trains with ``BCEWithLogitsLoss``). The output stays in the
+full ``l = 2`` form the spec requires (it forbids the released code's 1x1 reduction of the fairness block), while the
+parameter count matches the papers' logistic regression (``d + 1``). Multi-class heads (``num_labels > 2``) are an
+ordinary multinomial ``Linear(d, l)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "MODEL_KINDS",
+    "TabularModel",
+    "build_model",
+    "get_parameters",
+    "loss_fn",
+    "parameter_spec",
+    "predict",
+    "set_parameters",
+]
+
+MODEL_KINDS: tuple[str, ...] = ("logreg", "mlp")
+
+
+class TabularModel(nn.Module):
+    """Logistic regression (``hidden is None``) or a one-hidden-layer ReLU MLP, returning logits.
+
+    Parameters are named ``hidden.weight``/``hidden.bias`` (MLP only) and ``head.weight``/``head.bias``. The module
+    has no buffers, so its ``state_dict`` holds exactly its trainable parameters.
+    """
+
+    def __init__(self, num_features: int, num_labels: int, hidden: int | None) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.num_labels = num_labels
+        # skip_init builds the layers without drawing from the global RNG; build_model initialises them from a seed.
+        self.hidden: nn.Linear | None = None if hidden is None else nn.utils.skip_init(nn.Linear, num_features, hidden)
+        head_in = num_features if hidden is None else hidden
+        head_out = 1 if num_labels == 2 else num_labels
+        self.head: nn.Linear = nn.utils.skip_init(nn.Linear, head_in, head_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, num_labels)`` for a batch ``(n, num_features)``."""
+        if x.shape[-1] != self.num_features:
+            raise ValueError(
+                f"input has {x.shape[-1]} features but the model was built with num_features={self.num_features}; "
+                "encode the data with the same feature pipeline as the model"
+            )
+        h = x if self.hidden is None else torch.relu(self.hidden(x))
+        z = self.head(h)
+        if self.num_labels == 2:
+            # logits [0, z]: softmax gives (1 - sigmoid(z), sigmoid(z)).
+            return torch.cat([torch.zeros_like(z), z], dim=-1)
+        return z
+
+
+def _check_positive_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _init_linear(layer: nn.Linear, generator: torch.Generator) -> None:
+    """PyTorch's default ``nn.Linear`` distribution, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn from ``generator``."""
+    bound = 1.0 / math.sqrt(layer.in_features)
+    with torch.no_grad():
+        nn.init.uniform_(layer.weight, -bound, bound, generator=generator)
+        nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+
+
+def build_model(kind: str, num_features: int, num_labels: int, *, hidden: int = 64, seed: int = 0) -> TabularModel:
+    """Build a float32 model returning logits ``(n, num_labels)``.
+
+    ``kind`` is ``"logreg"`` (the papers' model) or ``"mlp"`` (``d -> hidden -> ReLU -> head``); the head rule for
+    ``num_labels == 2`` is described in the module docstring. Initialisation is a deterministic function of ``seed``
+    through a private ``torch.Generator``, so building a model never changes the global RNG state, and the server and
+    the silos get the same initial weights from the same seed. ``hidden`` is ignored for ``logreg``.
+    """
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
+    num_features = _check_positive_int("num_features", num_features, 1)
+    num_labels = _check_positive_int("num_labels", num_labels, 2)
+    hidden = _check_positive_int("hidden", hidden, 1)
+    seed = _check_positive_int("seed", seed, 0)
+
+    model = TabularModel(num_features, num_labels, hidden if kind == "mlp" else None)
+    generator = torch.Generator().manual_seed(seed)
+    if model.hidden is not None:
+        _init_linear(model.hidden, generator)
+    _init_linear(model.head, generator)
+    return model.float()
+
+
+def parameter_spec(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of the model's entries, in ``state_dict`` order (the wire layout of flat vectors)."""
+    return [(name, tuple(value.shape)) for name, value in model.state_dict().items()]
+
+
+def get_parameters(model: nn.Module) -> dict[str, np.ndarray]:
+    """Float32 numpy copies of the ``state_dict``, in its order (safe to mutate or send)."""
+    return {
+        name: value.detach().cpu().numpy().astype(np.float32, copy=True) for name, value in model.state_dict().items()
+    }
+
+
+def set_parameters(model: nn.Module, params: Mapping[str, np.ndarray]) -> None:
+    """Load ``params`` into ``model`` in place.
+
+    Strict: the names must be exactly those of :func:`parameter_spec`, every shape must match, and every value must be
+    finite (a NaN/inf model is never a valid global model and would silently poison a round). Raises ``ValueError``
+    naming the offending entries; nothing is modified unless every entry is valid.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of name -> array, got {type(params).__name__}")
+    state = model.state_dict()
+    missing = [name for name in state if name not in params]
+    unexpected = [name for name in params if name not in state]
+    if missing or unexpected:
+        raise ValueError(
+            f"parameter names do not match the model: missing {missing}, unexpected {unexpected}; "
+            f"expected exactly {list(state)}"
+        )
+    converted: dict[str, torch.Tensor] = {}
+    for name, target in state.items():
+        try:
+            array = np.asarray(params[name], dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"parameter {name!r} is not a numeric array: {exc}") from exc
+        if array.shape != tuple(target.shape):
+            raise ValueError(
+                f"parameter {name!r} has shape {array.shape}, expected {tuple(target.shape)}; "
+                "the sender built a different architecture (check kind, num_features, num_labels, hidden)"
+            )
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"parameter {name!r} contains NaN or inf values")
+        converted[name] = torch.from_numpy(array)
+    with torch.no_grad():
+        for name, target in state.items():
+            target.copy_(converted[name])
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits (n, l)`` against integer ``labels (n,)``.
+
+    For the binary head this equals BCE-with-logits on ``z`` (see module docstring).
+    """
+    return F.cross_entropy(logits, labels)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Predicted labels (int64 argmax of the logits) for a batch ``(n, num_features)``.
+
+    For the binary head this is ``sigmoid(z) > 0.5``; a tie ``z == 0`` goes to label 0.
+    """
+    tensor = torch.as_tensor(x, dtype=torch.float32)
+    if tensor.ndim != 2:
+        raise ValueError(f"x must be 2-D (n, num_features), got shape {tuple(tensor.shape)}")
+    return model(tensor).argmax(dim=1).cpu().numpy().astype(np.int64)

@@ -1,0 +1,50 @@
+"""The engines that run a job: the in-process Grid (tests, sweeps) and Flower's Ray simulation.
+
+Both run the same ServerApp (:func:`server.app.make_server_app`) and the same ClientApp (`client.app:app`); a
+deployment runs them too, through `flwr run .` (see README). Same seed, same result on every engine: silos draw from
+(seed, silo, round) and the server sums replies in silo-id order.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from flwr.app import Context, RecordDict
+
+from protocols.config import RunConfig
+
+ENGINES = ("inprocess", "ray")
+
+
+def run_job(config: RunConfig, *, engine: str = "inprocess", progress: bool = True) -> dict[str, Any]:
+    """Run `config` on `engine` and return its result (also written to `config.out_dir` when set)."""
+    from client.app import app as client_app
+    from server.app import make_server_app
+
+    results: list[dict[str, Any]] = []
+    server_app = make_server_app(config, sink=results.append, engine=engine, progress=progress)
+    if engine == "inprocess":
+        from server.inprocess_grid import InProcessGrid
+
+        grid = InProcessGrid(client_app, config.num_silos)
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config.to_run_config())
+        server_app(grid, context)
+    elif engine == "ray":
+        from flwr.simulation import run_simulation
+
+        cpus = os.cpu_count() or 1
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=config.num_silos,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": cpus, "include_dashboard": False},
+            },
+        )
+    else:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if not results:
+        raise RuntimeError(f"the {engine} engine finished without a result; see the log above for the ServerApp error")
+    return results[0]

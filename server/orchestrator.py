@@ -1,0 +1,201 @@
+"""The server's job, independent of the engine: set up the federation, build the strategy, run it, report.
+
+`run_federation(grid, config)` is what the ServerApp does on every engine (in-process, Ray simulation, deployment):
+
+1. setup round (``query.setup``): every silo loads its data and describes it (dimensions, record counts, schema);
+2. the run's length: `rounds`, or `epochs` turned into rounds from the silos' record counts;
+3. delta: the configured one, or 1/n^2 with n the federation's training records (smaller than 1/n_j^2 for every
+   silo j, so the default is conservative for each of them);
+4. the strategy for the algorithm, started from a model initialised by the seed;
+5. the result (`result.json`): config, per-round metrics, final metrics, privacy report, timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from protocols import messages as msg
+from protocols.config import RunConfig
+from protocols.models import build_model, get_parameters, parameter_spec
+from strategies.base import Federation, ProgressCallback, RoundError, RunHistory, SiloEntry, SiloflStrategy
+
+SETUP_TIMEOUT = 600.0
+
+
+def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = None) -> Federation:
+    """Ask every connected silo to load its data and describe it."""
+    spec = msg.DataSpec(
+        dataset=config.dataset, data_dir=config.data_dir, target=config.target, sensitive=config.sensitive,
+        features=config.features, num_silos=config.num_silos, partition=config.partition,
+        heterogeneity=config.heterogeneity, classes_per_silo=config.classes_per_silo,
+        dirichlet_alpha=config.dirichlet_alpha, seed=config.seed,
+    )
+    nodes = _wait_for_nodes(grid, expected_silos or config.num_silos, config.round_timeout)
+    messages = [Message(RecordDict({msg.CONFIG: spec.to_config_record()}), node, msg.SETUP, group_id="setup")
+                for node in nodes]
+    replies = list(grid.send_and_receive(messages, timeout=SETUP_TIMEOUT))
+    entries = []
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            raise RoundError(f"node {node} failed to set up its data: {reply.error.reason}")
+        info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT, what=f"setup reply from node {node}")
+        entries.append(SiloEntry(node_id=node, info=info))
+    answered = {e.node_id for e in entries}
+    if set(nodes) - answered:
+        raise RoundError(f"setup round: no reply from nodes {sorted(set(nodes) - answered)}")
+    return Federation(silos=tuple(sorted(entries, key=lambda e: e.info.silo_id)))
+
+
+def _wait_for_nodes(grid: Grid, expected: int, timeout: float) -> list[int]:
+    """Node ids of the connected silos; in a deployment, wait until `expected` SuperNodes have connected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= expected:
+            return nodes
+        if time.monotonic() > deadline:
+            raise RoundError(f"only {len(nodes)} of {expected} silos connected within {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def resolve_rounds(config: RunConfig, federation: Federation) -> int:
+    """Communication rounds: `rounds`, or `epochs` passes over the mean silo's data."""
+    if config.rounds:
+        return config.rounds
+    mean_n = federation.n_train / len(federation.silos)
+    if config.algorithm == "fedavg":
+        return max(1, math.ceil(config.epochs / config.local_epochs))
+    return max(1, math.ceil(config.epochs * mean_n / config.batch_size))
+
+
+def resolve_delta(config: RunConfig, federation: Federation) -> float:
+    return config.delta if config.delta > 0 else 1.0 / federation.n_train**2
+
+
+def build_strategy(config: RunConfig, federation: Federation, rounds: int, delta: float) -> SiloflStrategy:
+    from strategies.fedavg import FedAvg
+    from strategies.gradient_step import GradientStep, StepSchedule
+
+    info = federation.info
+    spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
+    eval_instruction = msg.EvaluateInstruction(server_round=0, model=config.model, hidden=config.hidden)
+    instruction = msg.TrainInstruction(
+        algorithm=config.algorithm, server_round=1, total_rounds=rounds, model=config.model, hidden=config.hidden,
+        batch_size=config.batch_size, lr=config.lr, local_epochs=config.local_epochs, clip=config.clip,
+        epsilon=config.epsilon, delta=delta, accountant=config.accountant, seed=config.seed,
+    )
+    common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
+    if config.algorithm == "fedavg":
+        return FedAvg(federation, spec, **common)
+    mean_n = federation.n_train / len(federation.silos)
+    schedule = StepSchedule(config.lr, decay=config.lr_decay, decay_epochs=config.lr_decay_epochs,
+                            rounds_per_epoch=mean_n / config.batch_size)
+    return GradientStep(federation, spec, schedule=schedule, **common)
+
+
+def run_federation(
+    grid: Grid, config: RunConfig, *, on_start=None, on_round: ProgressCallback | None = None, engine: str = ""
+) -> dict[str, Any]:
+    """Run one job on `grid` and return (and, with `out_dir`, write) its result."""
+    t_start = time.perf_counter()
+    federation = setup_round(grid, config)
+    rounds = resolve_rounds(config, federation)
+    delta = resolve_delta(config, federation)
+    strategy = build_strategy(config, federation, rounds, delta)
+    info = federation.info
+    model = build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
+    initial = msg.arrays_record(get_parameters(model))
+    eval_every = config.eval_every or max(1, rounds // 20)
+    if on_start is not None:
+        on_start(rounds, federation)
+    t_rounds = time.perf_counter()
+    history = strategy.start(grid, initial, num_rounds=rounds, eval_every=eval_every, on_round=on_round)
+    t_end = time.perf_counter()
+    result = build_result(config, federation, history, rounds=rounds, delta=delta, engine=engine,
+                          total_seconds=t_end - t_start, round_seconds=t_end - t_rounds)
+    if config.out_dir:
+        write_result(result, Path(config.out_dir))
+    return result
+
+
+def build_result(
+    config: RunConfig, federation: Federation, history: RunHistory, *, rounds: int, delta: float, engine: str,
+    total_seconds: float, round_seconds: float,
+) -> dict[str, Any]:
+    """The `result.json` document."""
+    final = history.last_evaluation or {}
+    per_silo = {}
+    for silo_id, report in sorted(history.silo_reports.items()):
+        per_silo[str(silo_id)] = {
+            "epsilon_spent": _num(report.epsilon_spent),
+            "noise_multiplier": report.noise_multiplier,
+            "sampling_rate": report.sampling_rate,
+            "n_train": report.num_examples,
+            "rounds_answered": report.server_round,
+        }
+    spent = max((r.epsilon_spent for r in history.silo_reports.values()), default=math.inf)
+    return {
+        "config": config.to_json(),
+        "engine": engine,
+        "federation": {
+            "silos": [{"silo_id": e.info.silo_id, "node_id": e.node_id, "n_train": e.info.n_train,
+                       "n_test": e.info.n_test} for e in federation.silos],
+            "num_features": federation.info.num_features,
+            "num_labels": federation.info.num_labels,
+            "num_groups": federation.info.num_groups,
+            "label_names": list(federation.info.label_names),
+            "group_names": list(federation.info.group_names),
+            "rounds": rounds,
+        },
+        "rounds": [r.to_json() for r in history.rounds],
+        "final": {
+            "accuracy": final.get("accuracy"),
+            "error": final.get("error"),
+            "loss": final.get("loss"),
+            "dp_violation": final.get("dp_violation"),
+            "eo_violation": final.get("eo_violation"),
+            "eopp_violation": final.get("eopp_violation"),
+        },
+        "privacy": {
+            "epsilon_target": _num(config.epsilon),
+            "epsilon_spent": _num(spent),
+            "delta": delta,
+            "per_silo": per_silo,
+            "accountant": config.accountant if config.private else "none (no noise: epsilon = inf)",
+            "mechanism": _mechanism(config),
+            "not_covered": "federated evaluation: exact confusion counts of each silo's held-out test split",
+        },
+        "timing": {
+            "total_seconds": total_seconds,
+            "seconds_per_round": round_seconds / max(rounds, 1),
+        },
+        "model": {name: arr.numpy().tolist() for name, arr in history.arrays.items()},
+    }
+
+
+def _mechanism(config: RunConfig) -> str:
+    if config.algorithm == "dp-fedsgd":
+        return ("each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "
+                "(add/remove neighbours), one release per round; sigma from the accountant for (epsilon, delta, q, T)")
+    return "none"
+
+
+def _num(value: float) -> float | str:
+    return "inf" if math.isinf(value) else value
+
+
+def write_result(result: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "result.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, allow_nan=False))
+    tmp.replace(path)
+    return path

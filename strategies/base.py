@@ -1,0 +1,300 @@
+"""What every silofl strategy shares: the federation it runs on, reply checking, federated evaluation, the run loop.
+
+A silofl strategy is a Flower Message-API :class:`~flwr.serverapp.strategy.Strategy`. It talks to every silo of the
+federation each round (cross-silo: all silos take part), checks every reply on receipt (the silo that sent it, the
+round, the shapes, dtypes and finite values) and refuses the round, naming the silo, if anything is wrong: nothing of a
+bad round is applied, so the server's state stays that of the last good round.
+
+`start` runs the rounds like Flower's own loop, but evaluates on a schedule (every `eval_every` rounds and at the end,
+since a federated evaluation costs a full round trip) and reports progress through a callback.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from protocols import messages as msg
+from protocols.fairness_metrics import fairness_from_counts
+
+
+class RoundError(RuntimeError):
+    """A round could not be completed; the message names the silo(s) and the round. State is that of the last round."""
+
+
+@dataclass(frozen=True)
+class SiloEntry:
+    """One silo of the federation: the Flower node it runs on and what it said about itself at setup."""
+
+    node_id: int
+    info: msg.SiloInfo
+
+    @property
+    def name(self) -> str:
+        return f"silo {self.info.silo_id} (node {self.node_id})"
+
+
+@dataclass(frozen=True)
+class Federation:
+    """The silos of a run, sorted by silo id (the order every aggregate is summed in, for reproducibility)."""
+
+    silos: tuple[SiloEntry, ...]
+
+    def __post_init__(self) -> None:
+        if not self.silos:
+            raise RoundError("no silo answered the setup round")
+        first = self.silos[0].info
+        for entry in self.silos[1:]:
+            if entry.info.schema_hash != first.schema_hash:
+                raise RoundError(
+                    f"{entry.name} describes its data differently from {self.silos[0].name} (features, labels or "
+                    "sensitive groups differ): every silo must be prepared with the same schema"
+                )
+        ids = [e.info.silo_id for e in self.silos]
+        if len(set(ids)) != len(ids):
+            raise RoundError(f"two nodes claim the same silo id: {sorted(ids)}")
+
+    @property
+    def info(self) -> msg.SiloInfo:
+        return self.silos[0].info
+
+    @property
+    def n_train(self) -> int:
+        return sum(e.info.n_train for e in self.silos)
+
+    @property
+    def by_node(self) -> dict[int, SiloEntry]:
+        return {e.node_id: e for e in self.silos}
+
+
+@dataclass
+class RoundRecord:
+    """What the server learned in one round (one row of `rounds` in result.json)."""
+
+    server_round: int
+    seconds: float
+    lr: float | None = None
+    epsilon_spent: float | None = None
+    evaluation: dict[str, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"round": self.server_round, "seconds": self.seconds}
+        if self.lr is not None:
+            out["lr"] = self.lr
+        if self.epsilon_spent is not None:
+            out["epsilon_spent"] = _json_float(self.epsilon_spent)
+        if self.evaluation is not None:
+            out.update(self.evaluation)
+        return out
+
+
+@dataclass
+class RunHistory:
+    """The result of `start`: final arrays, per-round records, per-silo privacy reports."""
+
+    arrays: ArrayRecord
+    rounds: list[RoundRecord] = field(default_factory=list)
+    silo_reports: dict[int, msg.TrainReport] = field(default_factory=dict)
+
+    @property
+    def last_evaluation(self) -> dict[str, float] | None:
+        for record in reversed(self.rounds):
+            if record.evaluation is not None:
+                return record.evaluation
+        return None
+
+
+ProgressCallback = Callable[[RoundRecord], None]
+
+
+def _json_float(value: float) -> float | str:
+    return "inf" if math.isinf(value) else value
+
+
+class SiloflStrategy(Strategy):
+    """Base of silofl's strategies: subclasses say what to send (`train_instruction`) and how to combine replies."""
+
+    def __init__(
+        self,
+        federation: Federation,
+        param_spec: Sequence[tuple[str, tuple[int, ...]]],
+        *,
+        eval_instruction: msg.EvaluateInstruction,
+        timeout: float = 600.0,
+    ) -> None:
+        self.federation = federation
+        self.param_spec = [(name, tuple(shape)) for name, shape in param_spec]
+        self.eval_instruction = eval_instruction
+        self.timeout = timeout
+        self.silo_reports: dict[int, msg.TrainReport] = {}
+        self._current: dict[str, np.ndarray] | None = None
+
+    # -- subclass API -----------------------------------------------------------------------------------------------
+    def train_instruction(self, server_round: int) -> ConfigRecord:
+        raise NotImplementedError
+
+    def combine(
+        self, server_round: int, current: dict[str, np.ndarray], updates: list[tuple[SiloEntry, dict[str, np.ndarray],
+                                                                                     msg.TrainReport]]
+    ) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def round_lr(self, server_round: int) -> float | None:
+        return None
+
+    # -- Flower Strategy API ----------------------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._current = msg.check_arrays(RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec,
+                                         what="server model")
+        instruction = self.train_instruction(server_round)
+        instruction.update(config)
+        return [self._message(arrays, instruction, msg.TRAIN, e.node_id, server_round) for e in self.federation.silos]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if self._current is None:
+            raise RoundError("aggregate_train called before configure_train")
+        updates = []
+        for entry, reply in self._collect(server_round, replies, "train"):
+            what = f"train reply from {entry.name} in round {server_round}"
+            report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            arrays = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, what=what)
+            updates.append((entry, arrays, report))
+        new = self.combine(server_round, self._current, updates)
+        for entry, _, report in updates:
+            self.silo_reports[entry.info.silo_id] = report
+        spent = max((r.epsilon_spent for _, _, r in updates), default=0.0)
+        metrics = MetricRecord({"epsilon-spent": spent})
+        return msg.arrays_record(new), metrics
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        instruction = self.eval_instruction.model_copy(update={"server_round": server_round}).to_config_record()
+        return [self._message(arrays, instruction, msg.EVALUATE, e.node_id, server_round)
+                for e in self.federation.silos]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        info = self.federation.info
+        shape = (info.num_groups, info.num_labels, info.num_labels)
+        total = np.zeros(shape, dtype=np.int64)
+        loss_sum, n = 0.0, 0
+        for entry, reply in self._collect(server_round, replies, "evaluate"):
+            what = f"evaluate reply from {entry.name} in round {server_round}"
+            report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)
+            c = counts["counts"]
+            if (c < 0).any() or int(c.sum()) != report.num_examples:
+                raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
+            total += c
+            loss_sum += report.loss_sum
+            n += report.num_examples
+        fair = fairness_from_counts(total)
+        return MetricRecord({
+            "accuracy": fair.accuracy, "error": fair.error, "loss": loss_sum / max(n, 1),
+            "dp_violation": fair.dp_violation, "eo_violation": fair.eo_violation,
+            "eopp_violation": fair.eopp_violation, "num_examples": n,
+        })
+
+    def summary(self) -> None:
+        log(INFO, "%s over %d silos, %d parameters", type(self).__name__, len(self.federation.silos),
+            sum(int(np.prod(s)) for _, s in self.param_spec))
+
+    # -- run loop ---------------------------------------------------------------------------------------------------
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        eval_every: int = 1,
+        on_round: ProgressCallback | None = None,
+    ) -> RunHistory:
+        """Run `num_rounds` rounds; evaluate every `eval_every` rounds and after the last one."""
+        timeout = self.timeout if timeout is None else timeout
+        train_config = train_config or ConfigRecord()
+        evaluate_config = evaluate_config or ConfigRecord()
+        history = RunHistory(arrays=initial_arrays)
+        arrays = initial_arrays
+        for server_round in range(1, num_rounds + 1):
+            t0 = time.perf_counter()
+            replies = grid.send_and_receive(self.configure_train(server_round, arrays, train_config, grid),
+                                            timeout=timeout)
+            new_arrays, metrics = self.aggregate_train(server_round, replies)
+            if new_arrays is not None:
+                arrays = new_arrays
+                history.arrays = arrays
+            record = RoundRecord(server_round=server_round, seconds=0.0, lr=self.round_lr(server_round))
+            if metrics is not None and "epsilon-spent" in metrics:
+                record.epsilon_spent = float(metrics["epsilon-spent"])
+            if server_round % max(eval_every, 1) == 0 or server_round == num_rounds:
+                ev_replies = grid.send_and_receive(
+                    self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout
+                )
+                ev = self.aggregate_evaluate(server_round, ev_replies)
+                record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
+            record.seconds = time.perf_counter() - t0
+            history.rounds.append(record)
+            if on_round is not None:
+                on_round(record)
+        history.silo_reports = dict(self.silo_reports)
+        return history
+
+    # -- helpers ----------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _message(arrays: ArrayRecord, config: ConfigRecord, kind: str, node_id: int, server_round: int) -> Message:
+        content = RecordDict({msg.MODEL: arrays, msg.CONFIG: config})
+        return Message(content, node_id, kind, group_id=str(server_round))
+
+    def _collect(self, server_round: int, replies: Iterable[Message], kind: str) -> list[tuple[SiloEntry, Message]]:
+        """Match replies to silos; refuse the round on an error reply, an unknown sender, a duplicate or a missing silo.
+
+        Returned in silo-id order so that every sum is taken in the same order on every engine.
+        """
+        by_node = self.federation.by_node
+        got: dict[int, Message] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            entry = by_node.get(node)
+            if entry is None:
+                raise RoundError(f"round {server_round}: a {kind} reply came from node {node}, which is not a silo of "
+                                 f"this run (silos: {sorted(by_node)})")
+            if reply.has_error():
+                raise RoundError(f"{entry.name} failed in round {server_round} ({kind}): {reply.error.reason}")
+            if node in got:
+                raise RoundError(f"{entry.name} answered twice in round {server_round} ({kind})")
+            got[node] = reply
+        missing = [e.name for e in self.federation.silos if e.node_id not in got]
+        if missing:
+            raise RoundError(
+                f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {self.timeout:.0f} s; the "
+                "server's model is kept as of the previous round"
+            )
+        return [(e, got[e.node_id]) for e in self.federation.silos]
+
+    @staticmethod
+    def _check_identity(silo_id: int, reply_round: int, entry: SiloEntry, server_round: int, what: str) -> None:
+        if silo_id != entry.info.silo_id:
+            raise RoundError(f"{what}: the reply says silo {silo_id}, but node {entry.node_id} is silo "
+                             f"{entry.info.silo_id}")
+        if reply_round != server_round:
+            raise RoundError(f"{what}: the reply is for round {reply_round}, expected {server_round}")

@@ -1,0 +1,40 @@
+"""FedAvg (McMahan et al. 2017): silos train locally, the server averages their models weighted by their records."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ConfigRecord
+
+from protocols import messages as msg
+from strategies.base import SiloEntry, SiloflStrategy
+
+
+class FedAvg(SiloflStrategy):
+    """Non-private baseline. Each round every silo runs `local_epochs` of minibatch SGD from the global model."""
+
+    def __init__(self, *args, instruction: msg.TrainInstruction, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.instruction = instruction
+
+    def train_instruction(self, server_round: int) -> ConfigRecord:
+        return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
+
+    def round_lr(self, server_round: int) -> float:
+        return self.instruction.lr
+
+    def combine(
+        self,
+        server_round: int,
+        current: dict[str, np.ndarray],
+        updates: list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]],
+    ) -> dict[str, np.ndarray]:
+        weights = np.array([report.num_examples for _, _, report in updates], dtype=np.float64)
+        if weights.sum() <= 0:
+            raise ValueError(f"round {server_round}: the silos reported no training records")
+        weights /= weights.sum()
+        return {
+            name: sum(w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(weights, updates)).astype(
+                np.float32
+            )
+            for name in current
+        }

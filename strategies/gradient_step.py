@@ -1,0 +1,59 @@
+"""Server side of one-step-per-round algorithms (DP-FedSGD): average the silos' gradients, take one SGD step.
+
+The silos' replies are already private (noise added inside each silo), so the server only post-processes them:
+theta_{t+1} = theta_t - eta_t * sum_j w_j g_j with w_j = n_j / n (public, from the setup round), and eta_t following a
+step schedule (a factor `lr_decay` every `lr_decay_epochs` passes over the data).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.app import ConfigRecord
+
+from protocols import messages as msg
+from strategies.base import SiloEntry, SiloflStrategy
+
+
+class StepSchedule:
+    """eta_t = lr * decay ** floor(epoch(t) / decay_epochs), with epoch(t) = t * m / mean_j n_j."""
+
+    def __init__(self, lr: float, *, decay: float = 1.0, decay_epochs: float = 0.0, rounds_per_epoch: float = 1.0):
+        self.lr, self.decay, self.decay_epochs, self.rounds_per_epoch = lr, decay, decay_epochs, rounds_per_epoch
+
+    def __call__(self, server_round: int) -> float:
+        if self.decay_epochs <= 0 or self.decay == 1.0:
+            return self.lr
+        epoch = (server_round - 1) / self.rounds_per_epoch
+        return self.lr * self.decay ** math.floor(epoch / self.decay_epochs)
+
+
+class GradientStep(SiloflStrategy):
+    """FedSGD: one (noisy) gradient per silo per round, averaged, one descent step."""
+
+    def __init__(self, *args, instruction: msg.TrainInstruction, schedule: StepSchedule, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.instruction = instruction
+        self.schedule = schedule
+        n = np.array([e.info.n_train for e in self.federation.silos], dtype=np.float64)
+        self.weights = n / n.sum()
+
+    def train_instruction(self, server_round: int) -> ConfigRecord:
+        return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
+
+    def round_lr(self, server_round: int) -> float:
+        return self.schedule(server_round)
+
+    def combine(
+        self,
+        server_round: int,
+        current: dict[str, np.ndarray],
+        updates: list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]],
+    ) -> dict[str, np.ndarray]:
+        lr = self.schedule(server_round)
+        out = {}
+        for name, value in current.items():
+            grad = sum(w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(self.weights, updates))
+            out[name] = (value.astype(np.float64) - lr * grad).astype(np.float32)
+        return out

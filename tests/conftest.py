@@ -1,0 +1,19 @@
+"""Shared fixtures: the location of the real datasets (read-only), skipping tests when they are absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """$SILOFL_DATA_DIR, else <project root>/../shared/data; skips the test if the directory does not exist."""
+    path = Path(os.environ.get("SILOFL_DATA_DIR", PROJECT_ROOT.parent / "shared" / "data"))
+    if not path.is_dir():
+        pytest.skip(f"real datasets not found at {path}; set SILOFL_DATA_DIR")
+    return path

@@ -1,0 +1,78 @@
+"""Run configuration: valid configs parse; bad ones fail naming the key and what it accepts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from protocols.config import ConfigError, RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_valid_config_with_kebab_keys() -> None:
+    cfg = RunConfig.parse({"algorithm": "dp-fedsgd", "num-silos": 4, "epochs": 2, "epsilon": 1.5, "batch-size": 32})
+    assert cfg.num_silos == 4 and cfg.batch_size == 32 and cfg.epsilon == 1.5 and cfg.private
+
+
+def test_epsilon_inf_string_means_no_noise() -> None:
+    cfg = RunConfig.parse({"algorithm": "dp-fedsgd", "rounds": 3, "epsilon": "inf"})
+    assert math.isinf(cfg.epsilon) and not cfg.private
+
+
+def test_unknown_key_is_named_with_a_suggestion() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "batchsize": 3})
+    text = str(err.value)
+    assert "unknown key 'batchsize'" in text and "batch-size" in text
+
+
+def test_missing_algorithm_lists_choices() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({"rounds": 2})
+    assert "missing key 'algorithm'" in str(err.value) and "'fedavg'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [("lr", -1.0, "> 0.0"), ("heterogeneity", 1.5, "<= 1.0"), ("partition", "random", "'dirichlet'"),
+     ("num-silos", 0, ">= 1"), ("delta", 1.0, "< 1.0")],
+)
+def test_out_of_range_value_names_key_and_allowed(key: str, value: object, allowed: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, key: value})
+    assert f"key '{key}'" in str(err.value) and allowed in str(err.value)
+
+
+def test_rounds_and_epochs_are_exclusive_and_one_is_needed() -> None:
+    with pytest.raises(ConfigError, match="either 'rounds' or 'epochs'"):
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "epochs": 1})
+    with pytest.raises(ConfigError, match="give 'rounds'"):
+        RunConfig.parse({"algorithm": "fedavg"})
+
+
+def test_epsilon_on_a_non_private_algorithm_is_refused() -> None:
+    with pytest.raises(ConfigError, match="adds no noise"):
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "epsilon": 1.0})
+
+
+def test_file_dataset_needs_target_and_sensitive() -> None:
+    with pytest.raises(ConfigError, match="also give 'target' and 'sensitive'"):
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "dataset": "my.csv"})
+
+
+def test_roundtrip_through_flower_run_config() -> None:
+    cfg = RunConfig.parse({"algorithm": "dp-fedsgd", "rounds": 3})
+    flat = cfg.to_run_config()
+    assert flat["epsilon"] == "inf" and all(isinstance(v, str | int | float | bool) for v in flat.values())
+    assert RunConfig.parse(flat) == cfg
+
+
+def test_pyproject_run_config_lists_every_key_and_is_valid() -> None:
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    keys = {(f.alias or n) for n, f in RunConfig.model_fields.items()}
+    assert set(table) == keys
+    RunConfig.parse(table)
