@@ -11,6 +11,7 @@ Keep this module's import path light: a deployed ClientApp is a fresh process fo
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -46,8 +47,15 @@ def _silo(context: Context) -> tuple[SiloData, msg.DataSpec]:
     return load_silo_data(context, spec), spec
 
 
+@functools.lru_cache(maxsize=8)
+def _model_shell(kind: str, num_features: int, num_labels: int, hidden: int) -> torch.nn.Module:
+    """A model of the right architecture, reused across messages in one process (every message overwrites all of
+    its parameters, so nothing carries over; building one costs ~1 ms, a large part of a small model's round)."""
+    return build_model(kind, num_features, num_labels, hidden=hidden)
+
+
 def _model_from_message(message: Message, silo: SiloData, kind: str, hidden: int, what: str) -> torch.nn.Module:
-    model = build_model(kind, silo.info.num_features, silo.info.num_labels, hidden=hidden)
+    model = _model_shell(kind, silo.info.num_features, silo.info.num_labels, hidden)
     params = msg.check_arrays(message.content, msg.MODEL, parameter_spec(model), what=what)
     set_parameters(model, params)
     return model

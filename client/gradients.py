@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import loss_fn
+from protocols.models import TabularModel, loss_fn
 
 __all__ = [
     "clip_rows",
@@ -129,11 +129,49 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cli
     if x.shape[0] == 0:
         params = list(_parameters(model).values())
         return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    if isinstance(model, TabularModel):
+        return _linear_stack_clipped_sum(model, x, y, clip_norm)
     n = x.shape[0]
     rows = [g.reshape(n, -1) for g in per_sample_gradients(model, x, y).values()]
     norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1), dim=1)
     factors = _clip_factors(norms, clip_norm)
     return torch.cat([factors @ r for r in rows])
+
+
+def _linear_stack_clipped_sum(model: TabularModel, x: torch.Tensor, y: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """:func:`clipped_gradient_sum` for silofl's tabular models (a stack of Linear layers), without ``vmap``.
+
+    Why not ``torch.func`` here: for a Linear layer with input rows ``a_i`` and output gradients ``delta_i`` the
+    per-sample gradients are ``delta_i a_i^T`` (weight) and ``delta_i`` (bias), so their squared norm is
+    ``|delta_i|^2 (|a_i|^2 + 1)`` and the clipped sum is ``(f * delta)^T a`` and ``f^T delta`` with the clip factors
+    ``f``. One backward pass of the summed loss gives every ``delta_i`` (record i's loss depends only on its own
+    outputs), which costs a fraction of ``vmap(grad)``'s per-call dispatch (~0.1 vs ~0.6 ms at m = 256, d = 102):
+    DP-FedSGD, SteFFLe and DP-mu2-FL take one step per round over thousands of rounds. Tests check it against the
+    ``torch.func`` route.
+    """
+    layers = [layer for layer in (model.hidden, model.head) if layer is not None]
+    inputs, outputs = [], []
+    h = x
+    with torch.enable_grad():
+        for index, layer in enumerate(layers):
+            pre = torch.nn.functional.linear(h, layer.weight.detach(), layer.bias.detach())
+            if index == 0:
+                pre.requires_grad_(True)
+            inputs.append(h.detach())
+            outputs.append(pre)
+            h = torch.relu(pre) if index < len(layers) - 1 else pre
+        logits = model.to_logits(h)
+        deltas = torch.autograd.grad(loss_fn(logits, y) * x.shape[0], outputs)
+    sq_norms = sum(
+        torch.linalg.vector_norm(d, dim=1) ** 2 * (torch.linalg.vector_norm(a, dim=1) ** 2 + 1.0)
+        for a, d in zip(inputs, deltas, strict=True)
+    )
+    factors = _clip_factors(torch.sqrt(sq_norms), clip_norm)
+    parts = []
+    for a, d in zip(inputs, deltas, strict=True):
+        scaled = d * factors.unsqueeze(1)
+        parts += [(scaled.T @ a).reshape(-1), scaled.sum(0)]
+    return torch.cat(parts)
 
 
 def mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ Both live in `context.state`, a RecordDict that Flower keeps between the message
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ class NoisePlan:
     noise_multiplier: float
     sampling_rate: float
     releases: int
-    epsilon: float
+    epsilon: float  # the silo's budget: the run's epsilon, capped by the operator's `epsilon-budget`
     delta: float
     steps: int
     accountant: str
@@ -56,7 +57,11 @@ def silo_budget(context: Context, run_epsilon: float) -> float:
 def noise_plan(
     context: Context, *, epsilon: float, delta: float, sampling_rate: float, steps: int, releases: int, accountant: str
 ) -> NoisePlan:
-    """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters."""
+    """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
+
+    The noise is calibrated for the silo's budget (:func:`silo_budget`): a silo whose operator caps epsilon below the
+    run's target adds more noise and still completes the announced rounds within its cap.
+    """
     wanted = {"epsilon": epsilon, "delta": delta, "sampling-rate": sampling_rate, "steps": steps,
               "releases": releases, "accountant": accountant}
     if STATE_KEY in context.state:
@@ -68,14 +73,21 @@ def noise_plan(
                     "noise for the first value and refuses to re-calibrate (start a new run)"
                 )
         return _plan_from(rec)
-    if math.isinf(epsilon):
+    budget = silo_budget(context, epsilon)
+    if math.isinf(budget):
         multiplier, eps_back = 0.0, math.inf
     else:
-        cal = calibrate_noise(epsilon, delta, sampling_rate, steps, releases=releases, accountant=accountant)
+        cal = _calibrate(budget, delta, sampling_rate, steps, releases, accountant)
         multiplier, eps_back = cal.noise_multiplier, cal.epsilon
-    rec = ConfigRecord({**wanted, "noise-multiplier": multiplier, "epsilon-accountant": eps_back})
+    rec = ConfigRecord({**wanted, "budget": budget, "noise-multiplier": multiplier, "epsilon-accountant": eps_back})
     context.state[STATE_KEY] = rec
     return _plan_from(rec)
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate(epsilon: float, delta: float, sampling_rate: float, steps: int, releases: int, accountant: str):
+    """`calibrate_noise` is a pure function of its arguments (0.2-1 s); simulated silos of equal size share it."""
+    return calibrate_noise(epsilon, delta, sampling_rate, steps, releases=releases, accountant=accountant)
 
 
 def _plan_from(rec: ConfigRecord) -> NoisePlan:
@@ -83,7 +95,7 @@ def _plan_from(rec: ConfigRecord) -> NoisePlan:
         noise_multiplier=float(rec["noise-multiplier"]),
         sampling_rate=float(rec["sampling-rate"]),
         releases=int(rec["releases"]),
-        epsilon=float(rec["epsilon"]),
+        epsilon=float(rec["budget"]),
         delta=float(rec["delta"]),
         steps=int(rec["steps"]),
         accountant=str(rec["accountant"]),
@@ -103,9 +115,12 @@ def save_ledger(context: Context, ledger: PrivacyLedger) -> None:
 
 
 def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -> float:
-    """Charge one answer to the silo's ledger (raises BudgetExceededError, charging nothing, past the budget)."""
-    budget = silo_budget(context, plan.epsilon)
-    ledger = load_ledger(context, budget=budget, delta=plan.delta, accountant=plan.accountant)
+    """Charge one answer to the silo's ledger (raises BudgetExceededError, charging nothing, past the budget).
+
+    Returns the epsilon spent after it: an upper bound during the run (see `PrivacyLedger.charge`), exact on the
+    run's last round.
+    """
+    ledger = load_ledger(context, budget=plan.epsilon, delta=plan.delta, accountant=plan.accountant)
     spent = ledger.charge(
         round=server_round,
         noise_multiplier=plan.noise_multiplier,
@@ -114,4 +129,6 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
         silo=silo,
     )
     save_ledger(context, ledger)
+    if server_round >= plan.steps:
+        spent = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
     return spent

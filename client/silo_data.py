@@ -40,6 +40,13 @@ def load_silo_data(context: Context, spec: DataSpec) -> SiloData:
             "config; start it with --node-config \"data-path='/path/to/silo_0'\""
         )
     partition_id = int(context.node_config[PARTITION_ID_KEY])
+    simulated = context.node_config.get("num-partitions")
+    if simulated is not None and int(simulated) != spec.num_silos:
+        raise MessageError(
+            f"this simulated federation has {simulated} SuperNodes but the run asks for num-silos={spec.num_silos}; "
+            f"run with num-silos={simulated} or resize the federation (`flwr federation simulation-config ... "
+            f"--num-supernodes {spec.num_silos}`)"
+        )
     silos = _partitioned(spec)
     if not 0 <= partition_id < len(silos):
         raise MessageError(f"partition-id {partition_id} is outside the {len(silos)} silos of this run")

@@ -164,7 +164,6 @@ def arrays_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
 
 
 def _array(value: np.ndarray):
-    from flwr.app import Array
 
     return Array(np.ascontiguousarray(value))
 

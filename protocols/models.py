@@ -63,9 +63,11 @@ class TabularModel(nn.Module):
                 "encode the data with the same feature pipeline as the model"
             )
         h = x if self.hidden is None else torch.relu(self.hidden(x))
-        z = self.head(h)
+        return self.to_logits(self.head(h))
+
+    def to_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The head's output as logits: ``[0, z]`` for a binary head (softmax gives (1 - sigmoid(z), sigmoid(z)))."""
         if self.num_labels == 2:
-            # logits [0, z]: softmax gives (1 - sigmoid(z), sigmoid(z)).
             return torch.cat([torch.zeros_like(z), z], dim=-1)
         return z
 

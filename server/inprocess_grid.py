@@ -103,7 +103,10 @@ class InProcessGrid(Grid):
                 group_id=msg.metadata.group_id,
             )
             incoming.metadata.__dict__["_message_id"] = msg_id
-            self._replies[msg_id] = self._deliver(incoming, self._contexts[node_id])
+            reply = deliver(self._client_app, incoming, self._contexts[node_id])
+            if self._copy and reply.has_content():
+                reply = Message(copy.deepcopy(reply.content), reply_to=incoming)
+            self._replies[msg_id] = reply
             ids.append(msg_id)
         return ids
 
@@ -113,15 +116,13 @@ class InProcessGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(list(self.push_messages(messages)))
 
-    # -- delivery -------------------------------------------------------------------------------------------------
-    def _deliver(self, message: Message, context: Context) -> Message:
-        try:
-            reply = self._client_app(message, context)
-        except Exception as exc:  # as Flower's engines do: the server sees an error reply, not a crash
-            reason = f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, ValueError | RuntimeError):
-                reason += "\n" + traceback.format_exc(limit=5)
-            return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
-        if self._copy and reply.has_content():
-            reply = Message(copy.deepcopy(reply.content), reply_to=message)
-        return reply
+
+def deliver(client_app: ClientApp, message: Message, context: Context) -> Message:
+    """Run `client_app` on one message; an exception becomes an error reply, as in Flower's engines."""
+    try:
+        return client_app(message, context)
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, ValueError | RuntimeError):
+            reason += "\n" + traceback.format_exc(limit=5)
+        return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

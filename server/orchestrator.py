@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import math
 import time
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Message, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from protocols import messages as msg
@@ -56,13 +58,21 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
 
 def _wait_for_nodes(grid: Grid, expected: int, timeout: float) -> list[int]:
     """Node ids of the connected silos; in a deployment, wait until `expected` SuperNodes have connected."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    last_log = start
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= expected:
             return nodes
-        if time.monotonic() > deadline:
-            raise RoundError(f"only {len(nodes)} of {expected} silos connected within {timeout:.0f} s")
+        now = time.monotonic()
+        if now - start > timeout:
+            raise RoundError(
+                f"only {len(nodes)} of {expected} silos connected within {timeout:.0f} s (num-silos={expected}); "
+                "start the missing silos or lower num-silos"
+            )
+        if now - last_log >= 10.0:
+            log(INFO, "waiting for silos: %d of %d connected", len(nodes), expected)
+            last_log = now
         time.sleep(1.0)
 
 

@@ -44,6 +44,8 @@ class RunProgress:
             self._progress.__exit__(exc_type, exc, tb)
 
     def start(self, rounds: int, federation: Federation) -> None:
+        if not self.enabled:
+            return
         info = federation.info
         self.console.print(
             f"[bold]{self.config.algorithm}[/] on {info.dataset}: {len(federation.silos)} silos, "

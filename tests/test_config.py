@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from protocols.config import ConfigError, RunConfig
 

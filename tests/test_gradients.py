@@ -196,3 +196,20 @@ def test_models_with_buffers_are_rejected() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     with pytest.raises(ValueError, match="no buffers"):
         clipped_gradient_sum(model, torch.ones(3, 2), torch.zeros(3, dtype=torch.long), 1.0)
+
+
+@pytest.mark.parametrize(("kind", "labels"), [("logreg", 2), ("logreg", 3), ("mlp", 2), ("mlp", 4)])
+def test_linear_stack_fast_path_equals_torch_func_route(kind: str, labels: int) -> None:
+    """The vmap-free route for tabular models gives the torch.func per-sample result, with and without clipping."""
+    from client.gradients import _linear_stack_clipped_sum
+
+    torch.manual_seed(3)
+    model = build_model(kind, 7, labels, hidden=5, seed=1)
+    x = torch.randn(40, 7) * 3
+    y = torch.randint(0, labels, (40,))
+    reference_rows = flatten_per_sample(per_sample_gradients(model, x, y))
+    for clip in (1e-3, 0.5, 1e6):  # all rows clipped, some, none
+        reference = clip_rows(reference_rows, clip).sum(0)
+        fast = _linear_stack_clipped_sum(model, x, y, clip)
+        torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(clipped_gradient_sum(model, x, y, clip), reference, rtol=1e-5, atol=1e-6)

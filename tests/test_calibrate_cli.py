@@ -1,0 +1,73 @@
+"""Tests for protocols.privacy.calibrate_cli: the `privacy calibrate` sub-command."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+from rich.console import Console
+
+from protocols.privacy.accountant import calibrate_noise
+from protocols.privacy.calibrate_cli import add_privacy_parser, calibrate_command
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="silofl")
+    add_privacy_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def _words(command_line: str) -> list[str]:
+    return command_line.split()
+
+
+def _run(command_line: str) -> tuple[int, str]:
+    args = _parser().parse_args(_words(command_line))
+    buffer = io.StringIO()
+    code = args.func(args, console=Console(file=buffer, width=120))
+    return code, buffer.getvalue()
+
+
+def test_calibrate_prints_multiplier_and_both_epsilons() -> None:
+    code, output = _run("privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60 --releases 2")
+    expected = calibrate_noise(2.0, 1e-6, 0.05, 60, releases=2, accountant="best")
+    assert code == 0
+    assert f"{expected.noise_multiplier:.6f}" in output
+    assert f"{expected.combined_noise_multiplier:.6f}" in output
+    assert f"{expected.epsilon_rdp:.6f}" in output and f"{expected.epsilon_pld:.6f}" in output
+    assert f"{expected.accountant} (asked: best)" in output
+
+
+def test_calibrate_with_a_chosen_accountant() -> None:
+    code, output = _run("privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60 --accountant rdp")
+    expected = calibrate_noise(2.0, 1e-6, 0.05, 60, accountant="rdp")
+    assert code == 0
+    assert f"{expected.noise_multiplier:.6f}" in output
+    assert "rdp (asked: rdp)" in output
+
+
+def test_default_console_writes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(_words("privacy calibrate --epsilon 5 --delta 1e-5 --sampling-rate 1 --steps 10"))
+    assert calibrate_command(args) == 0
+    assert "noise multiplier" in capsys.readouterr().out
+
+
+def test_invalid_value_is_reported_with_its_name() -> None:
+    code, output = _run("privacy calibrate --epsilon 2 --delta 2 --sampling-rate 0.05 --steps 60")
+    assert code == 2
+    assert "delta must be in (0, 1)" in output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "privacy calibrate --delta 1e-6 --sampling-rate 0.05 --steps 60",  # no --epsilon
+        "privacy calibrate --epsilon 1 --delta 1e-6 --sampling-rate 0.05 --steps 60 --accountant moments",
+        "privacy calibrate --epsilon 1 --delta 1e-6 --sampling-rate 0.05 --steps 6.5",
+        "privacy",
+    ],
+)
+def test_parser_rejects_bad_command_lines(argv: str) -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(_words(argv))

@@ -1,0 +1,245 @@
+"""Tests for protocols.privacy.ledger: refusals, double charges, persistence, agreement with the accountant."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+
+from protocols.privacy.accountant import calibrate_noise, dp_event, epsilon_spent, pld_value_discretization
+from protocols.privacy.ledger import BudgetExceededError, LedgerEntry, PrivacyLedger
+
+DELTA = 1e-6
+
+
+def test_refuses_past_budget_with_a_clear_error_and_charges_nothing() -> None:
+    ledger = PrivacyLedger(epsilon_budget=1.0, delta=DELTA, accountant="rdp")
+    answered = 0
+    with pytest.raises(BudgetExceededError) as caught:
+        for round_number in range(1, 1000):
+            ledger.charge(round=round_number, noise_multiplier=2.0, sampling_rate=0.05, silo="hospital-a")
+            answered += 1
+    before = ledger.to_dict()
+    spent = ledger.spent()
+    error = caught.value
+    assert 0 < answered < 999
+    assert error.silo == "hospital-a" and error.round == answered + 1
+    assert error.budget == 1.0 and error.spent == spent <= 1.0 < error.cost
+    assert error.cost == epsilon_spent(2.0, 0.05, answered + 1, DELTA, accountant="rdp")
+    message = str(error)
+    assert "hospital-a" in message and "budget epsilon=1" in message and "Nothing was charged" in message
+    assert f"{error.cost:.6g}" in message and f"{spent:.6g}" in message
+    # The refused round is not recorded: a retry is refused again, with the same figures.
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(round=answered + 1, noise_multiplier=2.0, sampling_rate=0.05)
+    assert ledger.to_dict() == before
+    assert ledger.spent() == spent
+    # A cheaper answer (more noise) still fits.
+    ledger.charge(round=answered + 1, noise_multiplier=50.0, sampling_rate=0.05)
+
+
+def test_double_charge_and_out_of_order_rounds_are_errors() -> None:
+    ledger = PrivacyLedger(epsilon_budget=10.0, delta=DELTA, accountant="rdp")
+    for round_number in (1, 2, 5):
+        ledger.charge(round=round_number, noise_multiplier=2.0, sampling_rate=0.1)
+    before = ledger.to_dict()
+    with pytest.raises(ValueError, match="round 2 was already charged"):
+        ledger.charge(round=2, noise_multiplier=2.0, sampling_rate=0.1)
+    with pytest.raises(ValueError, match="round 5 was already charged"):
+        ledger.charge(round=5, noise_multiplier=2.0, sampling_rate=0.1)
+    with pytest.raises(ValueError, match="before the last charged round 5"):
+        ledger.charge(round=3, noise_multiplier=2.0, sampling_rate=0.1)
+    assert ledger.to_dict() == before
+    assert ledger.rounds() == [1, 2, 5]
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld", "best"])
+def test_calibrated_run_charges_exactly_its_steps(accountant: str) -> None:
+    target, q, steps = 2.0, 0.05, 40
+    calibration = calibrate_noise(target, DELTA, q, steps, accountant=accountant, tolerance=1e-5)
+    sigma = calibration.noise_multiplier
+    # Precondition of the test: one step more does exceed the target.
+    assert epsilon_spent(sigma, q, steps + 1, DELTA, accountant=accountant) > target
+    ledger = PrivacyLedger(epsilon_budget=target, delta=DELTA, accountant=accountant)
+    for round_number in range(1, steps + 1):
+        ledger.charge(round=round_number, noise_multiplier=sigma, sampling_rate=q)
+    assert ledger.spent() == calibration.epsilon
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(round=steps + 1, noise_multiplier=sigma, sampling_rate=q)
+    assert ledger.entries == [LedgerEntry(1, sigma, q, 1, steps, steps)]
+
+
+def test_budget_hit_exactly_on_the_last_round_is_allowed() -> None:
+    q, steps = 0.05, 30
+    exact = epsilon_spent(1.3, q, steps, DELTA, accountant="rdp")
+    ledger = PrivacyLedger(epsilon_budget=exact, delta=DELTA, accountant="rdp")
+    for round_number in range(steps):
+        ledger.charge(round=round_number, noise_multiplier=1.3, sampling_rate=q)
+    assert ledger.spent() == exact
+
+
+def test_identical_consecutive_charges_merge() -> None:
+    ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="rdp")
+    for round_number in range(1, 101):
+        ledger.charge(round=round_number, noise_multiplier=1.0, sampling_rate=0.01, releases=2, steps=3)
+    for round_number in (103, 104, 110):  # gaps (silo not sampled) still merge: accounting ignores round numbers
+        ledger.charge(round=round_number, noise_multiplier=1.0, sampling_rate=0.01, releases=2, steps=3)
+    ledger.charge(round=111, noise_multiplier=1.0, sampling_rate=0.01, releases=2, steps=1)  # another mechanism
+    assert ledger.entries == [LedgerEntry(1, 1.0, 0.01, 2, 309, 103), LedgerEntry(111, 1.0, 0.01, 2, 1, 1)]
+    assert ledger.round_runs == [(1, 100), (103, 2), (110, 2)]
+    assert ledger.rounds() == [*range(1, 101), 103, 104, 110, 111]
+    assert len(ledger.to_dict()["round_run_start"]) == 3
+
+
+def test_spent_agrees_with_the_library_for_mixed_entries() -> None:
+    charges = [(1.0, 0.02, 1, 2)] * 5 + [(3.0, 0.2, 3, 1)] * 4 + [(20.0, 1.0, 1, 1)] * 3
+    ledgers = {name: PrivacyLedger(math.inf, DELTA, accountant=name) for name in ("rdp", "pld", "best")}
+    for round_number, (sigma, q, releases, steps) in enumerate(charges):
+        for ledger in ledgers.values():
+            ledger.charge(round=round_number, noise_multiplier=sigma, sampling_rate=q, releases=releases, steps=steps)
+    event = dp_accounting.ComposedDpEvent(
+        [dp_event(1.0, 0.02, 10, 1), dp_event(3.0, 0.2, 4, 3), dp_event(20.0, 1.0, 3, 1)]
+    )
+    rdp = RdpAccountant().compose(event).get_epsilon(DELTA)
+    grid = min(pld_value_discretization(s, q) for s, q in [(1.0, 0.02), (3.0 / math.sqrt(3), 0.2), (20.0, 1.0)])
+    pld = PLDAccountant(value_discretization_interval=grid).compose(event).get_epsilon(DELTA)
+    assert ledgers["rdp"].spent() == rdp
+    assert ledgers["pld"].spent() == pytest.approx(pld, rel=1e-12)
+    assert ledgers["best"].spent() == pytest.approx(min(rdp, pld), rel=1e-12)
+    assert len(ledgers["rdp"].entries) == 3
+
+
+def test_single_entry_equals_epsilon_spent_bit_for_bit() -> None:
+    for name in ("rdp", "pld"):
+        ledger = PrivacyLedger(math.inf, DELTA, accountant=name)
+        for round_number in range(25):
+            ledger.charge(round=round_number, noise_multiplier=0.9, sampling_rate=0.03, releases=2, steps=4)
+        assert ledger.spent() == epsilon_spent(0.9, 0.03, 100, DELTA, releases=2, accountant=name)
+
+
+def test_cost_after_does_not_charge_and_predicts_the_charge() -> None:
+    ledger = PrivacyLedger(epsilon_budget=5.0, delta=DELTA, accountant="pld")
+    ledger.charge(round=1, noise_multiplier=1.0, sampling_rate=0.1)
+    predicted = ledger.cost_after(1.0, 0.1)
+    assert ledger.rounds() == [1] and ledger.entries[0].steps == 1
+    assert predicted > ledger.spent()
+    assert ledger.charge(round=2, noise_multiplier=1.0, sampling_rate=0.1) == predicted
+
+
+def test_best_charge_returns_an_upper_bound_of_spent() -> None:
+    ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="best")
+    returned = ledger.charge(round=1, noise_multiplier=1.0, sampling_rate=0.1, steps=10)
+    assert returned == epsilon_spent(1.0, 0.1, 10, DELTA, accountant="rdp")  # RDP admits it: no PLD needed
+    assert ledger.spent() == epsilon_spent(1.0, 0.1, 10, DELTA, accountant="best") <= returned
+
+
+def test_history_tracks_every_round() -> None:
+    ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="rdp")
+    for round_number in (2, 3, 4, 8):
+        ledger.charge(round=round_number, noise_multiplier=1.2, sampling_rate=0.1, steps=2)
+    ledger.charge(round=9, noise_multiplier=0.8, sampling_rate=0.1)
+    history = ledger.history()
+    assert [r for r, _ in history] == [2, 3, 4, 8, 9]
+    assert history[0][1] == epsilon_spent(1.2, 0.1, 2, DELTA, accountant="rdp")
+    assert history[2][1] == epsilon_spent(1.2, 0.1, 6, DELTA, accountant="rdp")
+    assert all(a[1] < b[1] for a, b in itertools.pairwise(history))
+    assert history[-1][1] == ledger.spent()
+    sparse = ledger.history(max_points=2)
+    assert sparse == [history[0], history[-1]]
+    assert PrivacyLedger(1.0, DELTA).history() == []
+
+
+def test_round_trip_through_dict_json_and_flower_config_record() -> None:
+    ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="best")
+    for round_number, sigma in [(1, 1.0), (2, 1.0), (4, 1.0), (5, 2.5), (6, 2.5)]:
+        ledger.charge(round=round_number, noise_multiplier=sigma, sampling_rate=0.1, releases=2)
+    data = ledger.to_dict()
+    assert all(
+        isinstance(value, (int, float, str)) or (isinstance(value, list) and len({type(v) for v in value}) <= 1)
+        for value in data.values()
+    )
+    restored = PrivacyLedger.from_dict(json.loads(json.dumps(data, allow_nan=False)))
+    assert restored == ledger
+    assert restored.spent() == ledger.spent()
+    finite = PrivacyLedger(epsilon_budget=3.0, delta=DELTA, accountant="rdp")
+    assert PrivacyLedger.from_dict(finite.to_dict()) == finite
+
+    config_record = pytest.importorskip("flwr.app").ConfigRecord
+    record = config_record(data)
+    assert PrivacyLedger.from_dict(dict(record)) == ledger
+
+
+def test_from_dict_errors_name_the_problem() -> None:
+    data = PrivacyLedger(1.0, DELTA).to_dict()
+    with pytest.raises(ValueError, match="missing entry_steps"):
+        PrivacyLedger.from_dict({k: v for k, v in data.items() if k != "entry_steps"})
+    with pytest.raises(ValueError, match="ledger_format"):
+        PrivacyLedger.from_dict(data | {"ledger_format": 99})
+    with pytest.raises(ValueError, match="equal lengths"):
+        PrivacyLedger.from_dict(data | {"entry_steps": [3]})
+    with pytest.raises(ValueError, match="epsilon_budget"):
+        PrivacyLedger.from_dict(data | {"epsilon_budget": -1.0})
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError, match="delta"):
+        PrivacyLedger(1.0, delta=0.0)
+    with pytest.raises(ValueError, match="accountant"):
+        PrivacyLedger(1.0, DELTA, accountant="moments")
+    with pytest.raises(ValueError, match="round_runs"):
+        PrivacyLedger(1.0, DELTA, entries=[LedgerEntry(1, 1.0, 0.1, 1, 1)], round_runs=[])
+    with pytest.raises(ValueError, match="multiple of rounds"):
+        PrivacyLedger(1.0, DELTA, entries=[LedgerEntry(1, 1.0, 0.1, 1, 3, 2)], round_runs=[(1, 2)])
+    ledger = PrivacyLedger(1.0, DELTA)
+    with pytest.raises(ValueError, match="sampling_rate"):
+        ledger.charge(round=1, noise_multiplier=1.0, sampling_rate=0.0)
+    with pytest.raises(ValueError, match="round"):
+        ledger.charge(round=-1, noise_multiplier=1.0, sampling_rate=0.1)
+
+
+def test_no_noise_is_refused_under_a_finite_budget() -> None:
+    ledger = PrivacyLedger(epsilon_budget=100.0, delta=DELTA)
+    with pytest.raises(BudgetExceededError, match="epsilon=inf"):
+        ledger.charge(round=1, noise_multiplier=0.0, sampling_rate=0.1)
+    unlimited = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA)
+    assert unlimited.charge(round=1, noise_multiplier=0.0, sampling_rate=0.1) == math.inf
+    assert unlimited.remaining() == math.inf
+
+
+def test_two_thousand_rdp_charges_are_cheap() -> None:
+    q = 256 / 12000
+    ledger = PrivacyLedger(epsilon_budget=math.inf, delta=1e-9, accountant="rdp")
+    start = time.perf_counter()
+    for round_number in range(1, 2001):
+        ledger.charge(round=round_number, noise_multiplier=1.0, sampling_rate=q)
+    elapsed = time.perf_counter() - start
+    assert len(ledger.entries) == 1 and ledger.round_runs == [(1, 2000)]
+    assert elapsed / 2000 < 0.005  # measured ~0.1 ms per charge
+
+
+def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monkeypatch) -> None:
+    """Near the end of a run calibrated with "best", PLD certifies the rest of the run in a few evaluations."""
+    from protocols.privacy import ledger as ledger_module
+    from protocols.privacy.accountant import calibrate_noise
+
+    steps, q, delta, eps = 400, 0.05, 1e-6, 1.0
+    cal = calibrate_noise(eps, delta, q, steps, accountant="best")
+    calls = []
+    real = ledger_module._pld_epsilon
+    monkeypatch.setattr(ledger_module, "_pld_epsilon", lambda s, d: calls.append(s) or real(s, d))
+    ledger_module._CERTIFICATES.clear()
+    ledger = PrivacyLedger(epsilon_budget=eps, delta=delta, accountant="best")
+    figures = [ledger.charge(round=r, noise_multiplier=cal.noise_multiplier, sampling_rate=q) for r in range(steps)]
+    assert max(figures) <= eps * (1 + 1e-9)
+    assert len(calls) <= 30  # one search, not one PLD evaluation per remaining round
+    assert ledger.spent() <= eps * (1 + 1e-9)
+    # every reported figure is an upper bound on the exact spending after that round
+    exact = dict(ledger.history(max_points=8))
+    for round_number, value in exact.items():
+        assert figures[round_number] >= value - 1e-12
