@@ -30,22 +30,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="in-process repeats (the best is kept)")
     args = parser.parse_args()
     values = {
-        "algorithm": args.algorithm, "dataset": args.dataset, "num-silos": args.silos, "rounds": args.rounds,
-        "eval-every": args.rounds, "data-dir": os.environ.get("SILOFL_DATA_DIR", ""),
+        "algorithm": args.algorithm,
+        "dataset": args.dataset,
+        "num-silos": args.silos,
+        "rounds": args.rounds,
+        "eval-every": args.rounds,
+        "data-dir": os.environ.get("SILOFL_DATA_DIR", ""),
     }
     if args.algorithm == "dp-fedsgd":
         values["epsilon"] = 1.0
     config = RunConfig.parse(values)
-    inproc = min((_per_round(run_job(config, engine="inprocess", progress=False)) for _ in range(args.repeats)),
-                 key=lambda t: t[0])
+    inproc = min(
+        (_per_round(run_job(config, engine="inprocess", progress=False)) for _ in range(args.repeats)),
+        key=lambda t: t[0],
+    )
     ray = _per_round(run_job(config, engine="ray", progress=False))
     print(f"run: {args.algorithm} on {args.dataset}, {args.silos} silos, {args.rounds} rounds, batch 256")
     print(f"{'engine':<16}{'median ms/round':>18}{'mean ms/round':>16}")
     for name, (median, mean) in (("in-process", inproc), ("Ray simulation", ray)):
         print(f"{name:<16}{median * 1000:>18.2f}{mean * 1000:>16.2f}")
     print(f"ratio Ray / in-process: median {ray[0] / inproc[0]:.1f}x, mean {ray[1] / inproc[1]:.1f}x")
-    print("(median: a typical round; mean includes round 1, where each silo calibrates its noise once, and the "
-          "final evaluation)")
+    print(
+        "(median: a typical round; mean includes round 1, where each silo calibrates its noise once, and the "
+        "final evaluation)"
+    )
 
 
 def _per_round(result: dict) -> tuple[float, float]:

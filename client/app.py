@@ -73,7 +73,7 @@ def setup(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """One round of the run's algorithm on this silo."""
-    silo, spec = _silo(context)
+    silo, _ = _silo(context)
     what = f"train message to silo {silo.silo_id}"
     instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
     with _single_thread():
@@ -94,10 +94,17 @@ def _train_fedavg(model, silo: SiloData, instr: msg.TrainInstruction, context: C
     rng = randomness.numpy_rng(
         context, seed=instr.seed, silo_id=silo.silo_id, server_round=instr.server_round, stream=randomness.SHUFFLE
     )
-    n = local_sgd(model, silo.train.nonsensitive, epochs=instr.local_epochs, batch_size=instr.batch_size, lr=instr.lr,
-                  rng=rng)
-    report = msg.TrainReport(silo_id=silo.silo_id, server_round=instr.server_round, num_examples=n,
-                             epsilon_spent=float("inf"), noise_multiplier=0.0, sampling_rate=1.0)
+    n = local_sgd(
+        model, silo.train.nonsensitive, epochs=instr.local_epochs, batch_size=instr.batch_size, lr=instr.lr, rng=rng
+    )
+    report = msg.TrainReport(
+        silo_id=silo.silo_id,
+        server_round=instr.server_round,
+        num_examples=n,
+        epsilon_spent=float("inf"),
+        noise_multiplier=0.0,
+        sampling_rate=1.0,
+    )
     return get_parameters(model), report
 
 
@@ -109,8 +116,13 @@ def _train_dp_fedsgd(model, silo: SiloData, instr: msg.TrainInstruction, context
     n = len(silo.train)
     rate = min(1.0, instr.batch_size / n)
     plan = privacy_state.noise_plan(
-        context, epsilon=instr.epsilon, delta=instr.delta, sampling_rate=rate, steps=instr.total_rounds,
-        releases=1, accountant=instr.accountant,
+        context,
+        epsilon=instr.epsilon,
+        delta=instr.delta,
+        sampling_rate=rate,
+        steps=instr.total_rounds,
+        releases=1,
+        accountant=instr.accountant,
     )
     # The ledger is charged BEFORE anything is computed or released: a refused answer releases nothing.
     spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
@@ -125,8 +137,14 @@ def _train_dp_fedsgd(model, silo: SiloData, instr: msg.TrainInstruction, context
         noise_generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
     )
     update = {name: t.detach().numpy().astype("float32") for name, t in unflatten(grad, parameter_spec(model)).items()}
-    report = msg.TrainReport(silo_id=silo.silo_id, server_round=instr.server_round, num_examples=n,
-                             epsilon_spent=spent, noise_multiplier=plan.noise_multiplier, sampling_rate=rate)
+    report = msg.TrainReport(
+        silo_id=silo.silo_id,
+        server_round=instr.server_round,
+        num_examples=n,
+        epsilon_spent=spent,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=rate,
+    )
     return update, report
 
 
@@ -152,12 +170,14 @@ def evaluate(message: Message, context: Context) -> Message:
             loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
             predictions = logits.argmax(dim=1).numpy()
     counts = confusion_counts(
-        silo.test.sensitive.groups, silo.test.nonsensitive.labels, predictions,
-        silo.info.num_groups, silo.info.num_labels,
+        silo.test.sensitive.groups,
+        silo.test.nonsensitive.labels,
+        predictions,
+        silo.info.num_groups,
+        silo.info.num_labels,
     )
-    report = msg.EvaluateReport(silo_id=silo.silo_id, server_round=instr.server_round, num_examples=len(y),
-                                loss_sum=loss_sum)
-    content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}),
-                          msg.REPORT: report.to_metric_record()})
+    report = msg.EvaluateReport(
+        silo_id=silo.silo_id, server_round=instr.server_round, num_examples=len(y), loss_sum=loss_sum
+    )
+    content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
     return Message(content, reply_to=message)
-

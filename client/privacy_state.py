@@ -62,8 +62,14 @@ def noise_plan(
     The noise is calibrated for the silo's budget (:func:`silo_budget`): a silo whose operator caps epsilon below the
     run's target adds more noise and still completes the announced rounds within its cap.
     """
-    wanted = {"epsilon": epsilon, "delta": delta, "sampling-rate": sampling_rate, "steps": steps,
-              "releases": releases, "accountant": accountant}
+    wanted = {
+        "epsilon": epsilon,
+        "delta": delta,
+        "sampling-rate": sampling_rate,
+        "steps": steps,
+        "releases": releases,
+        "accountant": accountant,
+    }
     if STATE_KEY in context.state:
         rec = context.state[STATE_KEY]
         for key, value in wanted.items():

@@ -81,8 +81,12 @@ def _partitioned(spec: DataSpec) -> tuple[SiloData, ...]:
 def schema_hash(info: DatasetInfo) -> str:
     """Fingerprint of the feature, label and group names: silos of one federation must agree on all three."""
     text = "\x1f".join(
-        ["|".join(info.feature_names), "|".join(info.label_names), "|".join(info.sensitive_columns),
-         "|".join(info.group_names)]
+        [
+            "|".join(info.feature_names),
+            "|".join(info.label_names),
+            "|".join(info.sensitive_columns),
+            "|".join(info.group_names),
+        ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

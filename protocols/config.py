@@ -21,6 +21,8 @@ PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd"})
 Partition = Literal["iid", "attribute", "classes", "dirichlet"]
 ModelKind = Literal["logreg", "mlp"]
 Accountant = Literal["rdp", "pld", "best"]
+#: Built-in datasets (the silo's loaders, `client.data.loaders.BUILTIN_DATASETS`, serve exactly these).
+BUILTIN_DATASETS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic")
 
 
 class ConfigError(ValueError):
@@ -30,7 +32,9 @@ class ConfigError(ValueError):
 class RunConfig(BaseModel):
     """Everything needed to (re)run one federated job. Field names are the run-config keys with `-` for `_`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=lambda s: s.replace("_", "-"))
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, alias_generator=lambda s: s.replace("_", "-")
+    )
 
     algorithm: Algorithm
     dataset: str = Field(default="synthetic", min_length=1, description="builtin name or path to a .csv/.parquet file")
@@ -74,14 +78,18 @@ class RunConfig(BaseModel):
             raise ValueError("give either 'rounds' or 'epochs', not both (set the other to 0)")
         if not self.rounds and not self.epochs:
             raise ValueError("give 'rounds' (communication rounds) or 'epochs' (passes over each silo's data)")
-        if self.algorithm in PRIVATE_ALGORITHMS and math.isinf(self.epsilon):
-            pass  # allowed: a non-private run of a private algorithm (sigma = 0), reported as epsilon = inf
         if self.algorithm not in PRIVATE_ALGORITHMS and not math.isinf(self.epsilon):
             raise ValueError(
                 f"'epsilon' = {self.epsilon} was given but algorithm '{self.algorithm}' adds no noise; "
                 f"use one of {sorted(PRIVATE_ALGORITHMS)} or drop 'epsilon'"
             )
-        if not self.dataset.endswith((".csv", ".parquet")) and (self.target or self.sensitive or self.features):
+        is_file = self.dataset.endswith((".csv", ".parquet"))
+        if not is_file and self.dataset not in BUILTIN_DATASETS:
+            raise ValueError(
+                f"'dataset' = {self.dataset!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)}) nor a "
+                ".csv/.parquet file"
+            )
+        if not is_file and (self.target or self.sensitive or self.features):
             raise ValueError("'target', 'sensitive' and 'features' apply only to a .csv/.parquet 'dataset'")
         if self.dataset.endswith((".csv", ".parquet")) and not (self.target and self.sensitive):
             raise ValueError(f"dataset '{self.dataset}' is a file: also give 'target' and 'sensitive' columns")
@@ -117,7 +125,9 @@ def allowed_values(key: str) -> str:
     name = key.replace("-", "_")
     field = RunConfig.model_fields.get(name)
     if field is None:
-        return "one of the keys " + ", ".join(sorted(RunConfig.model_fields[f].alias or f for f in RunConfig.model_fields))
+        return "one of the keys " + ", ".join(
+            sorted(RunConfig.model_fields[f].alias or f for f in RunConfig.model_fields)
+        )
     choices = get_args(field.annotation)
     if choices and all(isinstance(c, str) for c in choices):
         return "one of " + ", ".join(repr(c) for c in choices)

@@ -8,7 +8,8 @@ names the message, the field and what was expected, so that a bad message is ref
 Message types (Flower `message_type`):
 
 * ``query.setup``  server -> silo: :class:`DataSpec` (which data a simulated silo loads); reply :class:`SiloInfo`.
-* ``train``        server -> silo: arrays ``model`` + :class:`TrainInstruction`; reply arrays ``update`` + :class:`TrainReport`.
+* ``train``        server -> silo: arrays ``model`` + :class:`TrainInstruction`; reply arrays ``update`` +
+  :class:`TrainReport`.
 * ``evaluate``     server -> silo: arrays ``model`` + :class:`EvaluateInstruction`; reply arrays ``counts`` +
   :class:`EvaluateReport`.
 """

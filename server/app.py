@@ -16,7 +16,10 @@ from protocols.config import RunConfig
 
 
 def make_server_app(
-    config: RunConfig | None = None, *, sink: Callable[[dict[str, Any]], None] | None = None, engine: str = "",
+    config: RunConfig | None = None,
+    *,
+    sink: Callable[[dict[str, Any]], None] | None = None,
+    engine: str = "",
     progress: bool = True,
 ) -> ServerApp:
     """A ServerApp for `config` (or, if None, for the run config Flower passes in `context.run_config`)."""

@@ -17,17 +17,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from protocols.config import ALGORITHMS, ConfigError, RunConfig
+from strategies.base import RoundError
 
 
 def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "run", help="run a federated job on this machine",
+        "run",
+        help="run a federated job on this machine",
         description="Run ALGORITHM over N simulated silos and write DIR/result.json.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("algorithm", choices=ALGORITHMS)
-    p.add_argument("--dataset", default="synthetic",
-                   help="adult, credit, parkinsons, synthetic (embedded), or a .csv/.parquet file")
+    p.add_argument(
+        "--dataset",
+        default="synthetic",
+        help="adult, credit, parkinsons, synthetic (embedded), or a .csv/.parquet file",
+    )
     p.add_argument("--data-dir", default="", help="folder with the datasets (default: $SILOFL_DATA_DIR)")
     p.add_argument("--target", default="", help="label column (CSV/Parquet dataset)")
     p.add_argument("--sensitive", default="", help="sensitive column(s), comma-separated (CSV/Parquet dataset)")
@@ -81,14 +86,17 @@ def run_command(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     result = run_job(config, engine=args.engine, progress=not args.no_progress)
     final, privacy, timing = result["final"], result["privacy"], result["timing"]
-    table = Table(title=f"{config.algorithm} on {config.dataset} ({config.num_silos} silos, {args.engine} engine)")
-    for col in ("accuracy", "error", "loss", "dp_violation", "eo_violation", "epsilon spent", "delta", "s/round"):
-        table.add_column(col)
+    table = Table(
+        title=f"{config.algorithm} on {config.dataset}: {config.num_silos} silos, "
+        f"{result['federation']['rounds']} rounds, {args.engine} engine"
+    )
+    for col in ("accuracy", "loss", "DP viol.", "EO viol.", "eps spent", "delta", "s/round"):
+        table.add_column(col, justify="right")
     eps = privacy["epsilon_spent"]
     table.add_row(
-        *(f"{final[k]:.4f}" for k in ("accuracy", "error", "loss", "dp_violation", "eo_violation")),
+        *(f"{final[k]:.4f}" for k in ("accuracy", "loss", "dp_violation", "eo_violation")),
         eps if isinstance(eps, str) else f"{eps:.4f}",
-        f"{privacy['delta']:.2e}",
+        f"{privacy['delta']:.1e}",
         f"{timing['seconds_per_round']:.4f}",
     )
     console = Console()
@@ -117,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"silofl: {exc}", file=sys.stderr)
         return 2
+    except RoundError as exc:
+        print(f"silofl: the run stopped: {exc}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError) as exc:
         print(f"silofl: error: {exc}", file=sys.stderr)
         return 2

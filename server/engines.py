@@ -8,6 +8,7 @@ deployment runs them too, through `flwr run .` (see README). Same seed, same res
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flwr.app import Context, RecordDict
@@ -17,8 +18,18 @@ from protocols.config import RunConfig
 ENGINES = ("inprocess", "ray")
 
 
-def run_job(config: RunConfig, *, engine: str = "inprocess", progress: bool = True) -> dict[str, Any]:
-    """Run `config` on `engine` and return its result (also written to `config.out_dir` when set)."""
+def run_job(
+    config: RunConfig,
+    *,
+    engine: str = "inprocess",
+    progress: bool = True,
+    node_configs: Sequence[Mapping[str, str | int | float | bool]] | None = None,
+) -> dict[str, Any]:
+    """Run `config` on `engine` and return its result (also written to `config.out_dir` when set).
+
+    `node_configs` (in-process engine only) gives each silo node config entries, e.g. `data-path` for silos that
+    hold their own data folder as in a deployment, or `epsilon-budget`.
+    """
     from client.app import app as client_app
     from server.app import make_server_app
 
@@ -27,9 +38,11 @@ def run_job(config: RunConfig, *, engine: str = "inprocess", progress: bool = Tr
     if engine == "inprocess":
         from server.inprocess_grid import InProcessGrid
 
-        grid = InProcessGrid(client_app, config.num_silos)
+        grid = InProcessGrid(client_app, config.num_silos, node_configs=node_configs)
         context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config.to_run_config())
         server_app(grid, context)
+    elif node_configs is not None:
+        raise ValueError("node_configs apply to the in-process engine only")
     elif engine == "ray":
         from flwr.simulation import run_simulation
 

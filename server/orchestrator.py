@@ -34,14 +34,22 @@ SETUP_TIMEOUT = 600.0
 def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = None) -> Federation:
     """Ask every connected silo to load its data and describe it."""
     spec = msg.DataSpec(
-        dataset=config.dataset, data_dir=config.data_dir, target=config.target, sensitive=config.sensitive,
-        features=config.features, num_silos=config.num_silos, partition=config.partition,
-        heterogeneity=config.heterogeneity, classes_per_silo=config.classes_per_silo,
-        dirichlet_alpha=config.dirichlet_alpha, seed=config.seed,
+        dataset=config.dataset,
+        data_dir=config.data_dir,
+        target=config.target,
+        sensitive=config.sensitive,
+        features=config.features,
+        num_silos=config.num_silos,
+        partition=config.partition,
+        heterogeneity=config.heterogeneity,
+        classes_per_silo=config.classes_per_silo,
+        dirichlet_alpha=config.dirichlet_alpha,
+        seed=config.seed,
     )
     nodes = _wait_for_nodes(grid, expected_silos or config.num_silos, config.round_timeout)
-    messages = [Message(RecordDict({msg.CONFIG: spec.to_config_record()}), node, msg.SETUP, group_id="setup")
-                for node in nodes]
+    messages = [
+        Message(RecordDict({msg.CONFIG: spec.to_config_record()}), node, msg.SETUP, group_id="setup") for node in nodes
+    ]
     replies = list(grid.send_and_receive(messages, timeout=SETUP_TIMEOUT))
     entries = []
     for reply in replies:
@@ -98,16 +106,30 @@ def build_strategy(config: RunConfig, federation: Federation, rounds: int, delta
     spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
     eval_instruction = msg.EvaluateInstruction(server_round=0, model=config.model, hidden=config.hidden)
     instruction = msg.TrainInstruction(
-        algorithm=config.algorithm, server_round=1, total_rounds=rounds, model=config.model, hidden=config.hidden,
-        batch_size=config.batch_size, lr=config.lr, local_epochs=config.local_epochs, clip=config.clip,
-        epsilon=config.epsilon, delta=delta, accountant=config.accountant, seed=config.seed,
+        algorithm=config.algorithm,
+        server_round=1,
+        total_rounds=rounds,
+        model=config.model,
+        hidden=config.hidden,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        local_epochs=config.local_epochs,
+        clip=config.clip,
+        epsilon=config.epsilon,
+        delta=delta,
+        accountant=config.accountant,
+        seed=config.seed,
     )
     common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
     if config.algorithm == "fedavg":
         return FedAvg(federation, spec, **common)
     mean_n = federation.n_train / len(federation.silos)
-    schedule = StepSchedule(config.lr, decay=config.lr_decay, decay_epochs=config.lr_decay_epochs,
-                            rounds_per_epoch=mean_n / config.batch_size)
+    schedule = StepSchedule(
+        config.lr,
+        decay=config.lr_decay,
+        decay_epochs=config.lr_decay_epochs,
+        rounds_per_epoch=mean_n / config.batch_size,
+    )
     return GradientStep(federation, spec, schedule=schedule, **common)
 
 
@@ -129,16 +151,31 @@ def run_federation(
     t_rounds = time.perf_counter()
     history = strategy.start(grid, initial, num_rounds=rounds, eval_every=eval_every, on_round=on_round)
     t_end = time.perf_counter()
-    result = build_result(config, federation, history, rounds=rounds, delta=delta, engine=engine,
-                          total_seconds=t_end - t_start, round_seconds=t_end - t_rounds)
+    result = build_result(
+        config,
+        federation,
+        history,
+        rounds=rounds,
+        delta=delta,
+        engine=engine,
+        total_seconds=t_end - t_start,
+        round_seconds=t_end - t_rounds,
+    )
     if config.out_dir:
         write_result(result, Path(config.out_dir))
     return result
 
 
 def build_result(
-    config: RunConfig, federation: Federation, history: RunHistory, *, rounds: int, delta: float, engine: str,
-    total_seconds: float, round_seconds: float,
+    config: RunConfig,
+    federation: Federation,
+    history: RunHistory,
+    *,
+    rounds: int,
+    delta: float,
+    engine: str,
+    total_seconds: float,
+    round_seconds: float,
 ) -> dict[str, Any]:
     """The `result.json` document."""
     final = history.last_evaluation or {}
@@ -156,8 +193,10 @@ def build_result(
         "config": config.to_json(),
         "engine": engine,
         "federation": {
-            "silos": [{"silo_id": e.info.silo_id, "node_id": e.node_id, "n_train": e.info.n_train,
-                       "n_test": e.info.n_test} for e in federation.silos],
+            "silos": [
+                {"silo_id": e.info.silo_id, "node_id": e.node_id, "n_train": e.info.n_train, "n_test": e.info.n_test}
+                for e in federation.silos
+            ],
             "num_features": federation.info.num_features,
             "num_labels": federation.info.num_labels,
             "num_groups": federation.info.num_groups,
@@ -193,8 +232,10 @@ def build_result(
 
 def _mechanism(config: RunConfig) -> str:
     if config.algorithm == "dp-fedsgd":
-        return ("each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "
-                "(add/remove neighbours), one release per round; sigma from the accountant for (epsilon, delta, q, T)")
+        return (
+            "each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "
+            "(add/remove neighbours), one release per round; sigma from the accountant for (epsilon, delta, q, T)"
+        )
     return "none"
 
 

@@ -144,8 +144,10 @@ class SiloflStrategy(Strategy):
         raise NotImplementedError
 
     def combine(
-        self, server_round: int, current: dict[str, np.ndarray], updates: list[tuple[SiloEntry, dict[str, np.ndarray],
-                                                                                     msg.TrainReport]]
+        self,
+        server_round: int,
+        current: dict[str, np.ndarray],
+        updates: list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]],
     ) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
@@ -156,8 +158,9 @@ class SiloflStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._current = msg.check_arrays(RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec,
-                                         what="server model")
+        self._current = msg.check_arrays(
+            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, what="server model"
+        )
         instruction = self.train_instruction(server_round)
         instruction.update(config)
         return [self._message(arrays, instruction, msg.TRAIN, e.node_id, server_round) for e in self.federation.silos]
@@ -185,8 +188,9 @@ class SiloflStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         instruction = self.eval_instruction.model_copy(update={"server_round": server_round}).to_config_record()
-        return [self._message(arrays, instruction, msg.EVALUATE, e.node_id, server_round)
-                for e in self.federation.silos]
+        return [
+            self._message(arrays, instruction, msg.EVALUATE, e.node_id, server_round) for e in self.federation.silos
+        ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         info = self.federation.info
@@ -205,15 +209,26 @@ class SiloflStrategy(Strategy):
             loss_sum += report.loss_sum
             n += report.num_examples
         fair = fairness_from_counts(total)
-        return MetricRecord({
-            "accuracy": fair.accuracy, "error": fair.error, "loss": loss_sum / max(n, 1),
-            "dp_violation": fair.dp_violation, "eo_violation": fair.eo_violation,
-            "eopp_violation": fair.eopp_violation, "num_examples": n,
-        })
+        return MetricRecord(
+            {
+                "accuracy": fair.accuracy,
+                "error": fair.error,
+                "loss": loss_sum / max(n, 1),
+                "dp_violation": fair.dp_violation,
+                "eo_violation": fair.eo_violation,
+                "eopp_violation": fair.eopp_violation,
+                "num_examples": n,
+            }
+        )
 
     def summary(self) -> None:
-        log(INFO, "%s over %d silos, %d parameters", type(self).__name__, len(self.federation.silos),
-            sum(int(np.prod(s)) for _, s in self.param_spec))
+        log(
+            INFO,
+            "%s over %d silos, %d parameters",
+            type(self).__name__,
+            len(self.federation.silos),
+            sum(int(np.prod(s)) for _, s in self.param_spec),
+        )
 
     # -- run loop ---------------------------------------------------------------------------------------------------
     def start(  # type: ignore[override]
@@ -237,8 +252,9 @@ class SiloflStrategy(Strategy):
         arrays = initial_arrays
         for server_round in range(1, num_rounds + 1):
             t0 = time.perf_counter()
-            replies = grid.send_and_receive(self.configure_train(server_round, arrays, train_config, grid),
-                                            timeout=timeout)
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
+            )
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             if new_arrays is not None:
                 arrays = new_arrays
@@ -276,8 +292,10 @@ class SiloflStrategy(Strategy):
             node = reply.metadata.src_node_id
             entry = by_node.get(node)
             if entry is None:
-                raise RoundError(f"round {server_round}: a {kind} reply came from node {node}, which is not a silo of "
-                                 f"this run (silos: {sorted(by_node)})")
+                raise RoundError(
+                    f"round {server_round}: a {kind} reply came from node {node}, which is not a silo of "
+                    f"this run (silos: {sorted(by_node)})"
+                )
             if reply.has_error():
                 raise RoundError(f"{entry.name} failed in round {server_round} ({kind}): {reply.error.reason}")
             if node in got:
@@ -294,7 +312,8 @@ class SiloflStrategy(Strategy):
     @staticmethod
     def _check_identity(silo_id: int, reply_round: int, entry: SiloEntry, server_round: int, what: str) -> None:
         if silo_id != entry.info.silo_id:
-            raise RoundError(f"{what}: the reply says silo {silo_id}, but node {entry.node_id} is silo "
-                             f"{entry.info.silo_id}")
+            raise RoundError(
+                f"{what}: the reply says silo {silo_id}, but node {entry.node_id} is silo {entry.info.silo_id}"
+            )
         if reply_round != server_round:
             raise RoundError(f"{what}: the reply is for round {reply_round}, expected {server_round}")

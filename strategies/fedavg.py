@@ -33,8 +33,8 @@ class FedAvg(SiloflStrategy):
             raise ValueError(f"round {server_round}: the silos reported no training records")
         weights /= weights.sum()
         return {
-            name: sum(w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(weights, updates)).astype(
-                np.float32
-            )
+            name: sum(
+                w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(weights, updates, strict=True)
+            ).astype(np.float32)
             for name in current
         }

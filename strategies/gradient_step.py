@@ -54,6 +54,8 @@ class GradientStep(SiloflStrategy):
         lr = self.schedule(server_round)
         out = {}
         for name, value in current.items():
-            grad = sum(w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(self.weights, updates))
+            grad = sum(
+                w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(self.weights, updates, strict=True)
+            )
             out[name] = (value.astype(np.float64) - lr * grad).astype(np.float32)
         return out

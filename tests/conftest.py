@@ -15,5 +15,7 @@ def data_dir() -> Path:
     """$SILOFL_DATA_DIR, else <project root>/../shared/data; skips the test if the directory does not exist."""
     path = Path(os.environ.get("SILOFL_DATA_DIR", PROJECT_ROOT.parent / "shared" / "data"))
     if not path.is_dir():
+        if os.environ.get("CI"):  # CI runs with ../shared beside the clone: a missing folder is a failure, not a skip
+            pytest.fail(f"real datasets not found at {path} in CI; set SILOFL_DATA_DIR")
         pytest.skip(f"real datasets not found at {path}; set SILOFL_DATA_DIR")
     return path

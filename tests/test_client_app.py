@@ -23,8 +23,13 @@ def _task_identity() -> None:
 
 
 def _context(partition: int = 0, **node_config) -> Context:
-    return Context(run_id=1, node_id=5, node_config={"partition-id": partition, "num-partitions": 2, **node_config},
-                   state=RecordDict(), run_config={})
+    return Context(
+        run_id=1,
+        node_id=5,
+        node_config={"partition-id": partition, "num-partitions": 2, **node_config},
+        state=RecordDict(),
+        run_config={},
+    )
 
 
 def _call(context: Context, content: RecordDict, kind: str) -> Message:
@@ -40,11 +45,20 @@ def _setup(context: Context) -> msg.SiloInfo:
 
 def _train(context: Context, info: msg.SiloInfo, server_round: int, **overrides) -> Message:
     model = build_model("logreg", info.num_features, info.num_labels)
-    values = {"algorithm": "dp-fedsgd", "server_round": server_round, "total_rounds": 10, "batch_size": 64,
-              "lr": 0.1, "epsilon": 1.0, "delta": 1e-6, "clip": 1.0} | overrides
+    values = {
+        "algorithm": "dp-fedsgd",
+        "server_round": server_round,
+        "total_rounds": 10,
+        "batch_size": 64,
+        "lr": 0.1,
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "clip": 1.0,
+    } | overrides
     instruction = msg.TrainInstruction(**values)
-    content = RecordDict({msg.MODEL: msg.arrays_record(get_parameters(model)),
-                          msg.CONFIG: instruction.to_config_record()})
+    content = RecordDict(
+        {msg.MODEL: msg.arrays_record(get_parameters(model)), msg.CONFIG: instruction.to_config_record()}
+    )
     return _call(context, content, msg.TRAIN)
 
 
@@ -116,11 +130,13 @@ def test_replayed_round_is_not_charged_twice() -> None:
 def test_malformed_model_is_refused_before_any_charge() -> None:
     context = _context()
     info = _setup(context)
-    instruction = msg.TrainInstruction(algorithm="dp-fedsgd", server_round=1, total_rounds=10, batch_size=64, lr=0.1,
-                                       epsilon=1.0, delta=1e-6)
+    instruction = msg.TrainInstruction(
+        algorithm="dp-fedsgd", server_round=1, total_rounds=10, batch_size=64, lr=0.1, epsilon=1.0, delta=1e-6
+    )
     bad = {"head.weight": np.zeros((1, info.num_features + 1), np.float32), "head.bias": np.zeros(1, np.float32)}
-    reply = _call(context, RecordDict({msg.MODEL: msg.arrays_record(bad), msg.CONFIG: instruction.to_config_record()}),
-                  msg.TRAIN)
+    reply = _call(
+        context, RecordDict({msg.MODEL: msg.arrays_record(bad), msg.CONFIG: instruction.to_config_record()}), msg.TRAIN
+    )
     assert reply.has_error() and "shape" in reply.error.reason
     assert "silofl.ledger" not in context.state
 
@@ -137,8 +153,9 @@ def test_train_before_setup_and_bad_instruction_are_clear_errors() -> None:
 
 
 def test_simulated_federation_size_must_match_the_run() -> None:
-    context = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(),
-                      run_config={})
+    context = Context(
+        run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config={}
+    )
     reply = _call(context, RecordDict({msg.CONFIG: SPEC.to_config_record()}), msg.SETUP)
     assert reply.has_error() and "num-silos=3" in reply.error.reason
 
@@ -147,8 +164,12 @@ def test_evaluate_returns_counts_that_add_up() -> None:
     context = _context(partition=1)
     info = _setup(context)
     model = build_model("logreg", info.num_features, info.num_labels)
-    content = RecordDict({msg.MODEL: msg.arrays_record(get_parameters(model)),
-                          msg.CONFIG: msg.EvaluateInstruction(server_round=3).to_config_record()})
+    content = RecordDict(
+        {
+            msg.MODEL: msg.arrays_record(get_parameters(model)),
+            msg.CONFIG: msg.EvaluateInstruction(server_round=3).to_config_record(),
+        }
+    )
     reply = _call(context, content, msg.EVALUATE)
     counts = reply.content[msg.COUNTS]["counts"].numpy()
     report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT)

@@ -38,8 +38,13 @@ def test_missing_algorithm_lists_choices() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
-    [("lr", -1.0, "> 0.0"), ("heterogeneity", 1.5, "<= 1.0"), ("partition", "random", "'dirichlet'"),
-     ("num-silos", 0, ">= 1"), ("delta", 1.0, "< 1.0")],
+    [
+        ("lr", -1.0, "> 0.0"),
+        ("heterogeneity", 1.5, "<= 1.0"),
+        ("partition", "random", "'dirichlet'"),
+        ("num-silos", 0, ">= 1"),
+        ("delta", 1.0, "< 1.0"),
+    ],
 )
 def test_out_of_range_value_names_key_and_allowed(key: str, value: object, allowed: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -76,3 +81,10 @@ def test_pyproject_run_config_lists_every_key_and_is_valid() -> None:
     keys = {(f.alias or n) for n, f in RunConfig.model_fields.items()}
     assert set(table) == keys
     RunConfig.parse(table)
+
+
+def test_builtin_dataset_names_match_the_loaders() -> None:
+    from client.data.loaders import BUILTIN_DATASETS as LOADERS
+    from protocols.config import BUILTIN_DATASETS
+
+    assert tuple(LOADERS) == BUILTIN_DATASETS

@@ -22,14 +22,16 @@ from client.data.tabular import DataError
 
 def toy_frame(n: int = 200, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "Age": rng.integers(18, 80, size=n),
-        "income": rng.normal(50_000, 20_000, size=n),
-        "city": rng.choice(["north", "south", "east"], size=n),
-        "sex": rng.choice(["F", "M"], size=n),
-        "race": rng.choice(["A", "B", "C"], size=n),
-        "approved": rng.choice(["yes", "no"], size=n),
-    })
+    return pd.DataFrame(
+        {
+            "Age": rng.integers(18, 80, size=n),
+            "income": rng.normal(50_000, 20_000, size=n),
+            "city": rng.choice(["north", "south", "east"], size=n),
+            "sex": rng.choice(["F", "M"], size=n),
+            "race": rng.choice(["A", "B", "C"], size=n),
+            "approved": rng.choice(["yes", "no"], size=n),
+        }
+    )
 
 
 def test_split_indices_sizes_disjoint_deterministic() -> None:
@@ -110,8 +112,14 @@ def test_three_sensitive_columns_any_number_of_values() -> None:
 def test_numeric_categorical_and_explicit_label_order() -> None:
     frame = toy_frame()
     frame["grade"] = np.tile([1, 2, 10], len(frame))[: len(frame)]
-    ds = build_dataset(frame, name="toy", target="approved", sensitive=["sex"], categorical=["grade"],
-                       label_encoder=categorical_labels(classes=["yes", "no"], names=["approved", "rejected"]))
+    ds = build_dataset(
+        frame,
+        name="toy",
+        target="approved",
+        sensitive=["sex"],
+        categorical=["grade"],
+        label_encoder=categorical_labels(classes=["yes", "no"], names=["approved", "rejected"]),
+    )
     assert tuple(n for n in ds.info.feature_names if n.startswith("grade")) == ("grade=1", "grade=2", "grade=10")
     assert ds.info.label_names == ("approved", "rejected")
     train_rows, _ = split_indices(len(frame), 0.25, seed=0)
@@ -132,8 +140,13 @@ def test_bad_targets_are_clear() -> None:
     with pytest.raises(DataError, match="looks continuous"):
         build_dataset(frame, name="t", target="income", sensitive=["sex"])
     with pytest.raises(DataError, match=r"outside the expected classes"):
-        build_dataset(frame, name="t", target="approved", sensitive=["sex"],
-                      label_encoder=categorical_labels(classes=["yes", "maybe"]))
+        build_dataset(
+            frame,
+            name="t",
+            target="approved",
+            sensitive=["sex"],
+            label_encoder=categorical_labels(classes=["yes", "maybe"]),
+        )
     with pytest.raises(DataError, match="must be numeric to threshold"):
         build_dataset(frame, name="t", target="approved", sensitive=["sex"], label_encoder=above_train_median())
 

@@ -20,8 +20,12 @@ def _train(message: Message, context: Context) -> Message:
     value += 1.0
     count = int(context.state["calls"]["n"]) + 1 if "calls" in context.state else 1
     context.state["calls"] = ConfigRecord({"n": count})
-    reply = RecordDict({msg.UPDATE: msg.arrays_record({"w": value}),
-                        msg.REPORT: ConfigRecord({"partition": context.node_config["partition-id"], "n": count})})
+    reply = RecordDict(
+        {
+            msg.UPDATE: msg.arrays_record({"w": value}),
+            msg.REPORT: ConfigRecord({"partition": context.node_config["partition-id"], "n": count}),
+        }
+    )
     return Message(reply, reply_to=message)
 
 
@@ -68,5 +72,5 @@ def test_message_to_unknown_node_is_refused() -> None:
 
 def test_node_configs_are_merged_with_partition_ids() -> None:
     grid = InProcessGrid(app, 2, node_configs=[{"epsilon-budget": 1.0}, {}])
-    ctx = grid.context(list(grid.get_node_ids())[0])
+    ctx = grid.context(next(iter(grid.get_node_ids())))
     assert ctx.node_config["partition-id"] == 0 and ctx.node_config["epsilon-budget"] == 1.0

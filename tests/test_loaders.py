@@ -83,8 +83,9 @@ def test_adult_two_sensitive_columns(data_dir: Path) -> None:
     groups = np.concatenate([ds.train.sensitive.groups, ds.test.sensitive.groups])
     assert np.bincount(groups, minlength=10).min() > 0
     # The labels do not depend on which columns are sensitive.
-    np.testing.assert_array_equal(ds.train.nonsensitive.labels, load_dataset("adult", data_dir=data_dir)
-                                  .train.nonsensitive.labels)
+    np.testing.assert_array_equal(
+        ds.train.nonsensitive.labels, load_dataset("adult", data_dir=data_dir).train.nonsensitive.labels
+    )
 
 
 def test_adult_sensitive_override_makes_sex_a_feature(data_dir: Path) -> None:
@@ -101,7 +102,14 @@ def test_credit(data_dir: Path) -> None:
     assert ds.info.label_names == ("no default", "default")
     assert "ID" not in ds.info.feature_names and "SEX" not in ds.info.feature_names
     assert [n for n in ds.info.feature_names if n.startswith(("EDUCATION", "MARRIAGE"))] == [
-        "EDUCATION=1", "EDUCATION=2", "EDUCATION=3", "EDUCATION=4", "MARRIAGE=1", "MARRIAGE=2", "MARRIAGE=3"]
+        "EDUCATION=1",
+        "EDUCATION=2",
+        "EDUCATION=3",
+        "EDUCATION=4",
+        "MARRIAGE=1",
+        "MARRIAGE=2",
+        "MARRIAGE=3",
+    ]
     labels = np.concatenate([ds.train.nonsensitive.labels, ds.test.nonsensitive.labels])
     assert np.count_nonzero(labels) == 6_636
     assert_standardized(ds, ["LIMIT_BAL", "AGE", "BILL_AMT1", "PAY_AMT6"])

@@ -62,8 +62,9 @@ def test_read_config_refuses_unknown_and_bad_values() -> None:
 
 
 def test_schemas_roundtrip_through_records() -> None:
-    report = msg.TrainReport(silo_id=1, server_round=3, num_examples=10, epsilon_spent=float("inf"),
-                             noise_multiplier=0.0, sampling_rate=0.5)
+    report = msg.TrainReport(
+        silo_id=1, server_round=3, num_examples=10, epsilon_spent=float("inf"), noise_multiplier=0.0, sampling_rate=0.5
+    )
     content = RecordDict({msg.REPORT: report.to_metric_record()})
     assert msg.read_config(content, msg.TrainReport, record=msg.REPORT) == report
     assert isinstance(msg.arrays_record({"x": np.ones(2, np.int64)}), ArrayRecord)

@@ -44,8 +44,12 @@ def test_deterministic_by_seed(method: str) -> None:
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, size=600)
     key = rng.normal(40, 10, size=600)
-    kwargs = {"labels": labels, "sort_key": key, "heterogeneity": 0.5 if method == "attribute" else 0.0,
-              "classes_per_silo": 2}
+    kwargs = {
+        "labels": labels,
+        "sort_key": key,
+        "heterogeneity": 0.5 if method == "attribute" else 0.0,
+        "classes_per_silo": 2,
+    }
     a = partition_indices(600, 4, method=method, seed=5, **kwargs)
     b = partition_indices(600, 4, method=method, seed=5, **kwargs)
     c = partition_indices(600, 4, method=method, seed=6, **kwargs)
@@ -127,16 +131,21 @@ def test_dirichlet_skew_depends_on_alpha() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"num_silos": 0}, "num_silos must be an integer >= 1"),
-     ({"method": "random"}, "unknown partition method 'random'"),
-     ({"method": "attribute", "heterogeneity": 1.5}, r"heterogeneity must be in \[0, 1\]"),
-     ({"method": "iid", "heterogeneity": 0.5}, "only applies to method='attribute'"),
-     ({"method": "attribute"}, "needs sort_key"),
-     ({"method": "classes"}, "needs labels"),
-     ({"method": "dirichlet", "labels": np.zeros(50, np.int64), "dirichlet_alpha": 0.0}, "dirichlet_alpha must be > 0"),
-     ({"method": "dirichlet", "labels": np.zeros(50)}, "labels must be integer class indices"),
-     ({"method": "attribute", "sort_key": np.zeros(49)}, r"sort_key must have shape \(50,\)"),
-     ({"num_silos": 51}, "50 records are not enough for num_silos=51")],
+    [
+        ({"num_silos": 0}, "num_silos must be an integer >= 1"),
+        ({"method": "random"}, "unknown partition method 'random'"),
+        ({"method": "attribute", "heterogeneity": 1.5}, r"heterogeneity must be in \[0, 1\]"),
+        ({"method": "iid", "heterogeneity": 0.5}, "only applies to method='attribute'"),
+        ({"method": "attribute"}, "needs sort_key"),
+        ({"method": "classes"}, "needs labels"),
+        (
+            {"method": "dirichlet", "labels": np.zeros(50, np.int64), "dirichlet_alpha": 0.0},
+            "dirichlet_alpha must be > 0",
+        ),
+        ({"method": "dirichlet", "labels": np.zeros(50)}, "labels must be integer class indices"),
+        ({"method": "attribute", "sort_key": np.zeros(49)}, r"sort_key must have shape \(50,\)"),
+        ({"num_silos": 51}, "50 records are not enough for num_silos=51"),
+    ],
 )
 def test_validation_names_the_argument(kwargs: dict, message: str) -> None:
     args = {"num_silos": 3, **kwargs}
@@ -152,8 +161,9 @@ def test_partition_dataset_train_and_test() -> None:
     assert sum(len(s.train) for s in silos) == len(ds.train)
     assert sum(len(s.test) for s in silos) == len(ds.test)
     # Each silo's rows are real rows of the dataset, divisions still aligned.
-    train_parts = partition_indices(len(ds.train), 3, method="attribute", heterogeneity=0.75, seed=1,
-                                    sort_key=ds.train_sort_key)
+    train_parts = partition_indices(
+        len(ds.train), 3, method="attribute", heterogeneity=0.75, seed=1, sort_key=ds.train_sort_key
+    )
     for silo, idx in zip(silos, train_parts, strict=True):
         np.testing.assert_array_equal(silo.train.nonsensitive.features, ds.train.nonsensitive.features[idx])
         np.testing.assert_array_equal(silo.train.sensitive.groups, ds.train.sensitive.groups[idx])

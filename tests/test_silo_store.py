@@ -22,9 +22,11 @@ def assert_same_silo(a: SiloData, b: SiloData) -> None:
     assert a.info == b.info
     assert (a.silo_id, a.num_silos) == (b.silo_id, b.num_silos)
     for split_a, split_b in ((a.train, b.train), (a.test, b.test)):
-        for x, y in ((split_a.nonsensitive.features, split_b.nonsensitive.features),
-                     (split_a.nonsensitive.labels, split_b.nonsensitive.labels),
-                     (split_a.sensitive.groups, split_b.sensitive.groups)):
+        for x, y in (
+            (split_a.nonsensitive.features, split_b.nonsensitive.features),
+            (split_a.nonsensitive.labels, split_b.nonsensitive.labels),
+            (split_a.sensitive.groups, split_b.sensitive.groups),
+        ):
             assert x.dtype == y.dtype
             np.testing.assert_array_equal(x, y)
 
@@ -108,6 +110,7 @@ def test_wrong_version_and_inconsistent_files(silo: SiloData, tmp_path: Path) ->
 
 # --- `silofl data split` ----------------------------------------------------------------------------------------------
 
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="silofl")
     add_data_parser(parser.add_subparsers(dest="command", required=True))
@@ -116,8 +119,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_split_command_writes_silos_and_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
-    args = parse(["data", "split", "synthetic", "--silos", "3", "--partition", "attribute", "--heterogeneity",
-                  "0.75", "--seed", "4", "--out", str(out)])
+    args = parse(
+        [
+            "data",
+            "split",
+            "synthetic",
+            "--silos",
+            "3",
+            "--partition",
+            "attribute",
+            "--heterogeneity",
+            "0.75",
+            "--seed",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert args.func is split_command
     assert split_command(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["silo_0", "silo_1", "silo_2"]
@@ -129,8 +147,7 @@ def test_split_command_writes_silos_and_prints_summary(tmp_path: Path, capsys: p
     assert str(len(expected[1].train)) in printed and "g0" in printed
 
 
-def test_split_command_refuses_to_clobber_and_cleans_stale_silos(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture) -> None:
+def test_split_command_refuses_to_clobber_and_cleans_stale_silos(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert split_command(parse(["data", "split", "synthetic", "--silos", "4", "--out", str(out)])) == 0
     assert split_command(parse(["data", "split", "synthetic", "--silos", "2", "--out", str(out)])) == 2
@@ -144,12 +161,33 @@ def test_split_command_generic_file(tmp_path: Path) -> None:
     import pandas as pd
 
     rng = np.random.default_rng(0)
-    table = pd.DataFrame({"age": rng.integers(20, 70, 200), "x": rng.normal(size=200),
-                          "race": rng.choice(["a", "b"], 200), "sex": rng.choice(["f", "m"], 200),
-                          "y": rng.choice(["no", "yes"], 200)})
+    table = pd.DataFrame(
+        {
+            "age": rng.integers(20, 70, 200),
+            "x": rng.normal(size=200),
+            "race": rng.choice(["a", "b"], 200),
+            "sex": rng.choice(["f", "m"], 200),
+            "y": rng.choice(["no", "yes"], 200),
+        }
+    )
     table.to_csv(tmp_path / "t.csv", index=False)
-    args = parse(["data", "split", str(tmp_path / "t.csv"), "--silos", "2", "--target", "y", "--sensitive",
-                  "race,sex", "--features", "age,x", "--out", str(tmp_path / "o")])
+    args = parse(
+        [
+            "data",
+            "split",
+            str(tmp_path / "t.csv"),
+            "--silos",
+            "2",
+            "--target",
+            "y",
+            "--sensitive",
+            "race,sex",
+            "--features",
+            "age,x",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert split_command(args) == 0
     silo = load_silo(tmp_path / "o" / "silo_0")
     assert silo.info.group_names == ("a|f", "a|m", "b|f", "b|m")
@@ -157,12 +195,37 @@ def test_split_command_generic_file(tmp_path: Path) -> None:
 
 
 def test_split_command_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = parse(["data", "split", "synthetic", "--silos", "3", "--partition", "iid", "--heterogeneity", "0.5",
-                  "--out", str(tmp_path / "o")])
+    args = parse(
+        [
+            "data",
+            "split",
+            "synthetic",
+            "--silos",
+            "3",
+            "--partition",
+            "iid",
+            "--heterogeneity",
+            "0.5",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert split_command(args) == 2
     assert "only applies to method='attribute'" in capsys.readouterr().err
-    args = parse(["data", "split", "adult", "--silos", "3", "--data-dir", str(tmp_path / "none"), "--no-download",
-                  "--out", str(tmp_path / "o")])
+    args = parse(
+        [
+            "data",
+            "split",
+            "adult",
+            "--silos",
+            "3",
+            "--data-dir",
+            str(tmp_path / "none"),
+            "--no-download",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert split_command(args) == 2
     err = capsys.readouterr().err
     assert "adult/adult.data" in err and "SILOFL_DATA_DIR" in err

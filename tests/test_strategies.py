@@ -24,8 +24,18 @@ def _task_identity() -> None:
 def _federation(sizes=(100, 300)) -> Federation:
     silos = []
     for i, n in enumerate(sizes):
-        info = msg.SiloInfo(silo_id=i, dataset="t", num_features=2, num_labels=2, num_groups=2, n_train=n, n_test=4,
-                            schema_hash="abc", label_names=("0", "1"), group_names=("a", "b"))
+        info = msg.SiloInfo(
+            silo_id=i,
+            dataset="t",
+            num_features=2,
+            num_labels=2,
+            num_groups=2,
+            n_train=n,
+            n_test=4,
+            schema_hash="abc",
+            label_names=("0", "1"),
+            group_names=("a", "b"),
+        )
         silos.append(SiloEntry(node_id=10 + i, info=info))
     return Federation(silos=tuple(silos))
 
@@ -47,15 +57,21 @@ def _model(value: float) -> dict[str, np.ndarray]:
 
 
 def _reply(instr: Message, silo_id: int, round_: int, value: float, n: int) -> Message:
-    report = msg.TrainReport(silo_id=silo_id, server_round=round_, num_examples=n, epsilon_spent=0.5 + silo_id,
-                             noise_multiplier=1.0, sampling_rate=0.1)
+    report = msg.TrainReport(
+        silo_id=silo_id,
+        server_round=round_,
+        num_examples=n,
+        epsilon_spent=0.5 + silo_id,
+        noise_multiplier=1.0,
+        sampling_rate=0.1,
+    )
     content = RecordDict({msg.UPDATE: msg.arrays_record(_model(value)), msg.REPORT: report.to_metric_record()})
     return Message(content, reply_to=instr)
 
 
 def _round(strategy, values, *, round_=1, ns=(100, 300)):
     instrs = list(strategy.configure_train(round_, msg.arrays_record(_model(1.0)), ConfigRecord(), None))
-    return instrs, [_reply(m, i, round_, v, n) for i, (m, v, n) in enumerate(zip(instrs, values, ns))]
+    return instrs, [_reply(m, i, round_, v, n) for i, (m, v, n) in enumerate(zip(instrs, values, ns, strict=True))]
 
 
 def test_fedavg_weights_by_records() -> None:
@@ -109,7 +125,7 @@ def test_reply_claiming_another_silo_or_bad_array_is_refused() -> None:
     with pytest.raises(RoundError, match="says silo 1"):
         strategy.aggregate_train(1, replies)
     instrs, replies = _round(strategy, [0.0, np.nan])
-    with pytest.raises(msg.MessageError, match="silo 1 .* NaN"):
+    with pytest.raises(msg.MessageError, match=r"silo 1 .* NaN"):
         strategy.aggregate_train(1, replies)
 
 
@@ -122,8 +138,12 @@ def test_evaluation_sums_counts_exactly() -> None:
         counts[i, 1, 1] = 3
         counts[i, 0, 1] = 1
         report = msg.EvaluateReport(silo_id=i, server_round=4, num_examples=4, loss_sum=2.0)
-        replies.append(Message(RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}),
-                                           msg.REPORT: report.to_metric_record()}), reply_to=m))
+        replies.append(
+            Message(
+                RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()}),
+                reply_to=m,
+            )
+        )
     ev = strategy.aggregate_evaluate(4, replies)
     assert ev["accuracy"] == pytest.approx(0.75) and ev["loss"] == pytest.approx(0.5)
     assert ev["dp_violation"] == pytest.approx(0.0)

@@ -88,8 +88,12 @@ def test_more_groups() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"n": 4}, "n must be an integer >= 8"), ({"num_groups": 1}, "num_groups must be an integer >= 2"),
-     ({"num_features": 2}, "num_features must be an integer >= 3"), ({"bias": float("nan")}, "bias must be")],
+    [
+        ({"n": 4}, "n must be an integer >= 8"),
+        ({"num_groups": 1}, "num_groups must be an integer >= 2"),
+        ({"num_features": 2}, "num_features must be an integer >= 3"),
+        ({"bias": float("nan")}, "bias must be"),
+    ],
 )
 def test_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(DataError, match=message):

@@ -16,8 +16,13 @@ from client.data.tabular import (
     make_split,
 )
 
-INFO = DatasetInfo(name="toy", feature_names=("a", "b", "c"), label_names=("no", "yes"),
-                   sensitive_columns=("sex",), group_names=("F", "M"))
+INFO = DatasetInfo(
+    name="toy",
+    feature_names=("a", "b", "c"),
+    label_names=("no", "yes"),
+    sensitive_columns=("sex",),
+    group_names=("F", "M"),
+)
 
 
 def toy_split(n: int = 6, seed: int = 0) -> Split:
@@ -86,8 +91,10 @@ def test_subset_keeps_records_aligned_and_order() -> None:
     assert len(split.subset(np.array([], dtype=np.int64))) == 0
 
 
-@pytest.mark.parametrize(("idx", "message"), [(np.array([0, 6]), "out of range"), (np.array([0.0]), "integer"),
-                                              (np.array([[0]]), "1-d integer")])
+@pytest.mark.parametrize(
+    ("idx", "message"),
+    [(np.array([0, 6]), "out of range"), (np.array([0.0]), "integer"), (np.array([[0]]), "1-d integer")],
+)
 def test_subset_rejects_bad_index(idx: np.ndarray, message: str) -> None:
     with pytest.raises(DataError, match=message):
         toy_split(6).subset(idx)

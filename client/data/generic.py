@@ -63,8 +63,7 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def categorical_labels(classes: Sequence[object] | None = None,
-                       names: Sequence[str] | None = None) -> LabelEncoder:
+def categorical_labels(classes: Sequence[object] | None = None, names: Sequence[str] | None = None) -> LabelEncoder:
     """Label encoder mapping each target value to its position in `classes` (default: the sorted distinct values).
 
     `names` overrides the label names (default: the values as text). Values outside `classes` are an error.
@@ -74,16 +73,21 @@ def categorical_labels(classes: Sequence[object] | None = None,
         del train_idx  # the class list is schema, see the module docstring
         order = list(classes) if classes is not None else _sorted_values(list(pd.unique(target)))
         if len(order) < 2:
-            raise DataError(f"target column {target.name!r} has a single value {order!r}; a classifier needs at "
-                            "least two classes")
+            raise DataError(
+                f"target column {target.name!r} has a single value {order!r}; a classifier needs at least two classes"
+            )
         if len(order) > MAX_LABELS:
-            raise DataError(f"target column {target.name!r} has {len(order)} distinct values, more than "
-                            f"{MAX_LABELS}: it looks continuous; binarize it (e.g. value > median) before loading")
+            raise DataError(
+                f"target column {target.name!r} has {len(order)} distinct values, more than "
+                f"{MAX_LABELS}: it looks continuous; binarize it (e.g. value > median) before loading"
+            )
         known = target.isin(order).to_numpy()
         if not known.all():
             unknown = sorted({_fmt(v) for v in target[~known]})[:5]
-            raise DataError(f"target column {target.name!r} has values {unknown} outside the expected classes "
-                            f"{[_fmt(c) for c in order]}")
+            raise DataError(
+                f"target column {target.name!r} has values {unknown} outside the expected classes "
+                f"{[_fmt(c) for c in order]}"
+            )
         codes = pd.Categorical(target, categories=order).codes.astype(np.int64)
         label_names = tuple(names) if names is not None else tuple(_fmt(v) for v in order)
         if len(label_names) != len(order):
@@ -98,8 +102,9 @@ def above_train_median(names: tuple[str, str] = ("<=median", ">median")) -> Labe
 
     def encode(target: pd.Series, train_idx: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
         if not pd.api.types.is_numeric_dtype(target):
-            raise DataError(f"target column {target.name!r} must be numeric to threshold at its median, "
-                            f"got dtype {target.dtype}")
+            raise DataError(
+                f"target column {target.name!r} must be numeric to threshold at its median, got dtype {target.dtype}"
+            )
         values = target.to_numpy(dtype=np.float64)
         median = float(np.median(values[train_idx]))
         return (values > median).astype(np.int64), tuple(names)
@@ -113,8 +118,10 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
         raise DataError(f"test_fraction must be in (0, 1), got {test_fraction}")
     n_test = math.floor(n * test_fraction + 0.5)
     if n_test < 1 or n_test > n - 1:
-        raise DataError(f"test_fraction={test_fraction} with {n} rows leaves an empty train or test split; "
-                        "use more rows or a test_fraction nearer 0.5")
+        raise DataError(
+            f"test_fraction={test_fraction} with {n} rows leaves an empty train or test split; "
+            "use more rows or a test_fraction nearer 0.5"
+        )
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
@@ -131,8 +138,9 @@ def _encode_groups(frame: pd.DataFrame, sensitive: Sequence[str]) -> tuple[np.nd
     return codes, tuple(names)
 
 
-def _encode_features(frame: pd.DataFrame, columns: Sequence[str], categorical: set[str],
-                     train_idx: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+def _encode_features(
+    frame: pd.DataFrame, columns: Sequence[str], categorical: set[str], train_idx: np.ndarray
+) -> tuple[np.ndarray, tuple[str, ...]]:
     """One-hot the categorical columns and z-score the rest with training statistics; keep the column order."""
     blocks: list[np.ndarray] = []
     names: list[str] = []
@@ -167,10 +175,19 @@ def _check_columns(frame: pd.DataFrame, names: Sequence[str], field: str) -> Non
         raise DataError(f"{field}: column(s) {missing} not in the table; available columns: {list(frame.columns)}")
 
 
-def build_dataset(frame: pd.DataFrame, *, name: str, target: str, sensitive: Sequence[str],
-                  features: Sequence[str] | None = None, categorical: Sequence[str] = (),
-                  sort_key: str | None = None, seed: int = 0, test_fraction: float = 0.25,
-                  label_encoder: LabelEncoder | None = None) -> TabularDataset:
+def build_dataset(
+    frame: pd.DataFrame,
+    *,
+    name: str,
+    target: str,
+    sensitive: Sequence[str],
+    features: Sequence[str] | None = None,
+    categorical: Sequence[str] = (),
+    sort_key: str | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.25,
+    label_encoder: LabelEncoder | None = None,
+) -> TabularDataset:
     """Preprocess a clean table into a `TabularDataset` (see the module docstring for the steps).
 
     features: the feature columns (default: every column except the target and the sensitive ones).
@@ -198,8 +215,10 @@ def build_dataset(frame: pd.DataFrame, *, name: str, target: str, sensitive: Seq
         _check_columns(frame, features, "features")
         clash = [c for c in features if c == target or c in sensitive]
         if clash:
-            raise DataError(f"features: {clash} are the target or sensitive columns; sensitive attributes live only "
-                            "in the sensitive division and must not be features")
+            raise DataError(
+                f"features: {clash} are the target or sensitive columns; sensitive attributes live only "
+                "in the sensitive division and must not be features"
+            )
         if len(set(features)) != len(features):
             raise DataError(f"features: duplicate columns in {features}")
     if not features:
@@ -223,8 +242,13 @@ def build_dataset(frame: pd.DataFrame, *, name: str, target: str, sensitive: Seq
     cat = set(categorical) | {c for c in features if _is_categorical(frame[c])}
     x, feature_names = _encode_features(frame, features, cat, train_idx)
 
-    info = DatasetInfo(name=name, feature_names=feature_names, label_names=label_names,
-                       sensitive_columns=tuple(sensitive), group_names=group_names)
+    info = DatasetInfo(
+        name=name,
+        feature_names=feature_names,
+        label_names=label_names,
+        sensitive_columns=tuple(sensitive),
+        group_names=group_names,
+    )
     full = make_split(x, labels, groups)
     key = frame[sort_key].to_numpy(dtype=np.float64) if sort_key is not None else None
     return TabularDataset(
@@ -241,8 +265,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".parquet"):
-        raise DataError(f"{path}: unsupported file type {suffix or '(none)'}; use a .csv (with a header row) "
-                        "or a .parquet file")
+        raise DataError(
+            f"{path}: unsupported file type {suffix or '(none)'}; use a .csv (with a header row) or a .parquet file"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file; check the path (relative paths start at {Path.cwd()})")
     try:
@@ -257,15 +282,24 @@ def read_table(path: str | Path) -> pd.DataFrame:
 def _default_sort_key(frame: pd.DataFrame) -> str | None:
     """The column named 'age' (any case) when it is numeric, else None."""
     for column in frame.columns:
-        if str(column).lower() == "age" and pd.api.types.is_numeric_dtype(frame[column]) \
-                and not pd.api.types.is_bool_dtype(frame[column]):
+        if (
+            str(column).lower() == "age"
+            and pd.api.types.is_numeric_dtype(frame[column])
+            and not pd.api.types.is_bool_dtype(frame[column])
+        ):
             return str(column)
     return None
 
 
-def load_table_dataset(path: str | Path, *, target: str | None, sensitive: Sequence[str] | None,
-                       features: Sequence[str] | None = None, seed: int = 0,
-                       test_fraction: float = 0.25) -> TabularDataset:
+def load_table_dataset(
+    path: str | Path,
+    *,
+    target: str | None,
+    sensitive: Sequence[str] | None,
+    features: Sequence[str] | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.25,
+) -> TabularDataset:
     """The generic loader: any CSV/Parquet table with a categorical target and one or more sensitive columns.
 
     The Algorithm 3 sort key is the column named 'age' (any case) when there is one.
@@ -273,8 +307,17 @@ def load_table_dataset(path: str | Path, *, target: str | None, sensitive: Seque
     if not target:
         raise DataError(f"{path}: a file dataset needs target=COLUMN (--target) naming the label column")
     if not sensitive:
-        raise DataError(f"{path}: a file dataset needs sensitive=[COLUMN, ...] (--sensitive) naming the protected "
-                        "attribute(s)")
+        raise DataError(
+            f"{path}: a file dataset needs sensitive=[COLUMN, ...] (--sensitive) naming the protected attribute(s)"
+        )
     frame = read_table(path)
-    return build_dataset(frame, name=Path(path).stem, target=target, sensitive=sensitive, features=features,
-                         sort_key=_default_sort_key(frame), seed=seed, test_fraction=test_fraction)
+    return build_dataset(
+        frame,
+        name=Path(path).stem,
+        target=target,
+        sensitive=sensitive,
+        features=features,
+        sort_key=_default_sort_key(frame),
+        seed=seed,
+        test_fraction=test_fraction,
+    )

@@ -47,24 +47,42 @@ __all__ = ["ADULT_COLUMNS", "BUILTIN_DATASETS", "load_dataset"]
 
 BUILTIN_DATASETS = ("adult", "credit", "parkinsons", "synthetic")
 
-ADULT_COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-                 "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
-                 "income")
+ADULT_COLUMNS = (
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
+)
 
 
 def _read_csv(path: Path, **kwargs: object) -> pd.DataFrame:
     try:
         return pd.read_csv(path, **kwargs)  # type: ignore[call-overload]
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise DataError(f"{path}: cannot parse it as the expected CSV ({exc}); re-download it or check its sha256 "
-                        "against SHA256SUMS") from exc
+        raise DataError(
+            f"{path}: cannot parse it as the expected CSV ({exc}); re-download it or check its sha256 "
+            "against SHA256SUMS"
+        ) from exc
 
 
 def _expect_columns(frame: pd.DataFrame, expected: Sequence[str], path: Path) -> None:
     missing = [c for c in expected if c not in frame.columns]
     if missing:
-        raise DataError(f"{path}: columns {missing} missing (found {list(frame.columns)[:8]}...); this is not the "
-                        "expected file; check its sha256 against SHA256SUMS")
+        raise DataError(
+            f"{path}: columns {missing} missing (found {list(frame.columns)[:8]}...); this is not the "
+            "expected file; check its sha256 against SHA256SUMS"
+        )
 
 
 def _read_adult(paths: list[Path]) -> pd.DataFrame:
@@ -120,18 +138,31 @@ class _Builtin:
 
 _BUILTINS: dict[str, _Builtin] = {
     "adult": _Builtin(
-        files=("adult/adult.data", "adult/adult.test"), read=_read_adult, target="income", sensitive=("sex",),
-        sort_key="age", label_encoder=categorical_labels(classes=["<=50K", ">50K"])),
+        files=("adult/adult.data", "adult/adult.test"),
+        read=_read_adult,
+        target="income",
+        sensitive=("sex",),
+        sort_key="age",
+        label_encoder=categorical_labels(classes=["<=50K", ">50K"]),
+    ),
     "credit": _Builtin(
-        files=("credit_default_taiwan/UCI_Credit_Card.csv",), read=_read_credit,
-        target="default.payment.next.month", sensitive=("SEX",), sort_key="AGE",
+        files=("credit_default_taiwan/UCI_Credit_Card.csv",),
+        read=_read_credit,
+        target="default.payment.next.month",
+        sensitive=("SEX",),
+        sort_key="AGE",
         label_encoder=categorical_labels(classes=[0, 1], names=["no default", "default"]),
-        categorical=("EDUCATION", "MARRIAGE", "PAY_0", "PAY_2", "PAY_3", "PAY_4", "PAY_5", "PAY_6")),
+        categorical=("EDUCATION", "MARRIAGE", "PAY_0", "PAY_2", "PAY_3", "PAY_4", "PAY_5", "PAY_6"),
+    ),
     "parkinsons": _Builtin(
-        files=("parkinsons_telemonitoring/parkinsons_updrs.data",), read=_read_parkinsons, target="total_UPDRS",
-        sensitive=("sex",), sort_key="age",
+        files=("parkinsons_telemonitoring/parkinsons_updrs.data",),
+        read=_read_parkinsons,
+        target="total_UPDRS",
+        sensitive=("sex",),
+        sort_key="age",
         label_encoder=above_train_median(names=("total_UPDRS<=median", "total_UPDRS>median")),
-        excluded=("subject#", "motor_UPDRS")),
+        excluded=("subject#", "motor_UPDRS"),
+    ),
 }
 
 
@@ -141,19 +172,44 @@ def _as_list(value: Sequence[str] | str | None) -> list[str] | None:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _load_builtin(name: str, frame: pd.DataFrame, spec: _Builtin, *, seed: int, test_fraction: float,
-                  sensitive: list[str] | None, features: list[str] | None) -> TabularDataset:
+def _load_builtin(
+    name: str,
+    frame: pd.DataFrame,
+    spec: _Builtin,
+    *,
+    seed: int,
+    test_fraction: float,
+    sensitive: list[str] | None,
+    features: list[str] | None,
+) -> TabularDataset:
     sens = sensitive if sensitive else list(spec.sensitive)
     if features is None:
         features = [c for c in frame.columns if c != spec.target and c not in sens and c not in spec.excluded]
-    return build_dataset(frame, name=name, target=spec.target, sensitive=sens, features=features,
-                         categorical=[c for c in spec.categorical if c in features], sort_key=spec.sort_key,
-                         seed=seed, test_fraction=test_fraction, label_encoder=spec.label_encoder)
+    return build_dataset(
+        frame,
+        name=name,
+        target=spec.target,
+        sensitive=sens,
+        features=features,
+        categorical=[c for c in spec.categorical if c in features],
+        sort_key=spec.sort_key,
+        seed=seed,
+        test_fraction=test_fraction,
+        label_encoder=spec.label_encoder,
+    )
 
 
-def load_dataset(name: str, *, data_dir: str | Path | None = None, seed: int = 0, test_fraction: float = 0.25,
-                 target: str | None = None, sensitive: Sequence[str] | None = None,
-                 features: Sequence[str] | None = None, download: bool = True) -> TabularDataset:
+def load_dataset(
+    name: str,
+    *,
+    data_dir: str | Path | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.25,
+    target: str | None = None,
+    sensitive: Sequence[str] | None = None,
+    features: Sequence[str] | None = None,
+    download: bool = True,
+) -> TabularDataset:
     """Load and preprocess a dataset: a name of `BUILTIN_DATASETS` or a path to a `.csv`/`.parquet` file.
 
     data_dir: where the raw files live (default $SILOFL_DATA_DIR, else ~/.cache/silofl/data; see `sources.py`).
@@ -166,19 +222,32 @@ def load_dataset(name: str, *, data_dir: str | Path | None = None, seed: int = 0
     key = str(name).lower()
     if key in BUILTIN_DATASETS:
         if target is not None:
-            raise DataError(f"target is fixed for the built-in dataset {key!r}; drop --target, or load your own "
-                            "table as a .csv/.parquet path with --target COLUMN")
+            raise DataError(
+                f"target is fixed for the built-in dataset {key!r}; drop --target, or load your own "
+                "table as a .csv/.parquet path with --target COLUMN"
+            )
         if key == "synthetic":
             frame = synthetic_frame(seed=seed)
-            return build_dataset(frame, name="synthetic", target="label", sensitive=sens or ["group"],
-                                 features=feats, sort_key="age", seed=seed, test_fraction=test_fraction,
-                                 label_encoder=categorical_labels(classes=[0, 1], names=SYNTHETIC_LABEL_NAMES))
+            return build_dataset(
+                frame,
+                name="synthetic",
+                target="label",
+                sensitive=sens or ["group"],
+                features=feats,
+                sort_key="age",
+                seed=seed,
+                test_fraction=test_fraction,
+                label_encoder=categorical_labels(classes=[0, 1], names=SYNTHETIC_LABEL_NAMES),
+            )
         spec = _BUILTINS[key]
         paths = [ensure_file(f, data_dir, download=download) for f in spec.files]
-        return _load_builtin(key, spec.read(paths), spec, seed=seed, test_fraction=test_fraction,
-                             sensitive=sens, features=feats)
+        return _load_builtin(
+            key, spec.read(paths), spec, seed=seed, test_fraction=test_fraction, sensitive=sens, features=feats
+        )
     if Path(str(name)).suffix.lower() in (".csv", ".parquet"):
-        return load_table_dataset(name, target=target, sensitive=sens, features=feats, seed=seed,
-                                  test_fraction=test_fraction)
-    raise DataError(f"unknown dataset {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or a path to a .csv or "
-                    ".parquet file")
+        return load_table_dataset(
+            name, target=target, sensitive=sens, features=feats, seed=seed, test_fraction=test_fraction
+        )
+    raise DataError(
+        f"unknown dataset {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or a path to a .csv or .parquet file"
+    )

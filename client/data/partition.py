@@ -50,8 +50,10 @@ def _check_int(value: object, name: str, minimum: int) -> int:
 
 def _check_vector(value: np.ndarray | None, n: int, name: str, method: str, integer: bool) -> np.ndarray:
     if value is None:
-        raise DataError(f"method={method!r} needs {name} (one value per record); "
-                        f"{'this dataset has no sort key (age)' if name == 'sort_key' else 'pass the labels'}")
+        raise DataError(
+            f"method={method!r} needs {name} (one value per record); "
+            f"{'this dataset has no sort key (age)' if name == 'sort_key' else 'pass the labels'}"
+        )
     arr = np.asarray(value)
     if arr.shape != (n,):
         raise DataError(f"{name} must have shape ({n},), got {arr.shape}")
@@ -66,8 +68,7 @@ def _iid_partition(n: int, num_silos: int, rng: np.random.Generator) -> list[np.
     return list(np.array_split(rng.permutation(n), num_silos))
 
 
-def _attribute_partition(sort_key: np.ndarray, num_silos: int, h: float,
-                         rng: np.random.Generator) -> list[np.ndarray]:
+def _attribute_partition(sort_key: np.ndarray, num_silos: int, h: float, rng: np.random.Generator) -> list[np.ndarray]:
     """SteFFLe Algorithm 3 ("Modelling Heterogeneity Levels in Silo Data"), with K = num_silos."""
     n = sort_key.shape[0]
     # Line 3: sort by the attribute and cut into K equal blocks (ties broken at random, not by record order).
@@ -89,13 +90,20 @@ def _attribute_partition(sort_key: np.ndarray, num_silos: int, h: float,
     start = 0
     for k in range(num_silos):
         need = int(quotas[k]) - m
-        silos[k].append(rest[start:start + need])
+        silos[k].append(rest[start : start + need])
         start += need
     return [np.concatenate(parts) for parts in silos]
 
 
-def _flwr_partition(labels: np.ndarray, num_silos: int, method: str, seed: int, classes_per_silo: int,
-                    dirichlet_alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
+def _flwr_partition(
+    labels: np.ndarray,
+    num_silos: int,
+    method: str,
+    seed: int,
+    classes_per_silo: int,
+    dirichlet_alpha: float,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
     """Label-based partitions via flwr-datasets (imported here: importing it takes about two seconds)."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
@@ -104,13 +112,23 @@ def _flwr_partition(labels: np.ndarray, num_silos: int, method: str, seed: int, 
     perm = rng.permutation(labels.shape[0])
     table = Dataset.from_dict({"label": labels[perm].tolist(), "row": perm.tolist()})
     if method == "classes":
-        partitioner = PathologicalPartitioner(num_partitions=num_silos, partition_by="label",
-                                              num_classes_per_partition=classes_per_silo,
-                                              class_assignment_mode="first-deterministic", seed=seed)
+        partitioner = PathologicalPartitioner(
+            num_partitions=num_silos,
+            partition_by="label",
+            num_classes_per_partition=classes_per_silo,
+            class_assignment_mode="first-deterministic",
+            seed=seed,
+        )
     else:
         min_size = max(1, min(_DIRICHLET_MIN_PARTITION, labels.shape[0] // num_silos))
-        partitioner = DirichletPartitioner(num_partitions=num_silos, partition_by="label", alpha=dirichlet_alpha,
-                                           min_partition_size=min_size, self_balancing=False, seed=seed)
+        partitioner = DirichletPartitioner(
+            num_partitions=num_silos,
+            partition_by="label",
+            alpha=dirichlet_alpha,
+            min_partition_size=min_size,
+            self_balancing=False,
+            seed=seed,
+        )
     partitioner.dataset = table
     try:
         with warnings.catch_warnings():
@@ -118,20 +136,32 @@ def _flwr_partition(labels: np.ndarray, num_silos: int, method: str, seed: int, 
             parts = [np.asarray(partitioner.load_partition(k)["row"], dtype=np.int64) for k in range(num_silos)]
     except ValueError as exc:
         knob = "classes_per_silo" if method == "classes" else "dirichlet_alpha"
-        raise DataError(f"method={method!r} cannot partition {labels.shape[0]} records into {num_silos} silos "
-                        f"with {knob}={classes_per_silo if method == 'classes' else dirichlet_alpha}: {exc}") from exc
+        raise DataError(
+            f"method={method!r} cannot partition {labels.shape[0]} records into {num_silos} silos "
+            f"with {knob}={classes_per_silo if method == 'classes' else dirichlet_alpha}: {exc}"
+        ) from exc
     assigned = sum(p.size for p in parts)
     if assigned != labels.shape[0]:
-        raise DataError(f"method='classes' with classes_per_silo={classes_per_silo} and num_silos={num_silos} "
-                        f"leaves {labels.shape[0] - assigned} records (of labels held by no silo) unassigned; "
-                        "raise classes_per_silo or num_silos")
+        raise DataError(
+            f"method='classes' with classes_per_silo={classes_per_silo} and num_silos={num_silos} "
+            f"leaves {labels.shape[0] - assigned} records (of labels held by no silo) unassigned; "
+            "raise classes_per_silo or num_silos"
+        )
     return parts
 
 
-def partition_indices(n: int, num_silos: int, *, method: str = "iid", seed: int = 0,
-                      labels: np.ndarray | None = None, sort_key: np.ndarray | None = None,
-                      heterogeneity: float = 0.0, classes_per_silo: int = 2,
-                      dirichlet_alpha: float = 0.5) -> list[np.ndarray]:
+def partition_indices(
+    n: int,
+    num_silos: int,
+    *,
+    method: str = "iid",
+    seed: int = 0,
+    labels: np.ndarray | None = None,
+    sort_key: np.ndarray | None = None,
+    heterogeneity: float = 0.0,
+    classes_per_silo: int = 2,
+    dirichlet_alpha: float = 0.5,
+) -> list[np.ndarray]:
     """Disjoint, sorted int64 index arrays, one per silo, covering range(n); deterministic given `seed`.
 
     labels: needed by 'classes' and 'dirichlet'. sort_key: needed by 'attribute'. heterogeneity: Algorithm 3's h,
@@ -144,8 +174,10 @@ def partition_indices(n: int, num_silos: int, *, method: str = "iid", seed: int 
     if not 0.0 <= float(heterogeneity) <= 1.0:
         raise DataError(f"heterogeneity must be in [0, 1], got {heterogeneity}")
     if heterogeneity and method != "attribute":
-        raise DataError(f"heterogeneity={heterogeneity} only applies to method='attribute' (Algorithm 3); "
-                        f"method={method!r} would ignore it")
+        raise DataError(
+            f"heterogeneity={heterogeneity} only applies to method='attribute' (Algorithm 3); "
+            f"method={method!r} would ignore it"
+        )
     if n < num_silos:
         raise DataError(f"{n} records are not enough for num_silos={num_silos}: every silo needs at least one")
     rng = np.random.default_rng(seed)
@@ -165,8 +197,9 @@ def partition_indices(n: int, num_silos: int, *, method: str = "iid", seed: int 
     return [np.sort(p).astype(np.int64) for p in parts]
 
 
-def _mirror_label_partition(train_parts: list[np.ndarray], train_labels: np.ndarray, test_labels: np.ndarray,
-                            rng: np.random.Generator) -> list[np.ndarray]:
+def _mirror_label_partition(
+    train_parts: list[np.ndarray], train_labels: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Share each label's test records among silos in proportion to that label's training records per silo."""
     num_silos = len(train_parts)
     out: list[list[np.ndarray]] = [[] for _ in range(num_silos)]
@@ -186,30 +219,42 @@ def _mirror_label_partition(train_parts: list[np.ndarray], train_labels: np.ndar
     return [np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64) for parts in out]
 
 
-def partition_dataset(ds: TabularDataset, num_silos: int, *, method: str = "iid", seed: int = 0,
-                      heterogeneity: float = 0.0, classes_per_silo: int = 2,
-                      dirichlet_alpha: float = 0.5) -> list[SiloData]:
+def partition_dataset(
+    ds: TabularDataset,
+    num_silos: int,
+    *,
+    method: str = "iid",
+    seed: int = 0,
+    heterogeneity: float = 0.0,
+    classes_per_silo: int = 2,
+    dirichlet_alpha: float = 0.5,
+) -> list[SiloData]:
     """One `SiloData` per silo, with the train AND the test split partitioned (see the module docstring).
 
     Labels and the sort key come from `ds`. Raises DataError if a silo would end up with no train or test record.
     """
-    kwargs = {"method": method, "seed": seed, "heterogeneity": heterogeneity, "classes_per_silo": classes_per_silo,
-              "dirichlet_alpha": dirichlet_alpha}
+    kwargs = {
+        "method": method,
+        "seed": seed,
+        "heterogeneity": heterogeneity,
+        "classes_per_silo": classes_per_silo,
+        "dirichlet_alpha": dirichlet_alpha,
+    }
     train_labels = ds.train.nonsensitive.labels
     test_labels = ds.test.nonsensitive.labels
-    train_parts = partition_indices(len(ds.train), num_silos, labels=train_labels, sort_key=ds.train_sort_key,
-                                    **kwargs)
+    train_parts = partition_indices(len(ds.train), num_silos, labels=train_labels, sort_key=ds.train_sort_key, **kwargs)
     if method in ("classes", "dirichlet"):
-        test_parts = _mirror_label_partition(train_parts, train_labels, test_labels,
-                                             np.random.default_rng([seed, 1]))
+        test_parts = _mirror_label_partition(train_parts, train_labels, test_labels, np.random.default_rng([seed, 1]))
     else:
-        test_parts = partition_indices(len(ds.test), num_silos, labels=test_labels, sort_key=ds.test_sort_key,
-                                       **kwargs)
+        test_parts = partition_indices(len(ds.test), num_silos, labels=test_labels, sort_key=ds.test_sort_key, **kwargs)
     silos = []
     for k, (tr, te) in enumerate(zip(train_parts, test_parts, strict=True)):
         if tr.size == 0 or te.size == 0:
-            raise DataError(f"silo {k} would get {tr.size} train and {te.size} test records with method={method!r}; "
-                            "use fewer silos, a larger dataset or test_fraction, or a milder skew")
-        silos.append(SiloData(info=ds.info, silo_id=k, num_silos=num_silos, train=ds.train.subset(tr),
-                              test=ds.test.subset(te)))
+            raise DataError(
+                f"silo {k} would get {tr.size} train and {te.size} test records with method={method!r}; "
+                "use fewer silos, a larger dataset or test_fraction, or a milder skew"
+            )
+        silos.append(
+            SiloData(info=ds.info, silo_id=k, num_silos=num_silos, train=ds.train.subset(tr), test=ds.test.subset(te))
+        )
     return silos

@@ -32,8 +32,16 @@ from client.data.tabular import (
     Split,
 )
 
-__all__ = ["FORMAT", "INFO_FILE", "NONSENSITIVE_FILE", "SENSITIVE_FILE", "VERSION", "SiloStoreError", "load_silo",
-           "save_silo"]
+__all__ = [
+    "FORMAT",
+    "INFO_FILE",
+    "NONSENSITIVE_FILE",
+    "SENSITIVE_FILE",
+    "VERSION",
+    "SiloStoreError",
+    "load_silo",
+    "save_silo",
+]
 
 FORMAT = "silofl-silo"
 VERSION = 1
@@ -81,14 +89,17 @@ def save_silo(silo: SiloData, directory: Path) -> None:
         "num_silos": int(silo.num_silos),
         "num_train": len(silo.train),
         "num_test": len(silo.test),
-        **{field: (getattr(silo.info, field) if field == "name" else list(getattr(silo.info, field)))
-           for field in _INFO_FIELDS},
+        **{
+            field: (getattr(silo.info, field) if field == "name" else list(getattr(silo.info, field)))
+            for field in _INFO_FIELDS
+        },
     }
 
     def write_npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
         def write(tmp: Path) -> None:
             with open(tmp, "wb") as fh:  # a file object: np.savez would append ".npz" to a bare path
                 np.savez(fh, **arrays)
+
         return write
 
     _atomic_write(directory / NONSENSITIVE_FILE, write_npz(nonsensitive))
@@ -101,15 +112,18 @@ def _read_info(path: Path) -> dict:
     try:
         info = json.loads(path.read_text())
     except FileNotFoundError:
-        raise SiloStoreError(f"{path}: missing; this is not a silo directory (create one with "
-                             "`silofl data split ... --out DIR`)") from None
+        raise SiloStoreError(
+            f"{path}: missing; this is not a silo directory (create one with `silofl data split ... --out DIR`)"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SiloStoreError(f"{path}: corrupt JSON ({exc}); re-create the silo directory") from exc
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise SiloStoreError(f"{path}: not a silofl silo description (expected format {FORMAT!r})")
     if info.get("version") != VERSION:
-        raise SiloStoreError(f"{path}: format version {info.get('version')!r}, this silofl reads version {VERSION}; "
-                             "re-create the silo directory with this version")
+        raise SiloStoreError(
+            f"{path}: format version {info.get('version')!r}, this silofl reads version {VERSION}; "
+            "re-create the silo directory with this version"
+        )
     missing = [k for k in ("silo_id", "num_silos", "num_train", "num_test", *_INFO_FIELDS) if k not in info]
     if missing:
         raise SiloStoreError(f"{path}: fields {missing} missing; re-create the silo directory")
@@ -127,8 +141,9 @@ def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     except FileNotFoundError:
         raise SiloStoreError(f"{path}: missing; the silo directory is incomplete, re-create it") from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise SiloStoreError(f"{path}: corrupt or not a numpy .npz archive ({exc}); re-create the silo "
-                             "directory") from exc
+        raise SiloStoreError(
+            f"{path}: corrupt or not a numpy .npz archive ({exc}); re-create the silo directory"
+        ) from exc
 
 
 def load_silo(directory: Path) -> SiloData:
@@ -148,8 +163,9 @@ def load_silo(directory: Path) -> SiloData:
                 SensitiveDivision(sens[f"{split_name}_groups"]),
             )
             if len(split) != meta[f"num_{split_name}"]:
-                raise DataError(f"{split_name} split has {len(split)} records, {INFO_FILE} says "
-                                f"{meta[f'num_{split_name}']}")
+                raise DataError(
+                    f"{split_name} split has {len(split)} records, {INFO_FILE} says {meta[f'num_{split_name}']}"
+                )
             splits[split_name] = split
         return SiloData(info=info, silo_id=meta["silo_id"], num_silos=meta["num_silos"], **splits)
     except (DataError, TypeError) as exc:

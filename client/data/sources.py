@@ -75,17 +75,28 @@ class RemoteFile:
 FILES: dict[str, RemoteFile] = {
     f.relpath: f
     for f in (
-        RemoteFile("adult/adult.data", "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
-                   f"{_UCI}/adult/adult.data"),
-        RemoteFile("adult/adult.test", "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
-                   f"{_UCI}/adult/adult.test"),
-        RemoteFile("parkinsons_telemonitoring/parkinsons_updrs.data",
-                   "f2c7d5025dec4e92e7feae367a5f7ccf58789a10ac6b54bdf15976c599f9dd39",
-                   f"{_UCI}/parkinsons/telemonitoring/parkinsons_updrs.data"),
-        RemoteFile("credit_default_taiwan/UCI_Credit_Card.csv",
-                   "5c69a6b4e167dac42c4b22665330404fe49928a198de44d2d061b800cb65f9b1", None,
-                   note="the CSV form of UCI dataset #350 'default of credit card clients' (Kaggle "
-                        "'UCI_Credit_Card.csv'); UCI itself only ships an .xls, which silofl cannot verify or read"),
+        RemoteFile(
+            "adult/adult.data",
+            "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
+            f"{_UCI}/adult/adult.data",
+        ),
+        RemoteFile(
+            "adult/adult.test",
+            "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
+            f"{_UCI}/adult/adult.test",
+        ),
+        RemoteFile(
+            "parkinsons_telemonitoring/parkinsons_updrs.data",
+            "f2c7d5025dec4e92e7feae367a5f7ccf58789a10ac6b54bdf15976c599f9dd39",
+            f"{_UCI}/parkinsons/telemonitoring/parkinsons_updrs.data",
+        ),
+        RemoteFile(
+            "credit_default_taiwan/UCI_Credit_Card.csv",
+            "5c69a6b4e167dac42c4b22665330404fe49928a198de44d2d061b800cb65f9b1",
+            None,
+            note="the CSV form of UCI dataset #350 'default of credit card clients' (Kaggle "
+            "'UCI_Credit_Card.csv'); UCI itself only ships an .xls, which silofl cannot verify or read",
+        ),
     )
 }
 
@@ -114,12 +125,20 @@ def fetch_url(url: str, dest: Path, *, timeout: float = 60.0) -> None:
 
 def _how_to_fix(spec: RemoteFile, target: Path, root: Path) -> str:
     origin = f"download it from {spec.url}" if spec.url else f"get {spec.note}"
-    return (f"Put the file at {target} ({origin}; sha256 {spec.sha256}), or point --data-dir / the environment "
-            f"variable {DATA_DIR_ENV} at a directory that holds '{spec.relpath}' (currently {root}).")
+    return (
+        f"Put the file at {target} ({origin}; sha256 {spec.sha256}), or point --data-dir / the environment "
+        f"variable {DATA_DIR_ENV} at a directory that holds '{spec.relpath}' (currently {root})."
+    )
 
 
-def ensure_file(relpath: str, data_dir: str | Path | None = None, *, download: bool = True,
-                fetch: Fetch | None = None, mirror: str | None = None) -> Path:
+def ensure_file(
+    relpath: str,
+    data_dir: str | Path | None = None,
+    *,
+    download: bool = True,
+    fetch: Fetch | None = None,
+    mirror: str | None = None,
+) -> Path:
     """Path to the raw file `relpath` (a key of `FILES`), downloading and verifying it if it is not there.
 
     mirror: base URL used instead of the canonical address (default: $SILOFL_DATA_MIRROR, if set).
@@ -137,11 +156,13 @@ def ensure_file(relpath: str, data_dir: str | Path | None = None, *, download: b
     mirror = mirror if mirror is not None else os.environ.get(MIRROR_ENV) or None
     url = f"{mirror.rstrip('/')}/{relpath}" if mirror else spec.url
     if not download:
-        raise DataUnavailableError(f"{relpath} not found under {root} and downloading is off. "
-                                   + _how_to_fix(spec, target, root))
+        raise DataUnavailableError(
+            f"{relpath} not found under {root} and downloading is off. " + _how_to_fix(spec, target, root)
+        )
     if url is None:
-        raise DataUnavailableError(f"{relpath} not found under {root}, and it has no verifiable download. "
-                                   + _how_to_fix(spec, target, root))
+        raise DataUnavailableError(
+            f"{relpath} not found under {root}, and it has no verifiable download. " + _how_to_fix(spec, target, root)
+        )
 
     partial = target.with_name(target.name + ".part")
     try:
@@ -149,13 +170,16 @@ def ensure_file(relpath: str, data_dir: str | Path | None = None, *, download: b
         (fetch or fetch_url)(url, partial)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         partial.unlink(missing_ok=True)
-        raise DataUnavailableError(f"{relpath} not found under {root}, and downloading {url} failed ({exc}). "
-                                   + _how_to_fix(spec, target, root)) from exc
+        raise DataUnavailableError(
+            f"{relpath} not found under {root}, and downloading {url} failed ({exc}). "
+            + _how_to_fix(spec, target, root)
+        ) from exc
     actual = sha256_file(partial)
     if actual != spec.sha256:
         partial.unlink(missing_ok=True)
-        raise ChecksumError(f"downloaded {url} but its sha256 is {actual}, expected {spec.sha256}; the file was "
-                            f"deleted. The source may have changed or the transfer was corrupted. "
-                            + _how_to_fix(spec, target, root))
+        raise ChecksumError(
+            f"downloaded {url} but its sha256 is {actual}, expected {spec.sha256}; the file was "
+            f"deleted. The source may have changed or the transfer was corrupted. " + _how_to_fix(spec, target, root)
+        )
     os.replace(partial, target)
     return target

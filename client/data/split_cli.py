@@ -41,28 +41,61 @@ def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
     data = subparsers.add_parser("data", help="prepare silo data", description="Prepare silo data.")
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
     split = data_sub.add_parser(
-        "split", help="partition a dataset among silos and write one directory per silo",
-        description="Load a dataset, partition its train and test splits among silos, write DIR/silo_<k>.")
-    split.add_argument("dataset", metavar="DATASET",
-                       help=f"a built-in dataset ({', '.join(BUILTIN_DATASETS)}) or a .csv/.parquet file")
+        "split",
+        help="partition a dataset among silos and write one directory per silo",
+        description="Load a dataset, partition its train and test splits among silos, write DIR/silo_<k>.",
+    )
+    split.add_argument(
+        "dataset", metavar="DATASET", help=f"a built-in dataset ({', '.join(BUILTIN_DATASETS)}) or a .csv/.parquet file"
+    )
     split.add_argument("--silos", type=int, required=True, metavar="N", help="number of silos")
     split.add_argument("--partition", choices=PARTITIONS, default="iid", help="how to split records (default iid)")
-    split.add_argument("--heterogeneity", type=float, default=0.0, metavar="H",
-                       help="Algorithm 3 level h in [0, 1] for --partition attribute (default 0)")
-    split.add_argument("--classes-per-silo", type=int, default=2, metavar="K",
-                       help="labels per silo for --partition classes (default 2)")
-    split.add_argument("--dirichlet-alpha", type=float, default=0.5, metavar="A",
-                       help="concentration for --partition dirichlet (default 0.5)")
+    split.add_argument(
+        "--heterogeneity",
+        type=float,
+        default=0.0,
+        metavar="H",
+        help="Algorithm 3 level h in [0, 1] for --partition attribute (default 0)",
+    )
+    split.add_argument(
+        "--classes-per-silo",
+        type=int,
+        default=2,
+        metavar="K",
+        help="labels per silo for --partition classes (default 2)",
+    )
+    split.add_argument(
+        "--dirichlet-alpha",
+        type=float,
+        default=0.5,
+        metavar="A",
+        help="concentration for --partition dirichlet (default 0.5)",
+    )
     split.add_argument("--seed", type=int, default=0, help="seed of the train/test split and the partition")
     split.add_argument("--test-fraction", type=float, default=0.25, metavar="F", help="test share (default 0.25)")
-    split.add_argument("--data-dir", type=Path, default=None, metavar="D",
-                       help=f"raw data directory (default ${DATA_DIR_ENV}, else ~/.cache/silofl/data)")
+    split.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="D",
+        help=f"raw data directory (default ${DATA_DIR_ENV}, else ~/.cache/silofl/data)",
+    )
     split.add_argument("--no-download", action="store_true", help="fail instead of downloading missing files")
     split.add_argument("--target", default=None, metavar="COL", help="label column (file datasets)")
-    split.add_argument("--sensitive", type=_columns, default=None, metavar="COL[,COL]",
-                       help="sensitive column(s); several form one joint category")
-    split.add_argument("--features", type=_columns, default=None, metavar="COL,...",
-                       help="feature columns (default: all other columns)")
+    split.add_argument(
+        "--sensitive",
+        type=_columns,
+        default=None,
+        metavar="COL[,COL]",
+        help="sensitive column(s); several form one joint category",
+    )
+    split.add_argument(
+        "--features",
+        type=_columns,
+        default=None,
+        metavar="COL,...",
+        help="feature columns (default: all other columns)",
+    )
     split.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
     split.add_argument("--overwrite", action="store_true", help="replace silo directories already in DIR")
     split.set_defaults(func=split_command)
@@ -78,17 +111,23 @@ def _summary(info: DatasetInfo, silos: list[SiloData], out: Path) -> Table:
     for column in ("silo", "train", "test", "train labels", f"train groups ({'|'.join(info.sensitive_columns)})"):
         table.add_column(column, justify="right" if column in ("silo", "train", "test") else "left")
     for silo in silos:
-        table.add_row(str(silo.silo_id), str(len(silo.train)), str(len(silo.test)),
-                      _counts(silo.train.nonsensitive.labels, info.label_names),
-                      _counts(silo.train.sensitive.groups, info.group_names))
+        table.add_row(
+            str(silo.silo_id),
+            str(len(silo.train)),
+            str(len(silo.test)),
+            _counts(silo.train.nonsensitive.labels, info.label_names),
+            _counts(silo.train.sensitive.groups, info.group_names),
+        )
     return table
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
     existing = sorted(p for p in out.glob("silo_*") if p.is_dir()) if out.is_dir() else []
     if existing and not overwrite:
-        raise FileExistsError(f"{out} already holds {', '.join(p.name for p in existing)}; pass --overwrite to "
-                              "replace them or choose another --out")
+        raise FileExistsError(
+            f"{out} already holds {', '.join(p.name for p in existing)}; pass --overwrite to "
+            "replace them or choose another --out"
+        )
     for path in existing:  # stale silos of an earlier, larger split would otherwise survive
         if (path / INFO_FILE).is_file() or not any(path.iterdir()):
             shutil.rmtree(path)
@@ -100,12 +139,25 @@ def split_command(args: argparse.Namespace) -> int:
     """Run `data split` from parsed arguments; 0 on success, 2 with a message on stderr for bad input."""
     console = Console()
     try:
-        ds = load_dataset(args.dataset, data_dir=args.data_dir, seed=args.seed, test_fraction=args.test_fraction,
-                          target=args.target, sensitive=args.sensitive, features=args.features,
-                          download=not args.no_download)
-        silos = partition_dataset(ds, args.silos, method=args.partition, seed=args.seed,
-                                  heterogeneity=args.heterogeneity, classes_per_silo=args.classes_per_silo,
-                                  dirichlet_alpha=args.dirichlet_alpha)
+        ds = load_dataset(
+            args.dataset,
+            data_dir=args.data_dir,
+            seed=args.seed,
+            test_fraction=args.test_fraction,
+            target=args.target,
+            sensitive=args.sensitive,
+            features=args.features,
+            download=not args.no_download,
+        )
+        silos = partition_dataset(
+            ds,
+            args.silos,
+            method=args.partition,
+            seed=args.seed,
+            heterogeneity=args.heterogeneity,
+            classes_per_silo=args.classes_per_silo,
+            dirichlet_alpha=args.dirichlet_alpha,
+        )
         _prepare_out(args.out, args.overwrite)
         for silo in silos:
             save_silo(silo, args.out / f"silo_{silo.silo_id}")

@@ -34,8 +34,9 @@ SYNTHETIC_LABEL_NAMES = ("negative", "positive")
 _SIGNAL_WEIGHTS = (1.5, -1.2, 1.0, 0.6)
 
 
-def synthetic_frame(n: int = 6000, *, num_groups: int = 2, num_features: int = 8, seed: int = 0,
-                    bias: float = 1.0) -> pd.DataFrame:
+def synthetic_frame(
+    n: int = 6000, *, num_groups: int = 2, num_features: int = 8, seed: int = 0, bias: float = 1.0
+) -> pd.DataFrame:
     """The raw synthetic table: columns age, x1..x{num_features-1}, group, label (0/1).
 
     Groups are named 'g0', 'g1', ... (zero-padded past 10 groups so that name order is group order).
@@ -45,8 +46,9 @@ def synthetic_frame(n: int = 6000, *, num_groups: int = 2, num_features: int = 8
     if isinstance(num_groups, bool) or not isinstance(num_groups, int | np.integer) or num_groups < 2:
         raise DataError(f"num_groups must be an integer >= 2 (fairness needs two groups), got {num_groups!r}")
     if isinstance(num_features, bool) or not isinstance(num_features, int | np.integer) or num_features < 3:
-        raise DataError(f"num_features must be an integer >= 3 (age, the group proxy and one signal feature), "
-                        f"got {num_features!r}")
+        raise DataError(
+            f"num_features must be an integer >= 3 (age, the group proxy and one signal feature), got {num_features!r}"
+        )
     if not np.isfinite(bias):
         raise DataError(f"bias must be a finite number, got {bias!r}")
 
@@ -59,7 +61,7 @@ def synthetic_frame(n: int = 6000, *, num_groups: int = 2, num_features: int = 8
     x[:, 0] = score + 0.8 * x[:, 0]
     weights = np.zeros(num_features - 1)
     k = min(len(_SIGNAL_WEIGHTS), num_features - 2)
-    weights[1:1 + k] = _SIGNAL_WEIGHTS[:k]
+    weights[1 : 1 + k] = _SIGNAL_WEIGHTS[:k]
     logit = 0.8 * (age - 45.0) / 13.0 + x @ weights + bias * score - 0.4
     labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-2.0 * logit))).astype(np.int64)
 
@@ -72,13 +74,27 @@ def synthetic_frame(n: int = 6000, *, num_groups: int = 2, num_features: int = 8
     return frame
 
 
-def make_synthetic(n: int = 6000, *, num_groups: int = 2, num_features: int = 8, seed: int = 0,
-                   bias: float = 1.0, test_fraction: float = 0.25) -> TabularDataset:
+def make_synthetic(
+    n: int = 6000,
+    *,
+    num_groups: int = 2,
+    num_features: int = 8,
+    seed: int = 0,
+    bias: float = 1.0,
+    test_fraction: float = 0.25,
+) -> TabularDataset:
     """The synthetic fairness dataset, split train/test by `seed` (see the module docstring for the model).
 
     Sensitive column 'group' (groups 'g0', 'g1', ...), labels ('negative', 'positive'), sort key: age in years.
     """
     frame = synthetic_frame(n, num_groups=num_groups, num_features=num_features, seed=seed, bias=bias)
-    return build_dataset(frame, name="synthetic", target="label", sensitive=["group"], sort_key="age", seed=seed,
-                         test_fraction=test_fraction,
-                         label_encoder=categorical_labels(classes=[0, 1], names=SYNTHETIC_LABEL_NAMES))
+    return build_dataset(
+        frame,
+        name="synthetic",
+        target="label",
+        sensitive=["group"],
+        sort_key="age",
+        seed=seed,
+        test_fraction=test_fraction,
+        label_encoder=categorical_labels(classes=[0, 1], names=SYNTHETIC_LABEL_NAMES),
+    )

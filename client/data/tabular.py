@@ -36,8 +36,10 @@ def _check_array(value: object, field: str, dtype: type[np.generic], ndim: int) 
     if not isinstance(value, np.ndarray):
         raise DataError(f"{field} must be a numpy array, got {type(value).__name__}")
     if value.dtype != dtype:
-        raise DataError(f"{field} must have dtype {np.dtype(dtype).name}, got {value.dtype}; convert it with "
-                        f".astype(np.{np.dtype(dtype).name}) or build the split with make_split()")
+        raise DataError(
+            f"{field} must have dtype {np.dtype(dtype).name}, got {value.dtype}; convert it with "
+            f".astype(np.{np.dtype(dtype).name}) or build the split with make_split()"
+        )
     if value.ndim != ndim:
         raise DataError(f"{field} must be {ndim}-dimensional, got shape {value.shape}")
     if not value.flags.c_contiguous:
@@ -60,12 +62,16 @@ class NonSensitiveDivision:
         features = _check_array(self.features, "features", np.float32, 2)
         labels = _check_array(self.labels, "labels", np.int64, 1)
         if features.shape[0] != labels.shape[0]:
-            raise DataError(f"features has {features.shape[0]} rows but labels has {labels.shape[0]}; "
-                            "they must be aligned by record index")
+            raise DataError(
+                f"features has {features.shape[0]} rows but labels has {labels.shape[0]}; "
+                "they must be aligned by record index"
+            )
         if features.size and not np.isfinite(features).all():
             bad_rows, bad_cols = np.nonzero(~np.isfinite(features))
-            raise DataError(f"features contains {bad_rows.size} non-finite values (first at row {bad_rows[0]}, "
-                            f"column {bad_cols[0]}); impute or drop them before building the split")
+            raise DataError(
+                f"features contains {bad_rows.size} non-finite values (first at row {bad_rows[0]}, "
+                f"column {bad_cols[0]}); impute or drop them before building the split"
+            )
         if labels.size and labels.min() < 0:
             raise DataError(f"labels must be >= 0, found {labels.min()}")
 
@@ -139,13 +145,16 @@ class Split:
 
     def __post_init__(self) -> None:
         if not isinstance(self.nonsensitive, NonSensitiveDivision):
-            raise DataError("Split.nonsensitive must be a NonSensitiveDivision, "
-                            f"got {type(self.nonsensitive).__name__}")
+            raise DataError(
+                f"Split.nonsensitive must be a NonSensitiveDivision, got {type(self.nonsensitive).__name__}"
+            )
         if not isinstance(self.sensitive, SensitiveDivision):
             raise DataError(f"Split.sensitive must be a SensitiveDivision, got {type(self.sensitive).__name__}")
         if len(self.nonsensitive) != len(self.sensitive):
-            raise DataError(f"non-sensitive division has {len(self.nonsensitive)} records but sensitive division has "
-                            f"{len(self.sensitive)}; the divisions must be aligned by record index")
+            raise DataError(
+                f"non-sensitive division has {len(self.nonsensitive)} records but sensitive division has "
+                f"{len(self.sensitive)}; the divisions must be aligned by record index"
+            )
 
     def __len__(self) -> int:
         return len(self.nonsensitive)
@@ -168,8 +177,9 @@ class Split:
         """Check feature width and label/group ranges against the dataset metadata (`where` names the split)."""
         features, labels = self.nonsensitive.features, self.nonsensitive.labels
         if features.shape[1] != info.num_features:
-            raise DataError(f"{where}: features have {features.shape[1]} columns but info lists "
-                            f"{info.num_features} feature names")
+            raise DataError(
+                f"{where}: features have {features.shape[1]} columns but info lists {info.num_features} feature names"
+            )
         if labels.size and labels.max() >= info.num_labels:
             raise DataError(f"{where}: label {labels.max()} out of range; info has {info.num_labels} labels")
         groups = self.sensitive.groups
@@ -182,12 +192,16 @@ def make_split(features: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> 
     labels_arr = np.asarray(labels)
     groups_arr = np.asarray(groups)
     for field, arr in (("labels", labels_arr), ("groups", groups_arr)):
-        if arr.size and not np.issubdtype(arr.dtype, np.integer) and (
-                not np.issubdtype(arr.dtype, np.number) or not np.all(np.mod(arr, 1) == 0)):
+        if (
+            arr.size
+            and not np.issubdtype(arr.dtype, np.integer)
+            and (not np.issubdtype(arr.dtype, np.number) or not np.all(np.mod(arr, 1) == 0))
+        ):
             raise DataError(f"{field} must hold integer codes, got dtype {arr.dtype}")
     return Split(
-        NonSensitiveDivision(np.ascontiguousarray(features, dtype=np.float32),
-                             np.ascontiguousarray(labels_arr, dtype=np.int64)),
+        NonSensitiveDivision(
+            np.ascontiguousarray(features, dtype=np.float32), np.ascontiguousarray(labels_arr, dtype=np.int64)
+        ),
         SensitiveDivision(np.ascontiguousarray(groups_arr, dtype=np.int64)),
     )
 
@@ -239,8 +253,11 @@ class SiloData:
     def __post_init__(self) -> None:
         if isinstance(self.num_silos, bool) or not isinstance(self.num_silos, int | np.integer) or self.num_silos < 1:
             raise DataError(f"num_silos must be a positive integer, got {self.num_silos!r}")
-        if (isinstance(self.silo_id, bool) or not isinstance(self.silo_id, int | np.integer)
-                or not 0 <= self.silo_id < self.num_silos):
+        if (
+            isinstance(self.silo_id, bool)
+            or not isinstance(self.silo_id, int | np.integer)
+            or not 0 <= self.silo_id < self.num_silos
+        ):
             raise DataError(f"silo_id must be an integer in [0, {self.num_silos}), got {self.silo_id!r}")
         self.train.check_against(self.info, f"silo {self.silo_id} train split")
         self.test.check_against(self.info, f"silo {self.silo_id} test split")

@@ -1,0 +1,83 @@
+"""`silofl` command line: run writes result.json; bad flags fail with a message naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.cli import main
+
+
+def test_run_writes_result_and_prints_summary(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    code = main(
+        [
+            "run",
+            "dp-fedsgd",
+            "--epsilon",
+            "2",
+            "--rounds",
+            "4",
+            "--batch-size",
+            "64",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["config"]["algorithm"] == "dp-fedsgd" and result["federation"]["rounds"] == 4
+    assert 0 < result["privacy"]["epsilon_spent"] <= 2
+    assert "result.json" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run", "fedavg", "--heterogeneity", "2", "--rounds", "1"], "key 'heterogeneity'"),
+        (["run", "fedavg", "--epsilon", "1", "--rounds", "1"], "adds no noise"),
+        (["run", "dp-fedsgd", "--lr", "-1", "--rounds", "1"], "key 'lr'"),
+        (["run", "fedavg", "--dataset", "x.csv", "--rounds", "1"], "'target' and 'sensitive'"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_key(argv: list[str], needle: str, capsys) -> None:
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_unknown_dataset_is_a_clear_error(tmp_path, capsys) -> None:
+    code = main(["run", "fedavg", "--dataset", "nosuch", "--rounds", "1", "--no-progress", "--out", str(tmp_path)])
+    assert code == 2
+    assert "'nosuch' is neither a built-in dataset" in capsys.readouterr().err
+
+
+def test_a_silo_failure_stops_the_run_with_exit_1(tmp_path, capsys) -> None:
+    code = main(
+        [
+            "run",
+            "fedavg",
+            "--dataset",
+            str(tmp_path / "missing.csv"),
+            "--target",
+            "y",
+            "--sensitive",
+            "s",
+            "--rounds",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the run stopped" in err and "missing.csv" in err
+
+
+def test_default_length_is_five_epochs(tmp_path) -> None:
+    from server.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["run", "fedavg", "--out", str(tmp_path)])
+    assert config_from_args(args).epochs == 5.0
