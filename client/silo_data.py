@@ -55,22 +55,17 @@ def load_silo_data(context: Context, spec: DataSpec) -> SiloData:
 
 @lru_cache(maxsize=4)
 def _partitioned(spec: DataSpec) -> tuple[SiloData, ...]:
-    from client.data.loaders import load_dataset
-    from client.data.partition import partition_dataset
+    from client.data.federate import load_federation
 
-    dataset = load_dataset(
+    _, silos = load_federation(
         spec.dataset,
+        spec.num_silos,
         data_dir=spec.data_dir or None,
         seed=spec.seed,
         target=spec.target or None,
         sensitive=[c for c in spec.sensitive.split(",") if c] or None,
         features=[c for c in spec.features.split(",") if c] or None,
-    )
-    silos = partition_dataset(
-        dataset,
-        spec.num_silos,
-        method=spec.partition,
-        seed=spec.seed,
+        partition=spec.partition,
         heterogeneity=spec.heterogeneity,
         classes_per_silo=spec.classes_per_silo,
         dirichlet_alpha=spec.dirichlet_alpha,

@@ -129,11 +129,13 @@ class SiloflStrategy(Strategy):
         federation: Federation,
         param_spec: Sequence[tuple[str, tuple[int, ...]]],
         *,
+        instruction: msg.TrainInstruction,
         eval_instruction: msg.EvaluateInstruction,
         timeout: float = 600.0,
     ) -> None:
         self.federation = federation
         self.param_spec = [(name, tuple(shape)) for name, shape in param_spec]
+        self.instruction = instruction
         self.eval_instruction = eval_instruction
         self.timeout = timeout
         self.silo_reports: dict[int, msg.TrainReport] = {}
@@ -141,7 +143,8 @@ class SiloflStrategy(Strategy):
 
     # -- subclass API -----------------------------------------------------------------------------------------------
     def train_instruction(self, server_round: int) -> ConfigRecord:
-        raise NotImplementedError
+        """What every silo is told this round: the run's instruction with the round number."""
+        return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
 
     def combine(
         self,
@@ -151,8 +154,8 @@ class SiloflStrategy(Strategy):
     ) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def round_lr(self, server_round: int) -> float | None:
-        return None
+    def round_lr(self, server_round: int) -> float:
+        return self.instruction.lr
 
     # -- Flower Strategy API ----------------------------------------------------------------------------------------
     def configure_train(

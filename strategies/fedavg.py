@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ConfigRecord
 
 from protocols import messages as msg
 from strategies.base import SiloEntry, SiloflStrategy
@@ -11,16 +10,6 @@ from strategies.base import SiloEntry, SiloflStrategy
 
 class FedAvg(SiloflStrategy):
     """Non-private baseline. Each round every silo runs `local_epochs` of minibatch SGD from the global model."""
-
-    def __init__(self, *args, instruction: msg.TrainInstruction, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.instruction = instruction
-
-    def train_instruction(self, server_round: int) -> ConfigRecord:
-        return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
-
-    def round_lr(self, server_round: int) -> float:
-        return self.instruction.lr
 
     def combine(
         self,

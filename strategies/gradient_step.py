@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from flwr.app import ConfigRecord
 
 from protocols import messages as msg
 from strategies.base import SiloEntry, SiloflStrategy
@@ -32,15 +31,11 @@ class StepSchedule:
 class GradientStep(SiloflStrategy):
     """FedSGD: one (noisy) gradient per silo per round, averaged, one descent step."""
 
-    def __init__(self, *args, instruction: msg.TrainInstruction, schedule: StepSchedule, **kwargs) -> None:
+    def __init__(self, *args, schedule: StepSchedule, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.instruction = instruction
         self.schedule = schedule
         n = np.array([e.info.n_train for e in self.federation.silos], dtype=np.float64)
         self.weights = n / n.sum()
-
-    def train_instruction(self, server_round: int) -> ConfigRecord:
-        return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
 
     def round_lr(self, server_round: int) -> float:
         return self.schedule(server_round)

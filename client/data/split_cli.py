@@ -20,8 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from client.data.loaders import BUILTIN_DATASETS, load_dataset
-from client.data.partition import PARTITIONS, partition_dataset
+from client.data.federate import load_federation
+from client.data.loaders import BUILTIN_DATASETS
+from client.data.partition import PARTITIONS
 from client.data.silo_store import INFO_FILE, save_silo
 from client.data.sources import DATA_DIR_ENV
 from client.data.tabular import DatasetInfo, SiloData
@@ -139,8 +140,9 @@ def split_command(args: argparse.Namespace) -> int:
     """Run `data split` from parsed arguments; 0 on success, 2 with a message on stderr for bad input."""
     console = Console()
     try:
-        ds = load_dataset(
+        ds, silos = load_federation(
             args.dataset,
+            args.silos,
             data_dir=args.data_dir,
             seed=args.seed,
             test_fraction=args.test_fraction,
@@ -148,12 +150,7 @@ def split_command(args: argparse.Namespace) -> int:
             sensitive=args.sensitive,
             features=args.features,
             download=not args.no_download,
-        )
-        silos = partition_dataset(
-            ds,
-            args.silos,
-            method=args.partition,
-            seed=args.seed,
+            partition=args.partition,
             heterogeneity=args.heterogeneity,
             classes_per_silo=args.classes_per_silo,
             dirichlet_alpha=args.dirichlet_alpha,
