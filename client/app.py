@@ -64,6 +64,7 @@ def _model_from_message(message: Message, silo: SiloData, kind: str, hidden: int
 @app.query("setup")
 def setup(message: Message, context: Context) -> Message:
     """Load (or derive) the silo's data and describe it."""
+    msg.check_records(message.content, {msg.CONFIG}, what="setup message")
     spec = msg.read_config(message.content, msg.DataSpec, what="setup message")
     context.state[DATA_SPEC_KEY] = spec.to_config_record()
     silo = load_silo_data(context, spec)
@@ -75,6 +76,7 @@ def train(message: Message, context: Context) -> Message:
     """One round of the run's algorithm on this silo."""
     silo, _ = _silo(context)
     what = f"train message to silo {silo.silo_id}"
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
     with _single_thread():
         model = _model_from_message(message, silo, instr.model, instr.hidden, what)
@@ -160,6 +162,7 @@ def evaluate(message: Message, context: Context) -> Message:
 
     silo, _ = _silo(context)
     what = f"evaluate message to silo {silo.silo_id}"
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
     with _single_thread():
         model = _model_from_message(message, silo, instr.model, instr.hidden, what)

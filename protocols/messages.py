@@ -95,13 +95,6 @@ class SiloInfo(_Schema):
     group_names: tuple[str, ...]
 
 
-class ModelSpec(_Schema):
-    """Which model both sides build (its parameter shapes follow from it and the data dimensions)."""
-
-    model: Literal["logreg", "mlp"] = "logreg"
-    hidden: int = Field(default=64, ge=1)
-
-
 class TrainInstruction(_Schema):
     """Server -> silo, every training round."""
 
@@ -146,6 +139,17 @@ class EvaluateReport(_Schema):
     server_round: int = Field(ge=0)
     num_examples: int = Field(ge=0)
     loss_sum: float = Field(ge=0.0, allow_inf_nan=False)
+
+
+def check_records(content: RecordDict, expected: set[str], *, what: str = "message") -> None:
+    """Refuse a message whose records are not exactly `expected` (a missing part, or something nobody asked for)."""
+    names = set(content.keys())
+    if names != expected:
+        raise MessageError(
+            f"{what}: records {sorted(names)} where the protocol has {sorted(expected)}"
+            + (f"; unexpected {sorted(names - expected)}" if names - expected else "")
+            + (f"; missing {sorted(expected - names)}" if expected - names else "")
+        )
 
 
 def read_config(content: RecordDict, schema: type[M], *, record: str = CONFIG, what: str = "message") -> M:

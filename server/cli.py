@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,6 +134,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-
-
-__all__ = ["build_parser", "config_from_args", "main", "math"]

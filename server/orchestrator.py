@@ -56,7 +56,9 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
         node = reply.metadata.src_node_id
         if reply.has_error():
             raise RoundError(f"node {node} failed to set up its data: {reply.error.reason}")
-        info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT, what=f"setup reply from node {node}")
+        what = f"setup reply from node {node}"
+        msg.check_records(reply.content, {msg.REPORT}, what=what)
+        info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT, what=what)
         entries.append(SiloEntry(node_id=node, info=info))
     answered = {e.node_id for e in entries}
     if set(nodes) - answered:

@@ -176,6 +176,7 @@ class SiloflStrategy(Strategy):
         updates = []
         for entry, reply in self._collect(server_round, replies, "train"):
             what = f"train reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.UPDATE, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
             arrays = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, what=what)
@@ -202,6 +203,7 @@ class SiloflStrategy(Strategy):
         loss_sum, n = 0.0, 0
         for entry, reply in self._collect(server_round, replies, "evaluate"):
             what = f"evaluate reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.COUNTS, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
             counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)

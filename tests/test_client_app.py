@@ -146,9 +146,17 @@ def test_train_before_setup_and_bad_instruction_are_clear_errors() -> None:
     reply = _call(context, RecordDict({msg.CONFIG: ConfigRecord({"x": 1})}), msg.TRAIN)
     assert reply.has_error() and "query.setup" in reply.error.reason
     info = _setup(context)
-    content = RecordDict({msg.CONFIG: ConfigRecord({"algorithm": "dp-fedsgd", "server-round": -1})})
+    model = build_model("logreg", info.num_features, info.num_labels)
+    content = RecordDict(
+        {
+            msg.MODEL: msg.arrays_record(get_parameters(model)),
+            msg.CONFIG: ConfigRecord({"algorithm": "dp-fedsgd", "server-round": -1}),
+        }
+    )
     reply = _call(context, content, msg.TRAIN)
     assert reply.has_error() and "server-round" in reply.error.reason
+    reply = _call(context, RecordDict({msg.CONFIG: ConfigRecord({"algorithm": "dp-fedsgd"})}), msg.TRAIN)
+    assert reply.has_error() and "missing ['model']" in reply.error.reason
     assert info.silo_id == 0
 
 

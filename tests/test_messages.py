@@ -68,3 +68,10 @@ def test_schemas_roundtrip_through_records() -> None:
     content = RecordDict({msg.REPORT: report.to_metric_record()})
     assert msg.read_config(content, msg.TrainReport, record=msg.REPORT) == report
     assert isinstance(msg.arrays_record({"x": np.ones(2, np.int64)}), ArrayRecord)
+
+
+def test_check_records_refuses_missing_and_unexpected_parts() -> None:
+    content = RecordDict({msg.UPDATE: msg.arrays_record(_good()), "smuggled": ConfigRecord({"x": 1})})
+    with pytest.raises(msg.MessageError, match=r"unexpected \['smuggled'\].*missing \['report'\]"):
+        msg.check_records(content, {msg.UPDATE, msg.REPORT}, what="train reply")
+    msg.check_records(RecordDict({msg.REPORT: ConfigRecord({"a": 1})}), {msg.REPORT})
