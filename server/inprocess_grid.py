@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Iterable, Mapping
 from uuid import uuid4
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -96,7 +96,7 @@ class InProcessGrid(Grid):
             msg_id = f"{next(self._counter)}-{uuid4().hex[:8]}"
             msg.metadata.__dict__["_message_id"] = msg_id
             incoming = Message(
-                copy.deepcopy(msg.content) if self._copy else msg.content,
+                copy_content(msg.content) if self._copy else msg.content,
                 node_id,
                 msg.metadata.message_type,
                 ttl=msg.metadata.ttl,
@@ -105,7 +105,7 @@ class InProcessGrid(Grid):
             incoming.metadata.__dict__["_message_id"] = msg_id
             reply = deliver(self._client_app, incoming, self._contexts[node_id])
             if self._copy and reply.has_content():
-                reply = Message(copy.deepcopy(reply.content), reply_to=incoming)
+                reply = Message(copy_content(reply.content), reply_to=incoming)
             self._replies[msg_id] = reply
             ids.append(msg_id)
         return ids
@@ -115,6 +115,25 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(list(self.push_messages(messages)))
+
+
+def copy_content(content: RecordDict) -> RecordDict:
+    """A copy that shares nothing mutable with `content`, as a serialized message would.
+
+    Records and lists are copied; `Array` payloads are immutable `bytes` and are shared (copying them is what made
+    `copy.deepcopy` cost a tenth of a small model's round).
+    """
+    out = RecordDict()
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord):
+            out[name] = ArrayRecord({key: Array(a.dtype, tuple(a.shape), a.stype, a.data) for key, a in record.items()})
+        elif isinstance(record, ConfigRecord):
+            out[name] = ConfigRecord({k: list(v) if isinstance(v, list) else v for k, v in record.items()})
+        elif isinstance(record, MetricRecord):
+            out[name] = MetricRecord({k: list(v) if isinstance(v, list) else v for k, v in record.items()})
+        else:  # pragma: no cover - RecordDict admits only the three record types
+            out[name] = copy.deepcopy(record)
+    return out
 
 
 def deliver(client_app: ClientApp, message: Message, context: Context) -> Message:

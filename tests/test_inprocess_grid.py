@@ -74,3 +74,25 @@ def test_node_configs_are_merged_with_partition_ids() -> None:
     grid = InProcessGrid(app, 2, node_configs=[{"epsilon-budget": 1.0}, {}])
     ctx = grid.context(next(iter(grid.get_node_ids())))
     assert ctx.node_config["partition-id"] == 0 and ctx.node_config["epsilon-budget"] == 1.0
+
+
+def test_copy_content_shares_nothing_mutable() -> None:
+    from flwr.app import MetricRecord
+
+    from server.inprocess_grid import copy_content
+
+    original = RecordDict(
+        {
+            msg.MODEL: msg.arrays_record({"w": np.arange(3, dtype=np.float32)}),
+            msg.CONFIG: ConfigRecord({"names": ["a", "b"], "x": 1}),
+            msg.REPORT: MetricRecord({"m": [1.0, 2.0]}),
+        }
+    )
+    clone = copy_content(original)
+    clone[msg.MODEL]["w"] = msg.arrays_record({"w": np.zeros(3, np.float32)})["w"]
+    clone[msg.CONFIG]["names"].append("c")
+    clone[msg.REPORT]["m"].append(3.0)
+    value = clone[msg.MODEL]["w"].numpy()
+    value += 1
+    assert np.array_equal(original[msg.MODEL]["w"].numpy(), [0, 1, 2])
+    assert original[msg.CONFIG]["names"] == ["a", "b"] and original[msg.REPORT]["m"] == [1.0, 2.0]

@@ -243,3 +243,20 @@ def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monk
     exact = dict(ledger.history(max_points=8))
     for round_number, value in exact.items():
         assert figures[round_number] >= value - 1e-12
+
+
+def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
+    from dp_accounting.rdp import compute_epsilon
+
+    from protocols.privacy.ledger import _rdp_curve, rdp_to_epsilon
+
+    for sigma, q, steps, delta in [
+        (1.0, 0.01, 1000, 1e-5),
+        (5.0, 0.02, 2000, 1e-9),
+        (0.6, 0.5, 3, 1e-3),
+        (50.0, 0.001, 1, 1e-6),
+    ]:
+        orders, curve = _rdp_curve(sigma, q)
+        assert rdp_to_epsilon(orders, steps * curve, delta) == pytest.approx(
+            compute_epsilon(orders, steps * curve, delta)[0], rel=1e-12, abs=1e-15
+        )

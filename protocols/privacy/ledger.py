@@ -152,7 +152,25 @@ def _rdp_epsilon(state: State, delta: float) -> float:
         orders, curve = _rdp_curve(sigma, q)
         total = np.zeros_like(curve) if total is None else total
         total += steps * curve
-    return float(compute_epsilon(orders, total, delta)[0])
+    return rdp_to_epsilon(orders, total, delta)
+
+
+def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
+    """dp-accounting's `compute_epsilon` (the improved RDP -> (eps, delta) conversion of Balle et al. 2020,
+    Proposition 12, as in `rdp_privacy_accountant.compute_epsilon`), vectorized over the orders.
+
+    Why our own: the library loops over ~100 orders in Python (~0.2 ms), and a silo converts once per round for
+    runs of thousands of rounds; tests check equality with the library on the same inputs.
+    """
+    if delta <= 0:
+        return compute_epsilon(orders, rdp, delta)[0]
+    a = np.asarray(orders, dtype=np.float64)
+    r = np.asarray(rdp, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = np.where(a > 1.01, r + np.log1p(-1.0 / a) - np.log(delta * a) / (a - 1.0), np.inf)
+        eps = np.where(delta**2 + np.expm1(-r) > 0, 0.0, eps)  # KL bound: epsilon = 0 suffices
+        eps = np.where(r < 0, 0.0, eps)  # numerical noise below zero, as the library treats it
+    return float(max(0.0, eps[int(np.argmin(eps))]))
 
 
 @functools.lru_cache(maxsize=16)
