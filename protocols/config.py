@@ -14,13 +14,14 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Algorithm = Literal["fedavg", "dp-fedsgd"]
+Algorithm = Literal["fedavg", "dp-fedsgd", "steffle"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: Algorithms whose silos add Gaussian noise and keep a privacy ledger.
-PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd"})
+PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle"})
 Partition = Literal["iid", "attribute", "classes", "dirichlet"]
 ModelKind = Literal["logreg", "mlp"]
 Accountant = Literal["rdp", "pld", "best"]
+Fairness = Literal["dp", "eo", "eopp"]
 #: Built-in datasets (the silo's loaders, `client.data.loaders.BUILTIN_DATASETS`, serve exactly these).
 BUILTIN_DATASETS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic")
 
@@ -57,6 +58,13 @@ class RunConfig(BaseModel):
     lr_decay_epochs: float = Field(default=0.0, ge=0.0, description="0: constant learning rate")
     local_epochs: int = Field(default=1, ge=1, le=1000, description="fedavg: local passes per round")
     clip: float = Field(default=1.0, gt=0.0, description="per-sample gradient L2 clip norm C")
+    fairness: Fairness = Field(default="dp", description="steffle: demographic parity, equalized odds, equal opp.")
+    lam: float = Field(default=1.0, ge=0.0, le=1e4, alias="lambda", description="steffle: weight of the ERMI term")
+    w_radius: float = Field(default=2.0, gt=0.0, description="steffle: radius D of the ball W is projected onto")
+    w_lr: float = Field(default=0.1, gt=0.0, le=1e4, description="steffle: ascent step size of W")
+    counts_noise: float = Field(
+        default=10.0, ge=0.0, description="steffle: noise multiplier of the silos' group-count histogram; 0: exact"
+    )
     epsilon: float = Field(default=math.inf, gt=0.0, description="target epsilon per silo; inf: no noise")
     delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="target delta; 0: 1/n^2 with n the training records")
     accountant: Accountant = "best"

@@ -10,6 +10,8 @@ Message types (Flower `message_type`):
 * ``query.setup``  server -> silo: :class:`DataSpec` (which data a simulated silo loads); reply :class:`SiloInfo`.
 * ``train``        server -> silo: arrays ``model`` + :class:`TrainInstruction`; reply arrays ``update`` +
   :class:`TrainReport`.
+* ``query.groups`` (steffle) server -> silo: :class:`TrainInstruction` of round 1; reply arrays ``counts``: the
+  silo's records by (group, label), noised by a Gaussian histogram unless `counts-noise` is 0.
 * ``evaluate``     server -> silo: arrays ``model`` + :class:`EvaluateInstruction`; reply arrays ``counts`` +
   :class:`EvaluateReport`.
 """
@@ -25,6 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SETUP = "query.setup"
+GROUPS = "query.groups"
 TRAIN = "train"
 EVALUATE = "evaluate"
 
@@ -34,6 +37,8 @@ MODEL = "model"
 UPDATE = "update"
 COUNTS = "counts"
 REPORT = "report"
+FAIRNESS = "fairness"  # steffle: W and the group prior, server -> silo
+FAIR_UPDATE = "fair-update"  # steffle: the noised fairness gradients h_theta and h_W, silo -> server
 
 ArraySpec = Sequence[tuple[str, tuple[int, ...]]]
 M = TypeVar("M", bound=BaseModel)
@@ -98,7 +103,7 @@ class SiloInfo(_Schema):
 class TrainInstruction(_Schema):
     """Server -> silo, every training round."""
 
-    algorithm: Literal["fedavg", "dp-fedsgd"]
+    algorithm: Literal["fedavg", "dp-fedsgd", "steffle"]
     server_round: int = Field(ge=1)
     total_rounds: int = Field(ge=1)
     model: Literal["logreg", "mlp"] = "logreg"
@@ -111,6 +116,9 @@ class TrainInstruction(_Schema):
     delta: float = Field(default=0.0, ge=0.0, lt=1.0)
     accountant: Literal["rdp", "pld", "best"] = "best"
     seed: int = Field(default=0, ge=0)
+    fairness: Literal["dp", "eo", "eopp"] = "dp"
+    lam: float = Field(default=0.0, ge=0.0, alias="lambda")
+    counts_noise: float = Field(default=0.0, ge=0.0)
 
 
 class TrainReport(_Schema):

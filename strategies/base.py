@@ -115,6 +115,17 @@ class RunHistory:
 
 
 ProgressCallback = Callable[[RoundRecord], None]
+Arrays = dict[str, np.ndarray]
+#: One silo's checked train reply: who sent it, its array records by name, its report.
+SiloUpdate = tuple[SiloEntry, dict[str, Arrays], msg.TrainReport]
+
+
+def weighted_sum(weights: Sequence[float], updates: list[SiloUpdate], record: str, name: str) -> np.ndarray:
+    """sum_j w_j * (array `name` of record `record` of silo j), in float64, in the given (silo-id) order."""
+    return sum(
+        (w * arrays[record][name].astype(np.float64) for w, (_, arrays, _) in zip(weights, updates, strict=True)),
+        start=np.zeros((), dtype=np.float64),
+    )
 
 
 def _json_float(value: float) -> float | str:
@@ -146,12 +157,16 @@ class SiloflStrategy(Strategy):
         """What every silo is told this round: the run's instruction with the round number."""
         return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
 
-    def combine(
-        self,
-        server_round: int,
-        current: dict[str, np.ndarray],
-        updates: list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]],
-    ) -> dict[str, np.ndarray]:
+    def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """The array records of a train message: the model, plus whatever else the algorithm broadcasts."""
+        return {msg.MODEL: arrays}
+
+    def reply_specs(self) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+        """The array records a train reply must hold, with their names and shapes."""
+        return {msg.UPDATE: self.param_spec}
+
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        """The new model from the current one and the checked replies (in silo-id order)."""
         raise NotImplementedError
 
     def round_lr(self, server_round: int) -> float:
@@ -166,20 +181,22 @@ class SiloflStrategy(Strategy):
         )
         instruction = self.train_instruction(server_round)
         instruction.update(config)
-        return [self._message(arrays, instruction, msg.TRAIN, e.node_id, server_round) for e in self.federation.silos]
+        records = self.train_records(server_round, arrays)
+        return [self._message(records, instruction, msg.TRAIN, e.node_id, server_round) for e in self.federation.silos]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self._current is None:
             raise RoundError("aggregate_train called before configure_train")
-        updates = []
+        specs = self.reply_specs()
+        updates: list[SiloUpdate] = []
         for entry, reply in self._collect(server_round, replies, "train"):
             what = f"train reply from {entry.name} in round {server_round}"
-            msg.check_records(reply.content, {msg.UPDATE, msg.REPORT}, what=what)
+            msg.check_records(reply.content, {*specs, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
-            arrays = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, what=what)
+            arrays = {name: msg.check_arrays(reply.content, name, spec, what=what) for name, spec in specs.items()}
             updates.append((entry, arrays, report))
         new = self.combine(server_round, self._current, updates)
         for entry, _, report in updates:
@@ -192,8 +209,9 @@ class SiloflStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         instruction = self.eval_instruction.model_copy(update={"server_round": server_round}).to_config_record()
+        records = {msg.MODEL: arrays}
         return [
-            self._message(arrays, instruction, msg.EVALUATE, e.node_id, server_round) for e in self.federation.silos
+            self._message(records, instruction, msg.EVALUATE, e.node_id, server_round) for e in self.federation.silos
         ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -282,8 +300,10 @@ class SiloflStrategy(Strategy):
 
     # -- helpers ----------------------------------------------------------------------------------------------------
     @staticmethod
-    def _message(arrays: ArrayRecord, config: ConfigRecord, kind: str, node_id: int, server_round: int) -> Message:
-        content = RecordDict({msg.MODEL: arrays, msg.CONFIG: config})
+    def _message(
+        records: dict[str, ArrayRecord], config: ConfigRecord, kind: str, node_id: int, server_round: int
+    ) -> Message:
+        content = RecordDict({**records, msg.CONFIG: config})
         return Message(content, node_id, kind, group_id=str(server_round))
 
     def _collect(self, server_round: int, replies: Iterable[Message], kind: str) -> list[tuple[SiloEntry, Message]]:

@@ -5,25 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import messages as msg
-from strategies.base import SiloEntry, SiloflStrategy
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
 
 
 class FedAvg(SiloflStrategy):
     """Non-private baseline. Each round every silo runs `local_epochs` of minibatch SGD from the global model."""
 
-    def combine(
-        self,
-        server_round: int,
-        current: dict[str, np.ndarray],
-        updates: list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]],
-    ) -> dict[str, np.ndarray]:
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
         weights = np.array([report.num_examples for _, _, report in updates], dtype=np.float64)
         if weights.sum() <= 0:
             raise ValueError(f"round {server_round}: the silos reported no training records")
         weights /= weights.sum()
-        return {
-            name: sum(
-                w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(weights, updates, strict=True)
-            ).astype(np.float32)
-            for name in current
-        }
+        return {name: weighted_sum(weights, updates, msg.UPDATE, name).astype(np.float32) for name in current}

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from protocols import messages as msg
-from strategies.base import SiloEntry, SiloflStrategy
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
 
 
 class StepSchedule:
@@ -40,17 +40,10 @@ class GradientStep(SiloflStrategy):
     def round_lr(self, server_round: int) -> float:
         return self.schedule(server_round)
 
-    def combine(
-        self,
-        server_round: int,
-        current: dict[str, np.ndarray],
-        updates: list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]],
-    ) -> dict[str, np.ndarray]:
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
         lr = self.schedule(server_round)
         out = {}
         for name, value in current.items():
-            grad = sum(
-                w * arrays[name].astype(np.float64) for w, (_, arrays, _) in zip(self.weights, updates, strict=True)
-            )
+            grad = weighted_sum(self.weights, updates, msg.UPDATE, name)
             out[name] = (value.astype(np.float64) - lr * grad).astype(np.float32)
         return out
