@@ -18,11 +18,11 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from client import randomness
 from client.data.tabular import SiloData
+from client.rounds import RoundFunction
 from client.silo_data import describe, load_silo_data
 from protocols import messages as msg
-from protocols.models import build_model, get_parameters, parameter_spec, set_parameters
+from protocols.models import build_model, parameter_spec, set_parameters
 
 DATA_SPEC_KEY = "silofl.data-spec"
 
@@ -76,78 +76,29 @@ def train(message: Message, context: Context) -> Message:
     """One round of the run's algorithm on this silo."""
     silo, _ = _silo(context)
     what = f"train message to silo {silo.silo_id}"
-    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
+    round_fn = _round_function(instr.algorithm)
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG, *round_fn.extra_records}, what=what)
     with _single_thread():
         model = _model_from_message(message, silo, instr.model, instr.hidden, what)
-        if instr.algorithm == "fedavg":
-            update, report = _train_fedavg(model, silo, instr, context)
-        elif instr.algorithm == "dp-fedsgd":
-            update, report = _train_dp_fedsgd(model, silo, instr, context)
-        else:  # pragma: no cover - TrainInstruction admits only the algorithms above
-            raise msg.MessageError(f"{what}: unknown algorithm {instr.algorithm!r}")
-    content = RecordDict({msg.UPDATE: msg.arrays_record(update), msg.REPORT: report.to_metric_record()})
+        arrays, report = round_fn(model, silo, instr, context, message)
+    content = RecordDict(
+        {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
+    )
     return Message(content, reply_to=message)
 
 
-def _train_fedavg(model, silo: SiloData, instr: msg.TrainInstruction, context: Context):
-    from client.algorithms.fedavg import local_sgd
-
-    rng = randomness.numpy_rng(
-        context, seed=instr.seed, silo_id=silo.silo_id, server_round=instr.server_round, stream=randomness.SHUFFLE
-    )
-    n = local_sgd(
-        model, silo.train.nonsensitive, epochs=instr.local_epochs, batch_size=instr.batch_size, lr=instr.lr, rng=rng
-    )
-    report = msg.TrainReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=n,
-        epsilon_spent=float("inf"),
-        noise_multiplier=0.0,
-        sampling_rate=1.0,
-    )
-    return get_parameters(model), report
-
-
-def _train_dp_fedsgd(model, silo: SiloData, instr: msg.TrainInstruction, context: Context):
-    from client import privacy_state
-    from client.algorithms.dp_fedsgd import noisy_gradient
-    from client.gradients import unflatten
-
-    n = len(silo.train)
-    rate = min(1.0, instr.batch_size / n)
-    plan = privacy_state.noise_plan(
-        context,
-        epsilon=instr.epsilon,
-        delta=instr.delta,
-        sampling_rate=rate,
-        steps=instr.total_rounds,
-        releases=1,
-        accountant=instr.accountant,
-    )
-    # The ledger is charged BEFORE anything is computed or released: a refused answer releases nothing.
-    spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
-    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
-    grad = noisy_gradient(
-        model,
-        silo.train.nonsensitive,
-        sampling_rate=rate,
-        clip=instr.clip,
-        noise_multiplier=plan.noise_multiplier,
-        sample_rng=randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys),
-        noise_generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
-    )
-    update = {name: t.detach().numpy().astype("float32") for name, t in unflatten(grad, parameter_spec(model)).items()}
-    report = msg.TrainReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=n,
-        epsilon_spent=spent,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=rate,
-    )
-    return update, report
+def _round_function(algorithm: str) -> RoundFunction:
+    """The silo's side of one training round of `algorithm` (imported on demand: keep the import path light)."""
+    if algorithm == "fedavg":
+        from client.rounds.fedavg import train_round
+    elif algorithm == "dp-fedsgd":
+        from client.rounds.dp_fedsgd import train_round
+    elif algorithm == "steffle":
+        from client.rounds.steffle import train_round
+    else:  # pragma: no cover - TrainInstruction admits only the algorithms above
+        raise msg.MessageError(f"unknown algorithm {algorithm!r}")
+    return train_round
 
 
 @app.evaluate()

@@ -229,6 +229,7 @@ def build_result(
             "seconds_per_round": round_seconds / max(rounds, 1),
         },
         "model": {name: arr.numpy().tolist() for name, arr in history.arrays.items()},
+        "server_state": history.server_state,
     }
 
 

@@ -105,6 +105,7 @@ class RunHistory:
     arrays: ArrayRecord
     rounds: list[RoundRecord] = field(default_factory=list)
     silo_reports: dict[int, msg.TrainReport] = field(default_factory=dict)
+    server_state: dict[str, object] = field(default_factory=dict)
 
     @property
     def last_evaluation(self) -> dict[str, float] | None:
@@ -171,6 +172,10 @@ class SiloflStrategy(Strategy):
 
     def round_lr(self, server_round: int) -> float:
         return self.instruction.lr
+
+    def result_state(self) -> dict[str, object]:
+        """Server state beyond the model that belongs in result.json (e.g. SteFFLe's W)."""
+        return {}
 
     # -- Flower Strategy API ----------------------------------------------------------------------------------------
     def configure_train(
@@ -296,6 +301,7 @@ class SiloflStrategy(Strategy):
             if on_round is not None:
                 on_round(record)
         history.silo_reports = dict(self.silo_reports)
+        history.server_state = self.result_state()
         return history
 
     # -- helpers ----------------------------------------------------------------------------------------------------

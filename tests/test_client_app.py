@@ -155,7 +155,8 @@ def test_train_before_setup_and_bad_instruction_are_clear_errors() -> None:
     )
     reply = _call(context, content, msg.TRAIN)
     assert reply.has_error() and "server-round" in reply.error.reason
-    reply = _call(context, RecordDict({msg.CONFIG: ConfigRecord({"algorithm": "dp-fedsgd"})}), msg.TRAIN)
+    instruction = msg.TrainInstruction(algorithm="dp-fedsgd", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
+    reply = _call(context, RecordDict({msg.CONFIG: instruction.to_config_record()}), msg.TRAIN)
     assert reply.has_error() and "missing ['model']" in reply.error.reason
     assert info.silo_id == 0
 
