@@ -71,6 +71,23 @@ def setup(message: Message, context: Context) -> Message:
     return Message(RecordDict({msg.REPORT: describe(silo).to_config_record()}), reply_to=message)
 
 
+@app.query("groups")
+def groups(message: Message, context: Context) -> Message:
+    """SteFFLe's setup step: the silo's records by (sensitive group, label), through a DP histogram."""
+    from client.rounds.steffle import group_counts
+
+    silo, _ = _silo(context)
+    what = f"groups message to silo {silo.silo_id}"
+    msg.check_records(message.content, {msg.CONFIG}, what=what)
+    instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
+    if instr.algorithm != "steffle":
+        raise msg.MessageError(f"{what}: group counts are part of SteFFLe only, not {instr.algorithm!r}")
+    counts, spent = group_counts(silo, instr, context)
+    report = msg.GroupsReport(silo_id=silo.silo_id, epsilon_spent=spent)
+    content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
+    return Message(content, reply_to=message)
+
+
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """One round of the run's algorithm on this silo."""

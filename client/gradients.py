@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, loss_fn
+from protocols.models import TabularModel, clip_factors, loss_fn
 
 __all__ = [
     "clip_rows",
@@ -104,13 +104,7 @@ def clip_rows(g: torch.Tensor, clip_norm: float) -> torch.Tensor:
     clip_norm = _check_clip_norm(clip_norm)
     if g.ndim != 2:
         raise ValueError(f"g must be 2-D (n, P), got shape {tuple(g.shape)}")
-    return g * _clip_factors(torch.linalg.vector_norm(g, dim=1), clip_norm).unsqueeze(1)
-
-
-def _clip_factors(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """``min(1, C / norm)`` per row; exactly 1 for rows within the bound (and for zero rows)."""
-    # where(norm > C): the division only matters where norm > C > 0, so it never divides by zero.
-    return torch.where(norms > clip_norm, clip_norm / norms, torch.ones_like(norms))
+    return g * clip_factors(torch.linalg.vector_norm(g, dim=1), clip_norm).unsqueeze(1)
 
 
 def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -134,7 +128,7 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cli
     n = x.shape[0]
     rows = [g.reshape(n, -1) for g in per_sample_gradients(model, x, y).values()]
     norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1), dim=1)
-    factors = _clip_factors(norms, clip_norm)
+    factors = clip_factors(norms, clip_norm)
     return torch.cat([factors @ r for r in rows])
 
 
@@ -166,7 +160,7 @@ def _linear_stack_clipped_sum(model: TabularModel, x: torch.Tensor, y: torch.Ten
         torch.linalg.vector_norm(d, dim=1) ** 2 * (torch.linalg.vector_norm(a, dim=1) ** 2 + 1.0)
         for a, d in zip(inputs, deltas, strict=True)
     )
-    factors = _clip_factors(torch.sqrt(sq_norms), clip_norm)
+    factors = clip_factors(torch.sqrt(sq_norms), clip_norm)
     parts = []
     for a, d in zip(inputs, deltas, strict=True):
         scaled = d * factors.unsqueeze(1)

@@ -40,6 +40,8 @@ class NoisePlan:
     steps: int
     accountant: str
     epsilon_accountant: float  # what the accountant gives back for noise_multiplier (<= epsilon)
+    relation: str = "add_remove"
+    one_off: float = 0.0  # noise multiplier of a one-off unsampled release before the rounds (0: none)
 
 
 def silo_budget(context: Context, run_epsilon: float) -> float:
@@ -55,12 +57,26 @@ def silo_budget(context: Context, run_epsilon: float) -> float:
 
 
 def noise_plan(
-    context: Context, *, epsilon: float, delta: float, sampling_rate: float, steps: int, releases: int, accountant: str
+    context: Context,
+    *,
+    epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    releases: int,
+    accountant: str,
+    relation: str = "add_remove",
+    one_off_share: float = 0.0,
 ) -> NoisePlan:
     """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
 
     The noise is calibrated for the silo's budget (:func:`silo_budget`): a silo whose operator caps epsilon below the
     run's target adds more noise and still completes the announced rounds within its cap.
+
+    `relation` is the neighbouring relation ("add_remove" records, or "replace_one" for privacy of the sensitive
+    attribute only); `one_off_share` > 0 reserves that share of the budget for one unsampled release made before the
+    rounds (SteFFLe's group-count histogram): its noise multiplier is calibrated for share x budget alone, then the
+    rounds' noise for the whole budget with that release in the same composition (not a sum of epsilons).
     """
     wanted = {
         "epsilon": epsilon,
@@ -69,6 +85,8 @@ def noise_plan(
         "steps": steps,
         "releases": releases,
         "accountant": accountant,
+        "relation": relation,
+        "one-off-share": one_off_share,
     }
     if STATE_KEY in context.state:
         rec = context.state[STATE_KEY]
@@ -80,20 +98,37 @@ def noise_plan(
                 )
         return _plan_from(rec)
     budget = silo_budget(context, epsilon)
+    one_off = 0.0
     if math.isinf(budget):
         multiplier, eps_back = 0.0, math.inf
     else:
-        cal = _calibrate(budget, delta, sampling_rate, steps, releases, accountant)
+        if one_off_share > 0:
+            one_off = _calibrate(one_off_share * budget, delta, 1.0, 1, 1, accountant, relation, 0.0).noise_multiplier
+        cal = _calibrate(budget, delta, sampling_rate, steps, releases, accountant, relation, one_off)
         multiplier, eps_back = cal.noise_multiplier, cal.epsilon
-    rec = ConfigRecord({**wanted, "budget": budget, "noise-multiplier": multiplier, "epsilon-accountant": eps_back})
+    rec = ConfigRecord(
+        {**wanted, "budget": budget, "noise-multiplier": multiplier, "epsilon-accountant": eps_back, "one-off": one_off}
+    )
     context.state[STATE_KEY] = rec
     return _plan_from(rec)
 
 
 @functools.lru_cache(maxsize=64)
-def _calibrate(epsilon: float, delta: float, sampling_rate: float, steps: int, releases: int, accountant: str):
+def _calibrate(
+    epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    releases: int,
+    accountant: str,
+    relation: str,
+    one_off: float,
+):
     """`calibrate_noise` is a pure function of its arguments (0.2-1 s); simulated silos of equal size share it."""
-    return calibrate_noise(epsilon, delta, sampling_rate, steps, releases=releases, accountant=accountant)
+    prior = [(one_off, 1.0, 1)] if one_off > 0 else []
+    return calibrate_noise(
+        epsilon, delta, sampling_rate, steps, releases=releases, accountant=accountant, relation=relation, prior=prior
+    )
 
 
 def _plan_from(rec: ConfigRecord) -> NoisePlan:
@@ -105,15 +140,19 @@ def _plan_from(rec: ConfigRecord) -> NoisePlan:
         delta=float(rec["delta"]),
         steps=int(rec["steps"]),
         accountant=str(rec["accountant"]),
+        relation=str(rec["relation"]),
+        one_off=float(rec["one-off"]),
         epsilon_accountant=float(rec["epsilon-accountant"]),
     )
 
 
-def load_ledger(context: Context, *, budget: float, delta: float, accountant: str) -> PrivacyLedger:
+def load_ledger(context: Context, plan: NoisePlan) -> PrivacyLedger:
     """The silo's ledger for this run (a fresh one on its first private answer)."""
     if LEDGER_KEY in context.state:
         return PrivacyLedger.from_dict(dict(context.state[LEDGER_KEY]))
-    return PrivacyLedger(epsilon_budget=budget, delta=delta, accountant=accountant)
+    return PrivacyLedger(
+        epsilon_budget=plan.epsilon, delta=plan.delta, accountant=plan.accountant, relation=plan.relation
+    )
 
 
 def save_ledger(context: Context, ledger: PrivacyLedger) -> None:
@@ -126,7 +165,7 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
     Returns the epsilon spent after it: an upper bound during the run (see `PrivacyLedger.charge`), exact on the
     run's last round.
     """
-    ledger = load_ledger(context, budget=plan.epsilon, delta=plan.delta, accountant=plan.accountant)
+    ledger = load_ledger(context, plan)
     spent = ledger.charge(
         round=server_round,
         noise_multiplier=plan.noise_multiplier,
@@ -138,3 +177,18 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
     if server_round >= plan.steps:
         spent = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
     return spent
+
+
+def charge_one_off(context: Context, plan: NoisePlan, *, silo: str) -> float:
+    """Charge the one-off unsampled release (round 0, before any training round); returns the epsilon spent."""
+    ledger = load_ledger(context, plan)
+    spent = ledger.charge(round=0, noise_multiplier=plan.one_off, sampling_rate=1.0, releases=1, silo=silo)
+    save_ledger(context, ledger)
+    return spent
+
+
+def spent(context: Context) -> float:
+    """Epsilon spent so far by this silo in this run (0 before any private answer)."""
+    if LEDGER_KEY not in context.state:
+        return 0.0
+    return PrivacyLedger.from_dict(dict(context.state[LEDGER_KEY])).spent()

@@ -18,8 +18,8 @@ from flwr.app import Context
 from client.silo_data import is_deployed
 
 DETERMINISTIC_KEY = "deterministic-noise"
-#: Independent streams of one silo in one round.
-SAMPLING, NOISE, SHUFFLE = 0, 1, 2
+#: Independent streams of one silo in one round (SENSITIVE_SAMPLING: the sensitive division's own Poisson sample).
+SAMPLING, NOISE, SHUFFLE, SENSITIVE_SAMPLING = 0, 1, 2, 3
 
 
 def is_deterministic(context: Context) -> bool:

@@ -62,8 +62,8 @@ class RunConfig(BaseModel):
     lam: float = Field(default=1.0, ge=0.0, le=1e4, alias="lambda", description="steffle: weight of the ERMI term")
     w_radius: float = Field(default=2.0, gt=0.0, description="steffle: radius D of the ball W is projected onto")
     w_lr: float = Field(default=0.1, gt=0.0, le=1e4, description="steffle: ascent step size of W")
-    counts_noise: float = Field(
-        default=10.0, ge=0.0, description="steffle: noise multiplier of the silos' group-count histogram; 0: exact"
+    counts_share: float = Field(
+        default=0.1, gt=0.0, lt=1.0, description="steffle: share of each silo's epsilon spent on its group counts"
     )
     epsilon: float = Field(default=math.inf, gt=0.0, description="target epsilon per silo; inf: no noise")
     delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="target delta; 0: 1/n^2 with n the training records")

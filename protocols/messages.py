@@ -11,7 +11,8 @@ Message types (Flower `message_type`):
 * ``train``        server -> silo: arrays ``model`` + :class:`TrainInstruction`; reply arrays ``update`` +
   :class:`TrainReport`.
 * ``query.groups`` (steffle) server -> silo: :class:`TrainInstruction` of round 1; reply arrays ``counts``: the
-  silo's records by (group, label), noised by a Gaussian histogram unless `counts-noise` is 0.
+  silo's records by (group, label), through a Gaussian histogram that spends `counts-share` of the silo's epsilon
+  (exact when the run is non-private).
 * ``evaluate``     server -> silo: arrays ``model`` + :class:`EvaluateInstruction`; reply arrays ``counts`` +
   :class:`EvaluateReport`.
 """
@@ -118,7 +119,7 @@ class TrainInstruction(_Schema):
     seed: int = Field(default=0, ge=0)
     fairness: Literal["dp", "eo", "eopp"] = "dp"
     lam: float = Field(default=0.0, ge=0.0, alias="lambda")
-    counts_noise: float = Field(default=0.0, ge=0.0)
+    counts_share: float = Field(default=0.1, gt=0.0, lt=1.0)
 
 
 class TrainReport(_Schema):
@@ -130,6 +131,13 @@ class TrainReport(_Schema):
     epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after this answer (inf: no noise)")
     noise_multiplier: float = Field(ge=0.0)
     sampling_rate: float = Field(ge=0.0, le=1.0)
+
+
+class GroupsReport(_Schema):
+    """Silo -> server with its (group, label) counts (array `counts`, noised unless the run is non-private)."""
+
+    silo_id: int = Field(ge=0)
+    epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after the histogram (inf: no noise)")
 
 
 class EvaluateInstruction(_Schema):

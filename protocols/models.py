@@ -157,6 +157,16 @@ def set_parameters(model: nn.Module, params: Mapping[str, np.ndarray]) -> None:
             target.copy_(converted[name])
 
 
+def clip_factors(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """``min(1, C / norm)`` per row; exactly 1 for rows within the bound (and for zero rows), so a row of norm <= C
+    is left bit-for-bit unchanged (no epsilon in the denominator, unlike Opacus' ``C / (||g|| + 1e-6)``).
+
+    Shared by DP-SGD's per-sample clipping (`client.gradients`) and SteFFLe's fairness gradients (`protocols.ermi`).
+    """
+    # where(norm > C): the division only matters where norm > C > 0, so it never divides by zero.
+    return torch.where(norms > clip_norm, clip_norm / norms, torch.ones_like(norms))
+
+
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``logits (n, l)`` against integer ``labels (n,)``.
 

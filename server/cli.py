@@ -51,7 +51,20 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr-decay", type=float, default=1.0)
     p.add_argument("--lr-decay-epochs", type=float, default=0.0)
     p.add_argument("--local-epochs", type=int, default=1, help="fedavg: local passes per round")
-    p.add_argument("--clip", type=float, default=1.0, help="per-sample gradient clip norm C")
+    p.add_argument("--clip", type=float, default=1.0, help="per-sample gradient clip norm C (steffle: C_theta)")
+    fair = p.add_argument_group("steffle (private and fair learning; --silos 1 is DP-FERMI)")
+    fair.add_argument(
+        "--fairness",
+        default="dp",
+        choices=["dp", "eo", "eopp"],
+        help="demographic parity, equalized odds, equal opportunity",
+    )
+    fair.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the ERMI fairness term")
+    fair.add_argument("--w-radius", type=float, default=2.0, help="radius D of the ball W is projected onto")
+    fair.add_argument("--w-lr", type=float, default=0.1, help="ascent step size of W")
+    fair.add_argument(
+        "--counts-share", type=float, default=0.1, help="share of each silo's epsilon spent on its group counts"
+    )
     p.add_argument("--epsilon", default="inf", help="privacy target per silo (inf: no noise)")
     p.add_argument("--delta", type=float, default=0.0, help="privacy delta (0: 1/n^2)")
     p.add_argument("--accountant", default="best", choices=["rdp", "pld", "best"])

@@ -19,6 +19,7 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -26,9 +27,20 @@ from flwr.serverapp import Grid
 from protocols import messages as msg
 from protocols.config import RunConfig
 from protocols.models import build_model, get_parameters, parameter_spec
-from strategies.base import Federation, ProgressCallback, RoundError, RunHistory, SiloEntry, SiloflStrategy
+from strategies.base import (
+    Federation,
+    ProgressCallback,
+    RoundError,
+    RunHistory,
+    SiloEntry,
+    SiloflStrategy,
+    collect_replies,
+)
 
 SETUP_TIMEOUT = 600.0
+#: Smallest group probability the prior may hold: noised counts of a tiny group can come out <= 0, and
+#: p_S(r)^(-1/2) enters both the objective and the W-noise radius 2 / sqrt(rho).
+PRIOR_FLOOR = 1e-3
 
 
 def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = None) -> Federation:
@@ -100,14 +112,9 @@ def resolve_delta(config: RunConfig, federation: Federation) -> float:
     return config.delta if config.delta > 0 else 1.0 / federation.n_train**2
 
 
-def build_strategy(config: RunConfig, federation: Federation, rounds: int, delta: float) -> SiloflStrategy:
-    from strategies.fedavg import FedAvg
-    from strategies.gradient_step import GradientStep, StepSchedule
-
-    info = federation.info
-    spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
-    eval_instruction = msg.EvaluateInstruction(server_round=0, model=config.model, hidden=config.hidden)
-    instruction = msg.TrainInstruction(
+def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.TrainInstruction:
+    """What every silo is told each round (the round number aside)."""
+    return msg.TrainInstruction(
         algorithm=config.algorithm,
         server_round=1,
         total_rounds=rounds,
@@ -121,7 +128,40 @@ def build_strategy(config: RunConfig, federation: Federation, rounds: int, delta
         delta=delta,
         accountant=config.accountant,
         seed=config.seed,
+        fairness=config.fairness,
+        lam=config.lam,
+        counts_share=config.counts_share,
     )
+
+
+def groups_round(grid: Grid, federation: Federation, instruction: msg.TrainInstruction, timeout: float) -> np.ndarray:
+    """SteFFLe's setup step: the sum over silos of their (noised) records by (sensitive group, label)."""
+    info = federation.info
+    shape = (info.num_groups, info.num_labels)
+    content = RecordDict({msg.CONFIG: instruction.to_config_record()})
+    messages = [Message(content, e.node_id, msg.GROUPS, group_id="groups") for e in federation.silos]
+    total = np.zeros(shape, dtype=np.float64)
+    replies = grid.send_and_receive(messages, timeout=timeout)
+    for entry, reply in collect_replies(federation, 0, replies, "groups", timeout):
+        what = f"groups reply from {entry.name}"
+        msg.check_records(reply.content, {msg.COUNTS, msg.REPORT}, what=what)
+        report = msg.read_config(reply.content, msg.GroupsReport, record=msg.REPORT, what=what)
+        if report.silo_id != entry.info.silo_id:
+            raise RoundError(f"{what}: the reply says silo {report.silo_id}")
+        total += msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="float64", what=what)["counts"]
+    return total
+
+
+def build_strategy(
+    config: RunConfig, federation: Federation, rounds: int, delta: float, *, group_counts: np.ndarray | None = None
+) -> SiloflStrategy:
+    from strategies.fedavg import FedAvg
+    from strategies.gradient_step import GradientStep, StepSchedule
+
+    info = federation.info
+    spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
+    eval_instruction = msg.EvaluateInstruction(server_round=0, model=config.model, hidden=config.hidden)
+    instruction = train_instruction(config, rounds, delta)
     common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
     if config.algorithm == "fedavg":
         return FedAvg(federation, spec, **common)
@@ -132,6 +172,23 @@ def build_strategy(config: RunConfig, federation: Federation, rounds: int, delta
         decay_epochs=config.lr_decay_epochs,
         rounds_per_epoch=mean_n / config.batch_size,
     )
+    if config.algorithm == "steffle":
+        from protocols.ermi import GroupPrior, w_shape
+        from strategies.noisy_aggregation import NoisyAggregation
+
+        if group_counts is None:
+            raise ValueError("steffle needs the silos' group counts (groups_round) to build its prior")
+        prior = GroupPrior.from_counts(config.fairness, group_counts, floor=PRIOR_FLOOR)
+        return NoisyAggregation(
+            federation,
+            spec,
+            schedule=schedule,
+            prior=prior.probs,
+            w_shape=w_shape(config.fairness, info.num_groups, info.num_labels),
+            w_radius=config.w_radius,
+            w_lr=config.w_lr,
+            **common,
+        )
     return GradientStep(federation, spec, schedule=schedule, **common)
 
 
@@ -143,7 +200,10 @@ def run_federation(
     federation = setup_round(grid, config)
     rounds = resolve_rounds(config, federation)
     delta = resolve_delta(config, federation)
-    strategy = build_strategy(config, federation, rounds, delta)
+    counts = None
+    if config.algorithm == "steffle":
+        counts = groups_round(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
+    strategy = build_strategy(config, federation, rounds, delta, group_counts=counts)
     info = federation.info
     model = build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
     initial = msg.arrays_record(get_parameters(model))
@@ -234,6 +294,15 @@ def build_result(
 
 
 def _mechanism(config: RunConfig) -> str:
+    if config.algorithm == "steffle":
+        return (
+            "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its "
+            "(group, label) counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson "
+            "sample q = m/n_j drawn by the sensitive division: per-sample theta-gradients of psi clipped to C and the "
+            "s-dependent W-gradients (radius 2/sqrt(rho)), both noised at one multiplier sigma (two releases, one "
+            "composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come from "
+            "the non-sensitive division's own sample and are sent in the clear (they do not depend on s)"
+        )
     if config.algorithm == "dp-fedsgd":
         return (
             "each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "

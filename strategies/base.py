@@ -133,6 +133,37 @@ def _json_float(value: float) -> float | str:
     return "inf" if math.isinf(value) else value
 
 
+def collect_replies(
+    federation: Federation, server_round: int, replies: Iterable[Message], kind: str, timeout: float
+) -> list[tuple[SiloEntry, Message]]:
+    """Match replies to silos; refuse the round on an error reply, an unknown sender, a duplicate or a missing silo.
+
+    Returned in silo-id order so that every sum is taken in the same order on every engine.
+    """
+    by_node = federation.by_node
+    got: dict[int, Message] = {}
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        entry = by_node.get(node)
+        if entry is None:
+            raise RoundError(
+                f"round {server_round}: a {kind} reply came from node {node}, which is not a silo of "
+                f"this run (silos: {sorted(by_node)})"
+            )
+        if reply.has_error():
+            raise RoundError(f"{entry.name} failed in round {server_round} ({kind}): {reply.error.reason}")
+        if node in got:
+            raise RoundError(f"{entry.name} answered twice in round {server_round} ({kind})")
+        got[node] = reply
+    missing = [e.name for e in federation.silos if e.node_id not in got]
+    if missing:
+        raise RoundError(
+            f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {timeout:.0f} s; the "
+            "server's model is kept as of the previous round"
+        )
+    return [(e, got[e.node_id]) for e in federation.silos]
+
+
 class SiloflStrategy(Strategy):
     """Base of silofl's strategies: subclasses say what to send (`train_instruction`) and how to combine replies."""
 
@@ -313,32 +344,7 @@ class SiloflStrategy(Strategy):
         return Message(content, node_id, kind, group_id=str(server_round))
 
     def _collect(self, server_round: int, replies: Iterable[Message], kind: str) -> list[tuple[SiloEntry, Message]]:
-        """Match replies to silos; refuse the round on an error reply, an unknown sender, a duplicate or a missing silo.
-
-        Returned in silo-id order so that every sum is taken in the same order on every engine.
-        """
-        by_node = self.federation.by_node
-        got: dict[int, Message] = {}
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            entry = by_node.get(node)
-            if entry is None:
-                raise RoundError(
-                    f"round {server_round}: a {kind} reply came from node {node}, which is not a silo of "
-                    f"this run (silos: {sorted(by_node)})"
-                )
-            if reply.has_error():
-                raise RoundError(f"{entry.name} failed in round {server_round} ({kind}): {reply.error.reason}")
-            if node in got:
-                raise RoundError(f"{entry.name} answered twice in round {server_round} ({kind})")
-            got[node] = reply
-        missing = [e.name for e in self.federation.silos if e.node_id not in got]
-        if missing:
-            raise RoundError(
-                f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {self.timeout:.0f} s; the "
-                "server's model is kept as of the previous round"
-            )
-        return [(e, got[e.node_id]) for e in self.federation.silos]
+        return collect_replies(self.federation, server_round, replies, kind, self.timeout)
 
     @staticmethod
     def _check_identity(silo_id: int, reply_round: int, entry: SiloEntry, server_round: int, what: str) -> None:

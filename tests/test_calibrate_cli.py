@@ -59,11 +59,41 @@ def test_invalid_value_is_reported_with_its_name() -> None:
     assert "delta must be in (0, 1)" in output
 
 
+def test_calibrate_under_replace_one_prints_the_relation_and_pld_only() -> None:
+    code, output = _run(
+        "privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60 --releases 2 --relation replace_one"
+    )
+    expected = calibrate_noise(2.0, 1e-6, 0.05, 60, releases=2, relation="replace_one")
+    plain = calibrate_noise(2.0, 1e-6, 0.05, 60, releases=2)
+    assert code == 0
+    assert "replace_one" in output and "n/a (no RDP analysis under replace_one)" in output
+    assert f"{expected.noise_multiplier:.6f}" in output and f"{plain.noise_multiplier:.6f}" not in output
+    assert f"{expected.epsilon_pld:.6f} (used)" in output
+    assert "pld (asked: best)" in output
+    assert "within radius R of 0 whatever its sensitive attribute" in " ".join(output.split())
+
+
+def test_default_relation_is_add_remove() -> None:
+    code, output = _run("privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60")
+    assert code == 0
+    assert "add_remove" in output and "add/remove-one record" in output
+
+
+def test_rdp_under_replace_one_is_reported() -> None:
+    code, output = _run(
+        "privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60 --relation replace_one "
+        "--accountant rdp"
+    )
+    assert code == 2
+    assert "cannot account relation='replace_one'" in " ".join(output.split())
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         "privacy calibrate --delta 1e-6 --sampling-rate 0.05 --steps 60",  # no --epsilon
         "privacy calibrate --epsilon 1 --delta 1e-6 --sampling-rate 0.05 --steps 60 --accountant moments",
+        "privacy calibrate --epsilon 1 --delta 1e-6 --sampling-rate 0.05 --steps 60 --relation swap",
         "privacy calibrate --epsilon 1 --delta 1e-6 --sampling-rate 0.05 --steps 6.5",
         "privacy",
     ],

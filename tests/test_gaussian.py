@@ -1,14 +1,16 @@
-"""Tests for protocols.privacy.gaussian: noise scale, reproducibility, dtypes, validation."""
+"""Tests for protocols.privacy.gaussian: noise scale, reproducibility, dtypes, validation, histogram radius."""
 
 from __future__ import annotations
 
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
 import torch
 
-from protocols.privacy.gaussian import GaussianMechanism
+from protocols.privacy.accountant import epsilon_spent
+from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
 
 
 def test_std_is_multiplier_times_sensitivity() -> None:
@@ -74,3 +76,23 @@ def test_numpy_release_std_and_reproducibility() -> None:
 def test_invalid_parameters_are_named(sensitivity: float, multiplier: float, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         GaussianMechanism(sensitivity=sensitivity, noise_multiplier=multiplier)
+
+
+def test_histogram_sensitivity_per_relation() -> None:
+    assert histogram_sensitivity("add_remove") == 1.0
+    assert histogram_sensitivity("replace_one") == pytest.approx(math.sqrt(2) / 2)
+    with pytest.raises(ValueError, match="relation"):
+        histogram_sensitivity("swap")
+
+
+def test_replace_one_histogram_is_accounted_as_its_true_l2_distance() -> None:
+    """Moving one record between two groups moves the counts sqrt(2) apart: a Gaussian of std s is then exactly a
+    Gaussian mechanism of multiplier s / sqrt(2); the replace_one accounting of the radius must give that epsilon."""
+    multiplier, delta = 10.0, 1e-8
+    mechanism = GaussianMechanism(sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=multiplier)
+    exact = dp_accounting.get_epsilon_gaussian(mechanism.std / math.sqrt(2), delta)
+    accounted = epsilon_spent(multiplier, 1.0, 1, delta, accountant="pld", relation="replace_one")
+    assert exact <= accounted <= exact * (1 + 1e-3)
+    counts = np.array([120.0, 80.0, 40.0])
+    moved = counts + np.array([-1.0, 1.0, 0.0])
+    assert np.linalg.norm(counts - moved) == pytest.approx(2 * histogram_sensitivity("replace_one"))

@@ -12,8 +12,14 @@ import pytest
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
-from protocols.privacy.accountant import calibrate_noise, dp_event, epsilon_spent, pld_value_discretization
-from protocols.privacy.ledger import BudgetExceededError, LedgerEntry, PrivacyLedger
+from protocols.privacy.accountant import (
+    PriorRelease,
+    calibrate_noise,
+    dp_event,
+    epsilon_spent,
+    pld_value_discretization,
+)
+from protocols.privacy.ledger import LADDER_RATIO, BudgetExceededError, LedgerEntry, PrivacyLedger
 
 DELTA = 1e-6
 
@@ -232,7 +238,7 @@ def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monk
     cal = calibrate_noise(eps, delta, q, steps, accountant="best")
     calls = []
     real = ledger_module._pld_epsilon
-    monkeypatch.setattr(ledger_module, "_pld_epsilon", lambda s, d: calls.append(s) or real(s, d))
+    monkeypatch.setattr(ledger_module, "_pld_epsilon", lambda s, *rest: calls.append(s) or real(s, *rest))
     ledger_module._CERTIFICATES.clear()
     ledger = PrivacyLedger(epsilon_budget=eps, delta=delta, accountant="best")
     figures = [ledger.charge(round=r, noise_multiplier=cal.noise_multiplier, sampling_rate=q) for r in range(steps)]
@@ -260,3 +266,100 @@ def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
         assert rdp_to_epsilon(orders, steps * curve, delta) == pytest.approx(
             compute_epsilon(orders, steps * curve, delta)[0], rel=1e-12, abs=1e-15
         )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# replace_one (privacy of the sensitive attribute) and a prior un-sampled release
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _count_pld_evaluations(monkeypatch: pytest.MonkeyPatch) -> list:
+    from protocols.privacy import ledger as ledger_module
+
+    calls: list = []
+    real = ledger_module._pld_epsilon
+    monkeypatch.setattr(ledger_module, "_pld_epsilon", lambda s, *rest: calls.append(s) or real(s, *rest))
+    ledger_module._LADDERS.clear()
+    ledger_module._CERTIFICATES.clear()
+    return calls
+
+
+@pytest.mark.parametrize("relation", ["replace_one", "add_remove"])
+def test_calibrated_run_after_a_histogram_charges_its_steps_cheaply(monkeypatch, relation: str) -> None:
+    target, q, steps, histogram = 2.0, 0.05, 300, PriorRelease(8.0)
+    cal = calibrate_noise(target, DELTA, q, steps, 2, relation=relation, prior=[histogram], tolerance=1e-5)
+    sigma = cal.noise_multiplier
+    # Precondition of the test: one round more does exceed the target.
+    assert epsilon_spent(sigma, q, steps + 1, DELTA, 2, relation=relation, prior=[histogram]) > target
+    calls = _count_pld_evaluations(monkeypatch)
+    ledger = PrivacyLedger(epsilon_budget=target, delta=DELTA, accountant="best", relation=relation)
+    ledger.charge(round=0, noise_multiplier=8.0, sampling_rate=1.0)  # the setup round's histogram
+    figures = {
+        r: ledger.charge(round=r, noise_multiplier=sigma, sampling_rate=q, releases=2) for r in range(1, steps + 1)
+    }
+    assert max(figures.values()) <= target * (1 + 1e-9)
+    # a ladder of PLD evaluations for the run (71 measured under replace_one, 10 under add_remove), not one per round
+    ladder = 2 * (5 + math.log(steps / 10) / math.log(LADDER_RATIO)) + math.log2(steps / 10)
+    assert len(calls) <= ladder < steps / 3
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(round=steps + 1, noise_multiplier=sigma, sampling_rate=q, releases=2)
+    assert ledger.entries == [LedgerEntry(0, 8.0, 1.0, 1, 1, 1), LedgerEntry(1, sigma, q, 2, steps, steps)]
+    assert ledger.spent() == pytest.approx(cal.epsilon, rel=1e-12)
+    # every reported figure bounds the exact spending after its round (and, under replace_one, stays close to it)
+    for round_number, exact in ledger.history(max_points=8)[1:]:
+        assert exact - 1e-12 <= figures[round_number]
+        if relation == "replace_one":
+            assert figures[round_number] <= exact * LADDER_RATIO
+
+
+def test_histogram_and_rounds_compose_to_more_than_the_rounds_alone() -> None:
+    sigma, q, steps = 3.0, 0.05, 50
+    with_histogram = PrivacyLedger(math.inf, DELTA, accountant="pld", relation="replace_one")
+    rounds_only = PrivacyLedger(math.inf, DELTA, accountant="pld", relation="replace_one")
+    histogram_only = PrivacyLedger(math.inf, DELTA, accountant="pld", relation="replace_one")
+    with_histogram.charge(round=0, noise_multiplier=6.0, sampling_rate=1.0)
+    histogram_only.charge(round=0, noise_multiplier=6.0, sampling_rate=1.0)
+    for round_number in range(1, steps + 1):
+        with_histogram.charge(round=round_number, noise_multiplier=sigma, sampling_rate=q)
+        rounds_only.charge(round=round_number, noise_multiplier=sigma, sampling_rate=q)
+    both, rounds, histogram = with_histogram.spent(), rounds_only.spent(), histogram_only.spent()
+    assert rounds < both < rounds + histogram  # one composition, not a sum of epsilons
+    assert both == epsilon_spent(sigma, q, steps, DELTA, accountant="pld", relation="replace_one", prior=[(6.0,)])
+
+
+def test_replace_one_spent_agrees_with_the_library_for_mixed_entries() -> None:
+    ledger = PrivacyLedger(math.inf, DELTA, accountant="pld", relation="replace_one")
+    ledger.charge(round=0, noise_multiplier=20.0, sampling_rate=1.0, releases=3)
+    for round_number in range(1, 11):
+        ledger.charge(round=round_number, noise_multiplier=1.5, sampling_rate=0.02, releases=2)
+    event = dp_accounting.ComposedDpEvent([dp_event(20.0, 1.0, 1, 3), dp_event(1.5, 0.02, 10, 2)])
+    grid = min(pld_value_discretization(20.0 / math.sqrt(3), 1.0), pld_value_discretization(1.5 / math.sqrt(2), 0.02))
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    library = PLDAccountant(relation, value_discretization_interval=grid).compose(event).get_epsilon(DELTA)
+    assert ledger.spent() == pytest.approx(library, rel=1e-12)
+    assert ledger.spent() > PrivacyLedger.from_dict(ledger.to_dict() | {"relation": "add_remove"}).spent()
+
+
+def test_relation_round_trips_and_old_dicts_load_as_add_remove() -> None:
+    ledger = PrivacyLedger(epsilon_budget=4.0, delta=DELTA, accountant="pld", relation="replace_one")
+    ledger.charge(round=0, noise_multiplier=10.0, sampling_rate=1.0)
+    ledger.charge(round=1, noise_multiplier=2.0, sampling_rate=0.1, releases=2)
+    data = ledger.to_dict()
+    assert data["relation"] == "replace_one"
+    restored = PrivacyLedger.from_dict(json.loads(json.dumps(data, allow_nan=False)))
+    assert restored == ledger and restored.relation == "replace_one"
+    assert restored.spent() == ledger.spent()
+    config_record = pytest.importorskip("flwr.app").ConfigRecord
+    assert PrivacyLedger.from_dict(dict(config_record(data))) == ledger
+    old = {key: value for key, value in data.items() if key != "relation"}
+    assert PrivacyLedger.from_dict(old).relation == "add_remove"
+    with pytest.raises(ValueError, match="relation must be one of"):
+        PrivacyLedger.from_dict(data | {"relation": "swap"})
+
+
+def test_rdp_ledger_under_replace_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="accountant='rdp' cannot account relation='replace_one'"):
+        PrivacyLedger(1.0, DELTA, accountant="rdp", relation="replace_one")
+    data = PrivacyLedger(1.0, DELTA, accountant="rdp").to_dict()
+    with pytest.raises(ValueError, match="cannot account relation='replace_one'"):
+        PrivacyLedger.from_dict(data | {"relation": "replace_one"})

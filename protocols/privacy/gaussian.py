@@ -1,9 +1,17 @@
 """The Gaussian mechanism: release ``value + N(0, (noise_multiplier * sensitivity)^2 I)``.
 
-``sensitivity`` is the L2 sensitivity of the released quantity under add/remove-one record (e.g. ``C / B`` for a mean
-of per-record gradients clipped to norm ``C`` over an expected batch size ``B``); ``noise_multiplier`` is what
-:func:`protocols.privacy.accountant.calibrate_noise` returns. Keeping the two apart is what lets the accountant stay
-independent of the model: the accountant only ever sees the multiplier.
+``sensitivity`` depends on the neighbouring relation the noise was calibrated for
+(:data:`protocols.privacy.accountant.RELATIONS`):
+
+* ``add_remove``: the L2 sensitivity of the released quantity under add/remove-one record (e.g. ``C / B`` for a mean
+  of per-record gradients clipped to norm ``C`` over an expected batch size ``B``);
+* ``replace_one`` (one record's sensitive attribute changes): the radius ``R`` of a ball **centred at 0** that holds
+  every record's contribution whatever its attribute (``C / B`` again for that mean; see the accountant's module
+  docstring for why the centre must be 0 under sampling). For an un-sampled release (``sampling_rate = 1``) only the
+  distance between the two neighbours' values matters: ``R`` is half of it (:func:`histogram_sensitivity`).
+
+``noise_multiplier`` is what :func:`protocols.privacy.accountant.calibrate_noise` returns. Keeping the two apart is what
+lets the accountant stay independent of the model: the accountant only ever sees the multiplier.
 
 Known limitation, shared with Opacus' default mode: noise comes from torch's / numpy's PRNGs (not a CSPRNG) and from
 floating-point Gaussian sampling, which has known side channels in theory (Mironov 2012; Jin et al. 2022). Not
@@ -18,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from protocols.privacy.accountant import check_relation
 
 
 @dataclass(frozen=True)
@@ -69,3 +79,16 @@ class GaussianMechanism:
         if self.std == 0.0:
             return array.copy()
         return array + rng.normal(0.0, self.std, size=array.shape)
+
+
+def histogram_sensitivity(relation: str) -> float:
+    """``sensitivity`` to give :class:`GaussianMechanism` for a histogram of counts (one count per group), unsampled.
+
+    One record adds 1 to the count of its group. Under ``add_remove`` a record's presence changes one count by 1:
+    sensitivity 1. Under ``replace_one`` changing its group from ``r`` to ``r'`` moves 1 from count ``r`` to count
+    ``r'``: the two histograms are ``sqrt(2)`` apart in L2, and an unsampled replace-one Gaussian release is accounted
+    as a Gaussian of sensitivity ``2 R`` (dp-accounting's ``REPLACE`` adjacency at ``q = 1``), so ``R = sqrt(2) / 2``.
+    Either way the release is accounted at ``sampling_rate = 1`` (e.g. as a
+    :class:`~protocols.privacy.accountant.PriorRelease`).
+    """
+    return 1.0 if check_relation(relation) == "add_remove" else math.sqrt(2.0) / 2.0

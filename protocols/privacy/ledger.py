@@ -20,6 +20,20 @@ Performance (runs of 1,000-60,000 rounds, one charge per round):
 * PLD costs 10-75 ms per evaluation. Under ``"best"`` a charge is checked with RDP first and PLD is evaluated only
   when RDP alone would refuse it (near the end of a calibrated run, where PLD is the tighter one). Results are cached
   per ledger state, so ``cost_after`` followed by ``charge`` of the same answer costs one evaluation.
+* Under ``relation="replace_one"`` PLD is the only accountant (``"pld"`` and ``"best"`` both mean PLD; ``"rdp"`` is
+  refused when the ledger is built, see :mod:`protocols.privacy.accountant`). A charge is then checked against a
+  ladder of PLD evaluations of longer runs of the same mechanism (:func:`_pld_ladder`): about
+  ``2 log(T) / log(LADDER_RATIO)`` evaluations for a run of ``T`` charges instead of ``T``, and a returned figure
+  that is exact or PLD's for a run at most ``LADDER_RATIO`` times longer. Measured at q = 256/11300, T = 1770,
+  K = 2, epsilon = 1 (calibrated): 107-110 evaluations, 0.24 ms per charge on average (1.3 ms after a histogram
+  entry, whose PLD makes each evaluation slower) where one exact evaluation per charge would average 6 ms (22 ms),
+  and figures at most 5.1 % above the exact ones.
+
+Releases outside the Poisson-sampled rounds, e.g. SteFFLe's setup-round histogram of group counts, are charged like a
+round with ``sampling_rate=1.0`` (no sampling; one step): they become their own entry, and every epsilon is that of
+the composition of all entries (one PLD convolution / one RDP sum), never a sum of epsilons. A run calibrated with
+:func:`~protocols.privacy.accountant.calibrate_noise` ``(..., prior=[PriorRelease(...)])`` therefore charges its
+``T`` rounds after that release, within the same budget.
 """
 
 from __future__ import annotations
@@ -31,18 +45,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from dp_accounting import GaussianDpEvent, NeighboringRelation, PoissonSampledDpEvent
+from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
 
 from protocols.privacy.accountant import (
     check_accountant,
+    check_accountant_supports,
     check_delta,
     check_epsilon,
     check_noise_multiplier,
+    check_relation,
     check_releases,
     check_sampling_rate,
     check_steps,
+    library_accountants,
+    library_relation,
     pld_value_discretization,
 )
 
@@ -54,6 +72,10 @@ BUDGET_RELATIVE_TOLERANCE = 1e-9
 to hit its budget exactly on the last round is not refused over the last bits of a float."""
 
 _CACHE_LIMIT = 1024
+
+LADDER_RATIO = 1.1
+"""Under PLD-only accounting a charge at ``s`` steps that no evaluated run covers extends the ladder to
+``max(s + 1, ceil(LADDER_RATIO * s))`` steps (:func:`_pld_ladder`). Smaller: tighter figures, more evaluations."""
 
 
 class BudgetExceededError(RuntimeError):
@@ -88,7 +110,8 @@ class LedgerEntry:
 
     ``round`` is the first round merged into the entry, ``rounds`` how many were merged, ``steps`` the total number of
     Poisson-sampled steps they made (``rounds * steps per round``). Each step released ``releases`` Gaussian quantities,
-    each with noise std ``noise_multiplier * its L2 sensitivity``.
+    each with noise std ``noise_multiplier * its L2 sensitivity`` (under ``replace_one``: x its ball radius).
+    ``sampling_rate = 1.0`` is a release on the whole data set, e.g. a one-off histogram before the sampled rounds.
     """
 
     round: int
@@ -174,17 +197,21 @@ def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def _pld_step(sigma: float, sampling_rate: float, grid: float) -> pld_lib.PrivacyLossDistribution:
+def _pld_step(
+    sigma: float, sampling_rate: float, grid: float, relation: str = "add_remove"
+) -> pld_lib.PrivacyLossDistribution:
     """PLD of one Poisson-sampled Gaussian step, as ``PLDAccountant`` builds it (the construction is the slow part)."""
     return pld_lib.from_gaussian_mechanism(
         standard_deviation=sigma,
         value_discretization_interval=grid,
         sampling_prob=sampling_rate,
-        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        neighboring_relation=library_relation(relation),
     )
 
 
-def _pld_epsilon(state: State, delta: float) -> float:
+def _pld_epsilon(state: State, delta: float, relation: str = "add_remove") -> float:
+    """PLD epsilon of ``state`` under ``relation``: what ``PLDAccountant(neighboring_relation=...)`` gives for the
+    composed events, on the finest grid any entry needs (as :func:`~protocols.privacy.accountant.epsilon_spent`)."""
     if not state:
         return 0.0
     if any(sigma == 0.0 for sigma, _, _ in state):
@@ -196,10 +223,10 @@ def _pld_epsilon(state: State, delta: float) -> float:
             part = pld_lib.from_gaussian_mechanism(
                 standard_deviation=sigma / math.sqrt(steps),
                 value_discretization_interval=grid,
-                neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                neighboring_relation=library_relation(relation),
             )
         else:
-            part = _pld_step(sigma, q, grid).self_compose(steps)
+            part = _pld_step(sigma, q, grid, relation).self_compose(steps)
         distribution = distribution.compose(part)
     return float(distribution.get_epsilon_for_delta(delta))
 
@@ -243,6 +270,66 @@ def _pld_certified(state: State, delta: float, limit: float) -> float:
     return exact
 
 
+_LADDERS: dict[tuple[State, float, float, float, str], list[tuple[int, float]]] = {}
+"""(earlier entries, sigma, q, delta, relation) -> sorted (steps, PLD epsilon) of every evaluation of the last mechanism
+made by :func:`_pld_ladder`. Module-level for the same reason as ``_CERTIFICATES``."""
+
+
+def _pld_ladder(state: State, delta: float, limit: float, relation: str) -> float:
+    """An upper bound on the true epsilon of ``state``, from PLD, at amortised low cost; PLD's own figure when refused.
+
+    For ledgers where PLD is the only accountant (``replace_one``). Why it is an upper bound: a run of ``s`` steps
+    followed by more steps of the same mechanism reveals at least as much as the run of ``s`` steps (its output
+    contains it; post-processing), so its true epsilon is at least as large, and PLD's pessimistic figure for the longer
+    run is above its true epsilon. Hence PLD's figure at the smallest evaluated step count ``>= s`` bounds the true
+    epsilon at ``s``.
+
+    Every evaluation of the last mechanism is kept (:data:`_LADDERS`). A charge at ``s`` steps is admitted with the
+    figure of the smallest kept count ``>= s`` if that is within ``limit``. Otherwise (a miss) PLD is evaluated at
+    ``s``: over ``limit``, that figure is returned (the charge is refused); within, it is returned (exact at a miss)
+    and the ladder is extended to ``ahead = max(s + 1, ceil(LADDER_RATIO * s))`` steps for the next charges. When
+    ``ahead`` is over ``limit`` (the end of a calibrated run is near), a bisection between ``s`` and the first count
+    known to be over ``limit`` finds the last count within it (``log2`` of the gap, once), so every later charge of the
+    run is admitted without an evaluation. A run of ``T`` charges costs about ``2 (5 + ln(T / 10) /
+    ln(LADDER_RATIO)) + log2(T / 10)`` evaluations in all, and between misses the figure is PLD's for a run at most
+    ``LADDER_RATIO`` times longer.
+    """
+    *prefix, (sigma, q, steps) = state
+    key = (tuple(prefix), sigma, q, delta, relation)
+    if key not in _LADDERS and len(_LADDERS) >= _CACHE_LIMIT:
+        _LADDERS.clear()
+    points = _LADDERS.setdefault(key, [])
+
+    def at(count: int) -> float:
+        index = bisect.bisect_left(points, (count, -math.inf))
+        if index < len(points) and points[index][0] == count:
+            return points[index][1]
+        value = _pld_epsilon((*prefix, (sigma, q, count)), delta, relation)
+        points.insert(index, (count, value))
+        return value
+
+    index = bisect.bisect_left(points, (steps, -math.inf))
+    if index < len(points) and points[index][1] <= limit:
+        return points[index][1]
+    bad = points[index][0] if index < len(points) else None  # the first kept count >= steps is over the limit
+    exact = at(steps)
+    if exact > limit:
+        return exact
+    ahead = max(steps + 1, math.ceil(steps * LADDER_RATIO))
+    if bad is None or bad > ahead:
+        if at(ahead) <= limit:
+            return exact
+        bad = ahead
+    good = steps
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if at(middle) <= limit:
+            good = middle
+        else:
+            bad = middle
+    return exact
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The ledger
 # --------------------------------------------------------------------------------------------------------------------
@@ -258,6 +345,9 @@ class PrivacyLedger:
         accountant: ``"rdp"``, ``"pld"`` or ``"best"`` (the smaller of both); use the one the noise was calibrated with.
         entries: merged charges, oldest first (normally left empty and filled by :meth:`charge`).
         round_runs: the charged round numbers, run-length encoded as ``(first round, count)`` pairs.
+        relation: the neighbouring relation, ``"add_remove"`` (default) or ``"replace_one"`` (privacy of the
+            sensitive attributes; PLD only, so ``accountant="rdp"`` is refused); use the one the noise was calibrated
+            with.
     """
 
     epsilon_budget: float
@@ -265,12 +355,15 @@ class PrivacyLedger:
     accountant: str = "best"
     entries: list[LedgerEntry] = field(default_factory=list)
     round_runs: list[tuple[int, int]] = field(default_factory=list)
+    relation: str = "add_remove"
     _cache: dict[tuple[str, State], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.epsilon_budget = check_epsilon(self.epsilon_budget, name="epsilon_budget")
         self.delta = check_delta(self.delta)
         self.accountant = check_accountant(self.accountant)
+        self.relation = check_relation(self.relation)
+        check_accountant_supports(self.accountant, self.relation)
         self.entries = list(self.entries)
         self.round_runs = [(int(start), int(count)) for start, count in self.round_runs]
         self._check_consistent()
@@ -381,18 +474,21 @@ class PrivacyLedger:
             ValueError: ``round`` was already charged (an answer is never paid twice), or is not after the last
                 charged round (rounds are charged in order), or a mechanism argument is invalid.
 
-        The returned figure is ``spent()`` for ``"rdp"`` and ``"pld"``. For ``"best"`` it is the figure that admitted
-        the charge: RDP's while RDP alone keeps the silo within budget (no PLD evaluation: ~0.2 ms per round), and
-        ``min(RDP, PLD)`` once PLD is needed, where the PLD figure may come from a certificate: the epsilon of a longer
-        run of the same mechanism that PLD showed to be within budget (see :func:`_pld_certified`). It is an upper bound
-        on ``spent()`` either way, so under ``"best"`` it can step down when the check switches to PLD; use
-        ``spent()``/``history()`` for the tight curve.
+        The returned figure is ``spent()`` for ``"rdp"`` and ``"pld"`` under ``add_remove``. For ``"best"`` it is the
+        figure that admitted the charge: RDP's while RDP alone keeps the silo within budget (no PLD evaluation: ~0.2 ms
+        per round), and ``min(RDP, PLD)`` once PLD is needed, where the PLD figure may come from a certificate: the
+        epsilon of a longer run of the same mechanism that PLD showed to be within budget (see :func:`_pld_certified`).
+        Under ``replace_one`` it is PLD's figure for a run at most one ladder step longer (:func:`_pld_ladder`). It is
+        an upper bound on the true epsilon either way, so under ``"best"`` it can step down when the check switches to
+        PLD; use ``spent()``/``history()`` for the tight curve.
         """
         round_number = self._check_round(round)
         candidate = self._with_charge(round_number, noise_multiplier, sampling_rate, releases, steps)
         state = self._state(candidate)
         limit = self.epsilon_budget * (1.0 + BUDGET_RELATIVE_TOLERANCE)
-        if self.accountant == "best":
+        if self.relation == "replace_one":  # PLD is the only accountant ("pld" or "best")
+            figure = _pld_ladder(state, self.delta, limit, self.relation)
+        elif self.accountant == "best":
             figure = self._cached("rdp", state)
             if figure > limit:
                 figure = min(figure, _pld_certified(state, self.delta, limit))
@@ -470,15 +566,13 @@ class PrivacyLedger:
         return tuple(entry.accounting_key() for entry in entries)
 
     def _epsilon(self, state: State, *, remember: bool = True) -> float:
-        if self.accountant == "best":
-            return min(self._cached("rdp", state, remember), self._cached("pld", state, remember))
-        return self._cached(self.accountant, state, remember)
+        return min(self._cached(kind, state, remember) for kind in library_accountants(self.accountant, self.relation))
 
     def _cached(self, kind: str, state: State, remember: bool = True) -> float:
         key = (kind, state)
         if key in self._cache:
             return self._cache[key]
-        value = _rdp_epsilon(state, self.delta) if kind == "rdp" else _pld_epsilon(state, self.delta)
+        value = _rdp_epsilon(state, self.delta) if kind == "rdp" else _pld_epsilon(state, self.delta, self.relation)
         if remember:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
@@ -497,6 +591,7 @@ class PrivacyLedger:
             "epsilon_budget": "inf" if math.isinf(self.epsilon_budget) else self.epsilon_budget,
             "delta": self.delta,
             "accountant": self.accountant,
+            "relation": self.relation,
             "entry_round": [entry.round for entry in self.entries],
             "entry_noise_multiplier": [entry.noise_multiplier for entry in self.entries],
             "entry_sampling_rate": [entry.sampling_rate for entry in self.entries],
@@ -509,7 +604,10 @@ class PrivacyLedger:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> PrivacyLedger:
-        """Rebuild a ledger from :meth:`to_dict` output (also a ``ConfigRecord``); errors name the bad key."""
+        """Rebuild a ledger from :meth:`to_dict` output (also a ``ConfigRecord``); errors name the bad key.
+
+        A dict without ``relation`` (written before relations existed) loads as ``"add_remove"``.
+        """
         if not isinstance(d, Mapping):
             raise ValueError(f"a privacy ledger dict must be a mapping, got {type(d).__name__}")
         required = (
@@ -561,6 +659,7 @@ class PrivacyLedger:
             accountant=d["accountant"],
             entries=entries,
             round_runs=list(zip(starts, lengths_, strict=True)),
+            relation=d.get("relation", "add_remove"),
         )
 
 

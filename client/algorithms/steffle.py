@@ -1,0 +1,131 @@
+"""SteFFLe's silo side (SteFFLe Algorithm 1, lines 6-9; DP-FERMI when there is one silo), in two divisions.
+
+* The non-sensitive division holds features, labels and the model. It draws its minibatch B1 by Poisson sampling
+  (rate q = m / n_j) and computes the loss gradient g_j = mean_{i in B1} grad loss(x_i, y_i; theta) (line 7). g_j
+  does not depend on any sensitive attribute and is sent as is. It hands the sensitive division what it needs of the
+  model: the model itself (to evaluate F(x; theta) = softmax(logits) and its Jacobian) and the features and labels of
+  the records the sensitive division samples. It never reads a sensitive attribute.
+* The sensitive division holds the sensitive attributes. It draws its own Poisson sample B2, independent of B1 (spec:
+  "draw the sensitive gradients on an independent Poisson sample", so that amplification by sampling holds for the
+  noised releases although g_j is released in the clear), computes the per-sample fairness gradients of psi_i
+  (Lemma D.1; `protocols.ermi`), clips the theta-part to C, sums, and adds Gaussian noise to both parts before they
+  leave (line 8).
+
+Privacy is w.r.t. the sensitive attributes (DP-FERMI Definition 2.2; SteFFLe Definition 2.3): neighbours differ in one
+record's s_i. Record i's contribution to the theta-sum lies in the ball of radius C around 0 whatever s_i is; its
+contribution to the W-sum is -2 W (.) F_i (independent of s_i) plus 2 e_{s_i} F_i^T / sqrt(p(s_i)), whose norm is at
+most 2 / sqrt(rho) with rho the smallest prior probability (||F_i||_2 <= 1). So each release is a Poisson-subsampled
+Gaussian under the replace-one relation with radius C (theta) and R_W = 2 / sqrt(rho) (W); the silo adds noise
+sigma * C and sigma * R_W, and the two releases are one composed mechanism (`releases = 2`). lambda never enters what
+the silo releases (the server applies it), so the noise does not depend on lambda (the spec's "lambda factor" gap).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from client.algorithms.dp_fedsgd import poisson_sample
+from client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from client.gradients import mean_gradient
+from protocols.ermi import GroupPrior, clipped_psi_theta_sum, psi_w_gradients
+from protocols.privacy.gaussian import GaussianMechanism
+
+
+def w_radius_of(prior: GroupPrior) -> float:
+    """R_W = 2 / sqrt(rho): the radius of the ball that record i's s-dependent W-gradient lies in (rho: the smallest
+    prior probability the objective uses; ||F_i||_2 <= 1)."""
+    return 2.0 / math.sqrt(prior.rho)
+
+
+def w_gradient_base(probs: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
+    """The part of mean_i d psi_i / d W that does not depend on any s_i: mean_i of -2 W (.) F_i in the sample's block.
+
+    d psi_i / d W_ru = -2 W_ru F_u(x_i) + 2 [s_i = r] F_u(x_i) / sqrt(p(r)) (Lemma D.1): the first term needs only
+    F and the label (to pick the block for "eo"/"eopp"), so the non-sensitive division computes it on its own sample
+    and sends it in the clear; only the second term is the sensitive division's (see the module docstring).
+    """
+    n = max(len(labels), 1)
+    if prior.notion == "dp":
+        return -2.0 * w * (probs.sum(dim=0) / n).unsqueeze(0)
+    per_label = torch.zeros(prior.num_labels, probs.shape[1], dtype=probs.dtype)
+    per_label.index_add_(0, labels, probs)
+    per_label /= n
+    if prior.notion == "eo":  # W (l, k, l): block y from the samples with label y
+        return -2.0 * w * per_label.unsqueeze(1)
+    return -2.0 * w * per_label[prior.num_labels - 1].unsqueeze(0)  # eopp: the positive label's block
+
+
+def nonsensitive_step(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    rate: float,
+    rng: np.random.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The non-sensitive division's share (line 7): on its own Poisson sample, the mean loss gradient g_j and the
+    s-independent part of the W-gradient (zeros for an empty sample). It reads no sensitive attribute."""
+    idx = poisson_sample(len(data.labels), rate, rng)
+    if len(idx) == 0:
+        return torch.zeros(sum(p.numel() for p in model.parameters())), torch.zeros_like(w)
+    x, y = torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx])
+    with torch.no_grad():
+        probs = torch.softmax(model(x), dim=1)
+    return mean_gradient(model, x, y), w_gradient_base(probs, y, w, prior)
+
+
+def fairness_gradients(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    rate: float,
+    clip: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sensitive division's noised (h_theta, s-dependent h_W), each a sum over its own Poisson sample / (q n_j).
+
+    Record i's theta-contribution is clipped into the ball of radius C around 0, and its s-dependent W-contribution
+    lies in the ball of radius R_W around 0; 0 is also what a record that is not sampled contributes. That is the
+    geometry dp-accounting's replace-one Poisson-subsampled Gaussian assumes (mu_upper/mu_lower = q N(+-R) +
+    (1 - q) N(0)). The s-independent term -2 W (.) F_i is kept out of the noised sum on purpose: it would move a
+    sampled record's contribution away from the unsampled point 0 by up to 2 D, outside that geometry (and its norm
+    would have to be paid for in the noise).
+    """
+    idx = poisson_sample(len(sensitive.groups), rate, rng)
+    x = torch.from_numpy(data.features[idx])
+    y = torch.from_numpy(data.labels[idx])
+    s = torch.from_numpy(sensitive.groups[idx])
+    theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)
+    w_sum = torch.zeros_like(w)
+    if len(idx):
+        with torch.no_grad():
+            probs = torch.softmax(model(x), dim=1)
+        # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
+        # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`).
+        w_sum = psi_w_gradients(probs, s, torch.zeros_like(w), prior, labels=y).sum(dim=0)
+    if noise_multiplier > 0:
+        theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
+        w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
+            w_sum, generator
+        )
+    expected = rate * len(sensitive.groups)
+    return theta_sum / expected, w_sum / expected
+
+
+def group_label_counts(
+    data: NonSensitiveDivision, sensitive: SensitiveDivision, num_groups: int, num_labels: int
+) -> np.ndarray:
+    """Records by (sensitive group, label): the silo's input to P_S and P_{S|Y} (Algorithm 1, line 2)."""
+    counts = np.zeros((num_groups, num_labels), dtype=np.float64)
+    np.add.at(counts, (sensitive.groups, data.labels), 1.0)
+    return counts

@@ -1,0 +1,129 @@
+"""SteFFLe round (DP-FERMI with one silo): g in the clear, the fairness gradients noised, both divisions apart.
+
+Also the setup step `query.groups`: the silo's records by (sensitive group, label), released through a Gaussian
+histogram (SteFFLe Algorithm 1, line 2: P_S; P_{S|Y} for equalized odds), whose cost is the first entry of the silo's
+ledger. Changing one record's sensitive attribute moves one count from (r, y) to (r', y): an L2 change of sqrt(2), so
+the histogram is a replace-one Gaussian mechanism of radius sqrt(2)/2 around the midpoint.
+
+Privacy accounting (see `client.algorithms.steffle`): one composed mechanism per silo, under the replace-one relation
+on sensitive attributes: the one-off histogram, then T rounds of a Poisson-sampled release of two vectors (theta and W
+parts) at the same noise multiplier.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import Context, Message
+from torch import nn
+
+from client import privacy_state, randomness
+from client.algorithms import steffle as algo
+from client.data.tabular import SiloData
+from client.gradients import unflatten
+from client.rounds import RoundResult, with_records
+from protocols import messages as msg
+from protocols.ermi import GroupPrior
+from protocols.models import parameter_spec
+from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+
+RELEASES_PER_ROUND = 2  # h_theta and h_W
+
+
+def plan_for(context: Context, silo: SiloData, instr: msg.TrainInstruction) -> privacy_state.NoisePlan:
+    """The silo's calibrated mechanism for this run (cached in its state; refuses a change of parameters)."""
+    return privacy_state.noise_plan(
+        context,
+        epsilon=instr.epsilon,
+        delta=instr.delta,
+        sampling_rate=min(1.0, instr.batch_size / len(silo.train)),
+        steps=instr.total_rounds,
+        releases=RELEASES_PER_ROUND,
+        accountant=instr.accountant,
+        relation="replace_one",
+        one_off_share=instr.counts_share,
+    )
+
+
+def group_counts(silo: SiloData, instr: msg.TrainInstruction, context: Context) -> tuple[np.ndarray, float]:
+    """The silo's (group, label) counts, noised unless the run is non-private; and the epsilon spent after them."""
+    counts = algo.group_label_counts(
+        silo.train.nonsensitive, silo.train.sensitive, silo.info.num_groups, silo.info.num_labels
+    )
+    plan = plan_for(context, silo, instr)
+    if math.isinf(plan.epsilon):
+        return counts, math.inf
+    spent = privacy_state.charge_one_off(context, plan, silo=f"silo {silo.silo_id}")
+    generator = randomness.torch_generator(
+        context, seed=instr.seed, silo_id=silo.silo_id, server_round=0, stream=randomness.NOISE
+    )
+    mechanism = GaussianMechanism(sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=plan.one_off)
+    noisy = mechanism.release(torch.from_numpy(counts), generator).numpy()
+    return noisy, spent
+
+
+@with_records(msg.FAIRNESS)
+def train_round(
+    model: nn.Module, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
+) -> RoundResult:
+    what = f"train message to silo {silo.silo_id}"
+    info = silo.info
+    prior_shape = (info.num_groups,) if instr.fairness == "dp" else (info.num_labels, info.num_groups)
+    w_shape = (
+        (info.num_labels, info.num_groups, info.num_labels)
+        if instr.fairness == "eo"
+        else (info.num_groups, info.num_labels)
+    )
+    fair = msg.check_arrays(message.content, msg.FAIRNESS, [("w", w_shape), ("prior", prior_shape)], what=what)
+    try:
+        prior = GroupPrior(instr.fairness, fair["prior"].astype(np.float64), num_labels=info.num_labels)
+    except ValueError as exc:
+        raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
+    w = torch.from_numpy(fair["w"])
+    rate = min(1.0, instr.batch_size / len(silo.train))
+    plan = plan_for(context, silo, instr)
+    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+    spent = math.inf
+    if instr.lam > 0 and math.isfinite(plan.epsilon):
+        # Charged BEFORE anything is computed or released: a refused answer releases nothing.
+        spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
+    elif instr.lam == 0 and math.isfinite(plan.epsilon):
+        spent = privacy_state.spent(context)  # nothing sensitive is released this round
+
+    # Non-sensitive division: its own Poisson sample; g and the s-independent part of the W-gradient, in the clear.
+    ns_rng = randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys)
+    g, w_base = algo.nonsensitive_step(model, silo.train.nonsensitive, w=w, prior=prior, rate=rate, rng=ns_rng)
+    spec = parameter_spec(model)
+    arrays = {msg.UPDATE: _named(g, spec)}
+    if instr.lam > 0:
+        # Sensitive division: an independent Poisson sample; clipped, noised fairness gradients.
+        h_theta, h_w = algo.fairness_gradients(
+            model,
+            silo.train.nonsensitive,
+            silo.train.sensitive,
+            w=w,
+            prior=prior,
+            rate=rate,
+            clip=instr.clip,
+            noise_multiplier=plan.noise_multiplier,
+            rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
+            generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+        )
+        fair_arrays = _named(h_theta, spec)
+        fair_arrays["w"] = (w_base + h_w).detach().numpy().astype(np.float32)
+        arrays[msg.FAIR_UPDATE] = fair_arrays
+    report = msg.TrainReport(
+        silo_id=silo.silo_id,
+        server_round=instr.server_round,
+        num_examples=len(silo.train),
+        epsilon_spent=spent,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=rate,
+    )
+    return arrays, report
+
+
+def _named(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    return {name: t.detach().numpy().astype(np.float32) for name, t in unflatten(vector, spec).items()}

@@ -1,0 +1,82 @@
+"""SteFFLe's server: noisy aggregation with one SGDA step per round (SteFFLe Algorithm 1, line 11).
+
+The server holds the model theta and the ERMI dual variable W. Each round it broadcasts both (with the group prior
+P_S, or P_{S|Y} for equalized odds and equal opportunity) and receives from every silo j the loss gradient g_j (its
+non-sensitive division's, sent in the clear: it does not depend on the sensitive attributes) and, when lambda > 0, the
+noised fairness gradients h_theta_j and h_W_j (its sensitive division's). Then
+
+    theta_{t+1} = theta_t - eta_theta(t) * sum_j w_j (g_j + lambda h_theta_j)
+    W_{t+1}     = Proj_{||W||_F <= D}(W_t + eta_W * lambda * sum_j w_j h_W_j)
+
+with w_j = n_j / n. The paper averages with w_j = 1/N over silos of equal size n~; weighting by n_j is the same for
+equal silos and keeps the step an unbiased estimate of the objective over all records when they differ. The server
+returns the last iterate, which the papers recommend in practice (spec: "Return the last iterate").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from protocols import messages as msg
+from protocols.ermi import project_frobenius
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
+from strategies.gradient_step import StepSchedule
+
+
+class NoisyAggregation(SiloflStrategy):
+    """Descent on theta, projected ascent on W; the silos' fairness replies are already private."""
+
+    def __init__(
+        self,
+        *args,
+        schedule: StepSchedule,
+        prior: np.ndarray,
+        w_shape: tuple[int, ...],
+        w_radius: float,
+        w_lr: float,
+        **kwargs,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.schedule = schedule
+        self.prior = np.asarray(prior, dtype=np.float32)
+        self.w = np.zeros(w_shape, dtype=np.float64)  # W_0 = 0 (Algorithm 1, line 1)
+        self.w_radius = w_radius
+        self.w_lr = w_lr
+        n = np.array([e.info.n_train for e in self.federation.silos], dtype=np.float64)
+        self.weights = n / n.sum()
+
+    @property
+    def lam(self) -> float:
+        return self.instruction.lam
+
+    def round_lr(self, server_round: int) -> float:
+        return self.schedule(server_round)
+
+    def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        fairness = msg.arrays_record({"w": self.w.astype(np.float32), "prior": self.prior})
+        return {msg.MODEL: arrays, msg.FAIRNESS: fairness}
+
+    def reply_specs(self) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+        specs = {msg.UPDATE: self.param_spec}
+        if self.lam > 0:  # with lambda = 0 the silos compute no fairness gradient and spend no budget
+            specs[msg.FAIR_UPDATE] = [*self.param_spec, ("w", tuple(self.w.shape))]
+        return specs
+
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        lr = self.schedule(server_round)
+        out = {}
+        for name, value in current.items():
+            step = weighted_sum(self.weights, updates, msg.UPDATE, name)
+            if self.lam > 0:
+                step = step + self.lam * weighted_sum(self.weights, updates, msg.FAIR_UPDATE, name)
+            out[name] = (value.astype(np.float64) - lr * step).astype(np.float32)
+        if self.lam > 0:
+            ascent = self.w_lr * self.lam * weighted_sum(self.weights, updates, msg.FAIR_UPDATE, "w")
+            projected = project_frobenius(torch.from_numpy(self.w + ascent), self.w_radius)
+            self.w = projected.numpy().astype(np.float64)
+        return out
+
+    def result_state(self) -> dict[str, object]:
+        return {"w": self.w.tolist(), "prior": self.prior.tolist()}

@@ -1,0 +1,56 @@
+"""SteFFLe's silo computations: the split of the W-gradient between the divisions, and the noise radius."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from client.algorithms.steffle import group_label_counts, w_gradient_base, w_radius_of
+from client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from protocols.ermi import GroupPrior, psi_w_gradients, w_shape
+
+
+@pytest.mark.parametrize(
+    ("notion", "k", "l_"), [("dp", 2, 2), ("dp", 3, 3), ("eo", 2, 2), ("eo", 3, 3), ("eopp", 2, 3)]
+)
+def test_w_gradient_splits_into_the_nonsensitive_part_and_the_s_dependent_part(notion, k, l_) -> None:
+    """mean_i dpsi_i/dW == w_gradient_base (no s) + mean_i dpsi_i/dW at W = 0 (the only s-dependent term)."""
+    gen = torch.Generator().manual_seed(1)
+    n = 50
+    probs = torch.softmax(torch.randn(n, l_, generator=gen, dtype=torch.float64), dim=1)
+    groups = torch.randint(0, k, (n,), generator=gen)
+    labels = torch.randint(0, l_, (n,), generator=gen)
+    table = np.random.default_rng(0).dirichlet(np.ones(k), size=l_)
+    prior = GroupPrior(notion, table[0] if notion == "dp" else table, num_labels=l_)
+    w = torch.randn(w_shape(notion, k, l_), generator=gen, dtype=torch.float64)
+    full = psi_w_gradients(probs, groups, w, prior, labels=labels).mean(dim=0)
+    sensitive = psi_w_gradients(probs, groups, torch.zeros_like(w), prior, labels=labels).mean(dim=0)
+    base = w_gradient_base(probs, labels, w, prior)
+    torch.testing.assert_close(base + sensitive, full)
+    # the base part really ignores s: any other grouping gives the same full - sensitive difference
+    other = (groups + 1) % k
+    full_other = psi_w_gradients(probs, other, w, prior, labels=labels).mean(dim=0)
+    sens_other = psi_w_gradients(probs, other, torch.zeros_like(w), prior, labels=labels).mean(dim=0)
+    torch.testing.assert_close(full_other - sens_other, base)
+
+
+def test_s_dependent_w_gradient_stays_within_the_noise_radius() -> None:
+    prior = GroupPrior("dp", np.array([0.1, 0.3, 0.6]), num_labels=2)
+    radius = w_radius_of(prior)
+    assert radius == pytest.approx(2 / math.sqrt(0.1))
+    probs = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]], dtype=torch.float64)
+    w0 = torch.zeros(3, 2, dtype=torch.float64)
+    for s in range(3):
+        grads = psi_w_gradients(probs, torch.full((3,), s), w0, prior)
+        norms = torch.linalg.vector_norm(grads.reshape(3, -1), dim=1)
+        assert (norms <= radius + 1e-12).all()
+
+
+def test_group_label_counts() -> None:
+    ns = NonSensitiveDivision(np.zeros((5, 2), np.float32), np.array([0, 1, 1, 0, 1]))
+    s = SensitiveDivision(np.array([0, 0, 1, 1, 1]))
+    counts = group_label_counts(ns, s, 2, 2)
+    np.testing.assert_array_equal(counts, [[1, 1], [1, 2]])
