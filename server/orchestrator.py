@@ -251,6 +251,7 @@ def build_result(
             "rounds_answered": report.server_round,
         }
     spent = max((r.epsilon_spent for r in history.silo_reports.values()), default=math.inf)
+    privacy_extra = _steffle_privacy(config, history, rounds, delta) if config.algorithm == "steffle" else {}
     return {
         "config": config.to_json(),
         "engine": engine,
@@ -283,6 +284,7 @@ def build_result(
             "accountant": config.accountant if config.private else "none (no noise: epsilon = inf)",
             "mechanism": _mechanism(config),
             "not_covered": "federated evaluation: exact confusion counts of each silo's held-out test split",
+            **privacy_extra,
         },
         "timing": {
             "total_seconds": total_seconds,
@@ -291,6 +293,38 @@ def build_result(
         "model": {name: arr.numpy().tolist() for name, arr in history.arrays.items()},
         "server_state": history.server_state,
     }
+
+
+def _steffle_privacy(config: RunConfig, history: RunHistory, rounds: int, delta: float) -> dict[str, Any]:
+    """SteFFLe's report: the relation, and per silo the noise it used next to the papers' closed form (Theorem 3.3).
+
+    Both as the std per coordinate of the noise on the batch MEAN (the papers' sigma). The closed form is evaluated
+    with L = 1 (the Lipschitz constant of F in theta is not known for a general model) and D = w-radius.
+    """
+    from protocols.privacy.closed_form import steffle_closed_form
+
+    out: dict[str, Any] = {"relation": "replace_one (the sensitive attribute of one record)"}
+    if not config.private or not history.server_state:
+        return out
+    rho = float(min(np.asarray(history.server_state["prior"], dtype=np.float64).ravel()))
+    per_silo = {}
+    for silo_id, report in sorted(history.silo_reports.items()):
+        m = max(1, round(report.sampling_rate * report.num_examples))
+        expected = report.sampling_rate * report.num_examples
+        paper = steffle_closed_form(config.epsilon, delta, report.num_examples, m, rounds, rho, 1.0, config.w_radius)
+        per_silo[str(silo_id)] = {
+            "silofl_sigma_theta": report.noise_multiplier * config.clip / expected,
+            "silofl_sigma_w": report.noise_multiplier * (2.0 / math.sqrt(rho)) / expected,
+            "papers_sigma_theta": paper["sigma_theta"],
+            "papers_sigma_w": paper["sigma_w"],
+            "papers_conditions_hold": paper["valid"],
+        }
+    out["closed_form"] = {
+        "note": "noise std per coordinate on the batch mean; the run uses silofl's (from the accountant); the papers' "
+        "Theorem 3.3 evaluated with L = 1, D = w-radius, rho = the smallest prior probability",
+        "per_silo": per_silo,
+    }
+    return out
 
 
 def _mechanism(config: RunConfig) -> str:

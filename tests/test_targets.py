@@ -49,3 +49,34 @@ def test_dp_fedsgd_on_adult_at_epsilon_1_reaches_080(adult_dir: str) -> None:
     assert result["privacy"]["delta"] == pytest.approx(1 / n**2)
     assert 0 < result["privacy"]["epsilon_spent"] <= 1.0
     assert result["final"]["accuracy"] >= 0.80
+
+
+def test_steffle_on_adult_halves_demographic_parity_at_epsilon_1(adult_dir: str) -> None:
+    """Issue 3's target: 3 IID silos, batch 256, epsilon = 1 by the accountant, delta = 1/n^2, demographic parity:
+    lambda = 2 gives at most half the violation of lambda = 0, for at most 2 more points of test error."""
+    results = {}
+    for lam in (0.0, 2.0):
+        config = RunConfig.parse(
+            {
+                "algorithm": "steffle",
+                "dataset": "adult",
+                "data-dir": adult_dir,
+                "num-silos": 3,
+                "epochs": 40,
+                "batch-size": 256,
+                "lr": 0.25,
+                "lr-decay": 0.8,
+                "lr-decay-epochs": 10,
+                "clip": 1.0,
+                "w-radius": 2.0,
+                "w-lr": 0.1,
+                "epsilon": 1.0,
+                "fairness": "dp",
+                "lambda": lam,
+            }
+        )
+        results[lam] = run_job(config, progress=False)
+    base, fair = results[0.0]["final"], results[2.0]["final"]
+    assert fair["dp_violation"] <= 0.5 * base["dp_violation"]
+    assert fair["error"] <= base["error"] + 0.02
+    assert 0 < results[2.0]["privacy"]["epsilon_spent"] <= 1.0
