@@ -126,3 +126,43 @@ def test_one_silo_is_dp_fermi() -> None:
     assert len(result["federation"]["silos"]) == 1
     assert np.asarray(result["server_state"]["w"]).shape == (2, 2, 2)
     assert 0 < result["privacy"]["epsilon_spent"] <= 3.0
+
+
+@pytest.mark.parametrize(("fairness", "model"), [("dp", "mlp"), ("eo", "logreg"), ("eopp", "logreg")])
+def test_multiclass_joint_multivalued_attributes_from_a_csv(tmp_path, fairness: str, model: str) -> None:
+    """Three labels, two sensitive columns (3 x 2 = 6 joint groups), any notion, logreg or MLP, end to end."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 1800
+    race = rng.choice(["a", "b", "c"], n)
+    sex = rng.choice(["f", "m"], n)
+    x1 = rng.normal(size=n) + (race == "a")
+    x2 = rng.normal(size=n)
+    label = np.digitize(x1 + 0.5 * x2 + 0.3 * (sex == "m"), [-0.3, 0.8])
+    path = tmp_path / "people.csv"
+    pd.DataFrame(
+        {"x1": x1, "x2": x2, "job": rng.choice(["u", "v"], n), "race": race, "sex": sex, "outcome": label}
+    ).to_csv(path, index=False)
+    config = RunConfig.parse(
+        {
+            "algorithm": "steffle",
+            "dataset": str(path),
+            "target": "outcome",
+            "sensitive": "race,sex",
+            "num-silos": 3,
+            "rounds": 30,
+            "batch-size": 64,
+            "epsilon": 3.0,
+            "fairness": fairness,
+            "model": model,
+            "lambda": 1.0,
+        }
+    )
+    result = run_job(config, progress=False)
+    fed = result["federation"]
+    assert fed["num_labels"] == 3 and fed["num_groups"] == 6
+    expected_w = (3, 6, 3) if fairness == "eo" else (6, 3)
+    assert np.asarray(result["server_state"]["w"]).shape == expected_w
+    assert 0 < result["privacy"]["epsilon_spent"] <= 3.0
+    assert 0.0 <= result["final"]["accuracy"] <= 1.0
