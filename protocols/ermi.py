@@ -57,7 +57,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, clip_factors
+from protocols.models import TabularModel, clip_factors, linear_stack_clipped_sum
 
 __all__ = [
     "FAIRNESS_NOTIONS",
@@ -643,34 +643,9 @@ def clipped_psi_theta_sum(
 def _linear_stack_clipped_sum(
     model: TabularModel, x: torch.Tensor, a: torch.Tensor, prior: GroupPrior, clip: float
 ) -> torch.Tensor:
-    """:func:`clipped_psi_theta_sum` for a TabularModel: one backward pass, per-sample norms in closed form."""
-    layers = [layer for layer in (model.hidden, model.head) if layer is not None]
-    if x.shape[1] != layers[0].in_features:
-        raise ValueError(
-            f"x has {x.shape[1]} features but the model was built with num_features={layers[0].in_features}"
-        )
-    inputs, outputs = [], []
-    h = x
-    with torch.enable_grad():
-        for index, layer in enumerate(layers):
-            pre = torch.nn.functional.linear(h, layer.weight.detach(), layer.bias.detach())
-            if index == 0:
-                pre.requires_grad_(True)
-            inputs.append(h.detach())
-            outputs.append(pre)
-            h = torch.relu(pre) if index < len(layers) - 1 else pre
-        F = _softmax_output(model.to_logits(h), prior)
-        deltas = torch.autograd.grad((a * F).sum(), outputs)
-    sq_norms = sum(
-        torch.linalg.vector_norm(d, dim=1) ** 2 * (torch.linalg.vector_norm(h_in, dim=1) ** 2 + 1.0)
-        for h_in, d in zip(inputs, deltas, strict=True)
-    )
-    factors = clip_factors(torch.sqrt(sq_norms), clip)
-    parts = []
-    for h_in, d in zip(inputs, deltas, strict=True):
-        scaled = d * factors.unsqueeze(1)
-        parts += [(scaled.T @ h_in).reshape(-1), scaled.sum(0)]
-    return torch.cat(parts)
+    """:func:`clipped_psi_theta_sum` for a TabularModel: d psi_i / d theta = J_F^T a_i is the gradient of
+    ``<a_i, F(x_i)>`` (``a_i`` fixed), through the vmap-free route (`protocols.models.linear_stack_clipped_sum`)."""
+    return linear_stack_clipped_sum(model, x, lambda logits: (a * _softmax_output(logits, prior)).sum(), clip)
 
 
 def project_frobenius(W: torch.Tensor, radius: float) -> torch.Tensor:

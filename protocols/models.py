@@ -17,7 +17,7 @@ ordinary multinomial ``Linear(d, l)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -165,6 +165,47 @@ def clip_factors(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """
     # where(norm > C): the division only matters where norm > C > 0, so it never divides by zero.
     return torch.where(norms > clip_norm, clip_norm / norms, torch.ones_like(norms))
+
+
+def linear_stack_clipped_sum(
+    model: TabularModel, x: torch.Tensor, total: Callable[[torch.Tensor], torch.Tensor], clip_norm: float
+) -> torch.Tensor:
+    """``sum_i clip(grad_theta t_i, C)`` as a flat ``(P,)`` vector (parameter order), where ``total(logits)`` returns
+    ``sum_i t_i`` and record i's term ``t_i`` depends only on record i's logits; no ``vmap``.
+
+    For a Linear layer with input rows ``a_i`` and output gradients ``delta_i`` the per-sample gradients are
+    ``delta_i a_i^T`` (weight) and ``delta_i`` (bias): their squared norm is ``|delta_i|^2 (|a_i|^2 + 1)`` and the
+    clipped sum is ``(f * delta)^T a`` and ``f^T delta`` with the clip factors ``f``. One backward pass of the total
+    gives every ``delta_i``, at a fraction of ``vmap(grad)``'s per-call dispatch (~0.1-0.2 vs ~0.6-0.7 ms at m = 256,
+    d = 102). Why our own: DP-FedSGD, SteFFLe and DP-mu2-FL take one step per round over thousands of rounds. Used by
+    `client.gradients` (the loss) and `protocols.ermi` (the fairness term); tests check both against ``torch.func``.
+    """
+    layers = [layer for layer in (model.hidden, model.head) if layer is not None]
+    if x.shape[1] != layers[0].in_features:
+        raise ValueError(
+            f"x has {x.shape[1]} features but the model was built with num_features={layers[0].in_features}"
+        )
+    inputs, outputs = [], []
+    h = x
+    with torch.enable_grad():
+        for index, layer in enumerate(layers):
+            pre = F.linear(h, layer.weight.detach(), layer.bias.detach())
+            if index == 0:
+                pre.requires_grad_(True)
+            inputs.append(h.detach())
+            outputs.append(pre)
+            h = torch.relu(pre) if index < len(layers) - 1 else pre
+        deltas = torch.autograd.grad(total(model.to_logits(h)), outputs)
+    sq_norms = sum(
+        torch.linalg.vector_norm(d, dim=1) ** 2 * (torch.linalg.vector_norm(a, dim=1) ** 2 + 1.0)
+        for a, d in zip(inputs, deltas, strict=True)
+    )
+    factors = clip_factors(torch.sqrt(sq_norms), clip_norm)
+    parts = []
+    for a, d in zip(inputs, deltas, strict=True):
+        scaled = d * factors.unsqueeze(1)
+        parts += [(scaled.T @ a).reshape(-1), scaled.sum(0)]
+    return torch.cat(parts)
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
