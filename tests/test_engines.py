@@ -69,7 +69,10 @@ def test_same_seed_same_result_and_other_seed_differs(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("algorithm", "extra"), [("fedavg", {"lr": 0.1}), ("dp-fedsgd", {"epsilon": 1.0})])
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [("fedavg", {"lr": 0.1}), ("dp-fedsgd", {"epsilon": 1.0}), ("steffle", {"epsilon": 1.0, "lambda": 1.0})],
+)
 def test_ray_simulation_gives_the_inprocess_result(tmp_path, algorithm: str, extra: dict) -> None:
     config = _config(algorithm, tmp_path, rounds=3, **extra)
     ray = run_job(config, engine="ray", progress=False)
@@ -78,6 +81,7 @@ def test_ray_simulation_gives_the_inprocess_result(tmp_path, algorithm: str, ext
     for name, value in _model(local).items():
         np.testing.assert_array_equal(_model(ray)[name], value)
     assert ray["final"] == local["final"]
+    assert ray["server_state"] == local["server_state"]
     eps = ray["privacy"]["epsilon_spent"]
     assert eps == "inf" if algorithm == "fedavg" else (0 < eps <= 1.0 and not math.isinf(eps))
 
