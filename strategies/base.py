@@ -183,6 +183,7 @@ class SiloflStrategy(Strategy):
         self.timeout = timeout
         self.silo_reports: dict[int, msg.TrainReport] = {}
         self._current: dict[str, np.ndarray] | None = None
+        self.history: RunHistory | None = None
 
     # -- subclass API -----------------------------------------------------------------------------------------------
     def train_instruction(self, server_round: int) -> ConfigRecord:
@@ -308,6 +309,7 @@ class SiloflStrategy(Strategy):
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
         history = RunHistory(arrays=initial_arrays)
+        self.history = history  # kept up to the last completed round if a round fails
         arrays = initial_arrays
         for server_round in range(1, num_rounds + 1):
             t0 = time.perf_counter()
@@ -329,6 +331,8 @@ class SiloflStrategy(Strategy):
                 record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
             record.seconds = time.perf_counter() - t0
             history.rounds.append(record)
+            history.silo_reports = dict(self.silo_reports)
+            history.server_state = self.result_state()
             if on_round is not None:
                 on_round(record)
         history.silo_reports = dict(self.silo_reports)
