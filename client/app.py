@@ -1,7 +1,8 @@
 """The silo's Flower ClientApp: checks every message on receipt, routes it to the silo's algorithm, replies.
 
-Message types (see :mod:`protocols.messages`): ``query.setup`` (describe the silo's data), ``train`` (one round of
-the run's algorithm) and ``evaluate`` (confusion counts on the silo's local test split). Any message that fails its
+Message types (see :mod:`protocols.messages`): ``query.setup`` (describe the silo's data), ``query.groups``
+(SteFFLe: the silo's (group, label) counts through a DP histogram), ``train`` (one round of the run's algorithm,
+`client.rounds.<algorithm>`) and ``evaluate`` (confusion counts on the silo's local test split). Any message that fails its
 checks raises :class:`~protocols.messages.MessageError` before it touches the silo's state; Flower returns the error
 to the server, which stops the run naming the silo and the round.
 
