@@ -2,9 +2,9 @@
 
 Message types (see :mod:`protocols.messages`): ``query.setup`` (describe the silo's data), ``query.groups``
 (SteFFLe: the silo's (group, label) counts through a DP histogram), ``train`` (one round of the run's algorithm,
-`client.rounds.<algorithm>`) and ``evaluate`` (confusion counts on the silo's local test split). Any message that fails its
-checks raises :class:`~protocols.messages.MessageError` before it touches the silo's state; Flower returns the error
-to the server, which stops the run naming the silo and the round.
+`client.rounds.<algorithm>`) and ``evaluate`` (confusion counts on the silo's local test split). Any message that
+fails its checks raises :class:`~protocols.messages.MessageError` before it touches the silo's state; Flower returns
+the error to the server, which stops the run naming the silo and the round.
 
 Keep this module's import path light: a deployed ClientApp is a fresh process for every message (platform.md).
 """

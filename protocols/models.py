@@ -49,11 +49,15 @@ class TabularModel(nn.Module):
         super().__init__()
         self.num_features = num_features
         self.num_labels = num_labels
-        # skip_init builds the layers without drawing from the global RNG; build_model initialises them from a seed.
-        self.hidden: nn.Linear | None = None if hidden is None else nn.utils.skip_init(nn.Linear, num_features, hidden)
+        # Built inside fork_rng so that nn.Linear's default init does not move the global RNG; build_model then
+        # initialises them from a seed. (Not nn.utils.skip_init: its meta-device path imports torch._refs and
+        # torch.fx on first use, ~0.9 s that a deployed ClientApp pays on every message.)
+        with torch.random.fork_rng(devices=[]):
+            self.hidden: nn.Linear | None = None if hidden is None else nn.Linear(num_features, hidden)
         head_in = num_features if hidden is None else hidden
         head_out = 1 if num_labels == 2 else num_labels
-        self.head: nn.Linear = nn.utils.skip_init(nn.Linear, head_in, head_out)
+        with torch.random.fork_rng(devices=[]):
+            self.head: nn.Linear = nn.Linear(head_in, head_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(n, num_labels)`` for a batch ``(n, num_features)``."""

@@ -119,13 +119,19 @@ def run_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from client.data.split_cli import add_data_parser
+    from client.silo_cli import add_silo_parser
     from protocols.privacy.calibrate_cli import add_privacy_parser
+    from server.deploy.cli import add_deploy_parser
 
-    parser = argparse.ArgumentParser(prog="silofl", description=__doc__.split("\n\n")[0].strip("`: "))
+    parser = argparse.ArgumentParser(
+        prog="silofl", description="Cross-silo federated learning with differential privacy and fairness, on Flower."
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(subparsers)
     add_data_parser(subparsers)
     add_privacy_parser(subparsers)
+    add_deploy_parser(subparsers)
+    add_silo_parser(subparsers)
     return parser
 
 

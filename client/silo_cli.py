@@ -1,0 +1,182 @@
+"""`silofl silo start`: how one site joins a deployed federation by hand.
+
+    silofl silo start --data DIR --superlink HOST:PORT [--root-certificates CA.crt --auth-key silo_k.key | --insecure]
+        [--epsilon-budget E] [--deterministic-noise] [--clientapp-port N] [--dry-run]
+
+It loads the silo folder (written by `silofl data split`) once, so that a bad folder fails here with the file named
+instead of at the first message of a run, prints the exact `flower-supernode` command and replaces itself with it
+(`os.execve`): the SuperNode then owns the process id, its signals and its exit code.
+
+Secure by default: TLS (the federation's CA certificate, `--root-certificates`) and SuperNode authentication (the
+site's OpenSSH ECDSA private key, `--auth-key`; its public key must be registered on the SuperLink with
+`flwr supernode register silo_k.pub <connection>`). Flower 1.39 derives the public key from the private one and
+deprecates `--auth-supernode-public-key`, so only the private key is passed. `--insecure` (plain gRPC, no
+authentication) must be asked for explicitly and excludes both.
+
+The node config carries the settings the ClientApp reads: `data-path` (:mod:`client.silo_data`), `epsilon-budget`
+(:mod:`client.privacy_state`), `deterministic-noise` (:mod:`client.randomness`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+__all__ = [
+    "RUNTIME_ENV",
+    "SiloStartError",
+    "add_silo_parser",
+    "node_config_string",
+    "silo_start_command",
+    "supernode_command",
+]
+
+RUNTIME_ENV: dict[str, str] = {
+    # A SuperNode installs nothing unless asked (`--allow-runtime-dependency-installation`); the variable also
+    # keeps any SuperExec it starts from `uv sync`-ing the app (torch from the registry: minutes and GBs).
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    # No network calls from a silo's host that the federation does not need.
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+}
+
+
+class SiloStartError(ValueError):
+    """A `silofl silo start` argument is missing or inconsistent; the message names the flag and the fix."""
+
+
+def _check_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SiloStartError(
+            f"--superlink {address!r}: expected HOST:PORT of the SuperLink's Fleet API, e.g. superlink.example.org:9092"
+        )
+    return address
+
+
+def _existing_file(path: Path | None, flag: str, what: str) -> Path:
+    if path is None:
+        raise SiloStartError(f"{flag} is required ({what}); or pass --insecure to join without TLS and authentication")
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise SiloStartError(f"{flag} {path}: no such file ({what})")
+    return path
+
+
+def node_config_string(data: Path, epsilon_budget: float | None = None, deterministic_noise: bool = False) -> str:
+    """The `--node-config` value: `data-path='...'` (absolute), and the optional privacy settings.
+
+    Flower parses it as space-separated `key=value` pairs whose values are TOML; the path is a TOML literal string
+    (single quotes, no escapes), so it may contain spaces but not a single quote.
+    """
+    path = str(Path(data).expanduser().resolve())
+    if "'" in path or "\n" in path:
+        raise SiloStartError(f"--data {path!r}: Flower's --node-config cannot carry a path with a quote or newline")
+    parts = [f"data-path='{path}'"]
+    if epsilon_budget is not None:
+        if not (epsilon_budget > 0) or math.isnan(epsilon_budget):
+            raise SiloStartError(f"--epsilon-budget must be a positive number, got {epsilon_budget}")
+        if math.isfinite(epsilon_budget):  # inf caps nothing: leave the key out rather than write a non-TOML value
+            parts.append(f"epsilon-budget={float(epsilon_budget)!r}")
+    if deterministic_noise:
+        parts.append("deterministic-noise=true")
+    return " ".join(parts)
+
+
+def supernode_command(args: argparse.Namespace) -> list[str]:
+    """The `flower-supernode` command line for a parsed `silofl silo start` (no side effects beyond file checks)."""
+    superlink = _check_address(str(args.superlink))
+    command = [getattr(args, "supernode_executable", None) or "flower-supernode", "--superlink", superlink]
+    if args.insecure:
+        given = [
+            flag
+            for flag, value in (("--root-certificates", args.root_certificates), ("--auth-key", args.auth_key))
+            if value is not None
+        ]
+        if given:
+            raise SiloStartError(
+                f"--insecure joins without TLS and authentication; drop {' and '.join(given)} or drop --insecure"
+            )
+        command.append("--insecure")
+    else:
+        ca = _existing_file(args.root_certificates, "--root-certificates", "the federation's CA certificate, ca.crt")
+        key = _existing_file(args.auth_key, "--auth-key", "this silo's private key, e.g. silo_0.key")
+        command += ["--root-certificates", str(ca), "--auth-supernode-private-key", str(key)]
+    if args.clientapp_port is not None:
+        if not 0 < int(args.clientapp_port) < 65536:
+            raise SiloStartError(f"--clientapp-port must be a TCP port (1-65535), got {args.clientapp_port}")
+        command += ["--port", str(int(args.clientapp_port))]
+    command += ["--node-config", node_config_string(args.data, args.epsilon_budget, args.deterministic_noise)]
+    return command
+
+
+def _validate_data(data: Path) -> str:
+    """Load the silo folder once; a clear SiloStartError naming the file if it is not a valid silo."""
+    from client.data.silo_store import load_silo
+    from client.data.tabular import DataError
+
+    try:
+        silo = load_silo(Path(data).expanduser())
+    except DataError as exc:
+        raise SiloStartError(f"--data: {exc}") from None
+    return (
+        f"silo {silo.silo_id} of {silo.num_silos} ({silo.info.name}): {len(silo.train)} training and "
+        f"{len(silo.test)} test records"
+    )
+
+
+def silo_start_command(args: argparse.Namespace) -> int:
+    """Validate, print the SuperNode command and exec it (or, with --dry-run, only print it)."""
+    try:
+        summary = _validate_data(args.data)
+        command = supernode_command(args)
+    except SiloStartError as exc:
+        print(f"silofl silo start: {exc}", file=sys.stderr)
+        return 2
+    # The SuperNode of this environment (the same flwr as silofl's), else the first on PATH; the SuperNode starts
+    # `flower-superexec` and `flwr-clientapp` by name, so this environment's scripts go first on PATH too.
+    bin_dir = Path(sys.executable).parent
+    sibling = bin_dir / command[0]
+    executable = str(sibling) if sibling.is_file() else shutil.which(command[0])
+    if executable is None:
+        print(f"silofl silo start: {command[0]} not found on PATH; install flwr in this environment", file=sys.stderr)
+        return 2
+    command[0] = executable
+    print(f"silofl: {summary}", file=sys.stderr)
+    print(shlex.join(command), flush=True)
+    if args.dry_run:
+        return 0
+    env = {**os.environ, **RUNTIME_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    os.execve(executable, command, env)
+    return 0  # pragma: no cover - execve does not return
+
+
+def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `silo start` on the `silofl` command's subparsers (the namespace carries func=silo_start_command)."""
+    silo = subparsers.add_parser("silo", help="run this site's silo", description="Run this site's silo.")
+    silo_sub = silo.add_subparsers(dest="silo_command", metavar="COMMAND", required=True)
+    start = silo_sub.add_parser(
+        "start",
+        help="join a deployed federation: start a Flower SuperNode for one silo folder",
+        description="Validate the silo folder, print the flower-supernode command and run it: TLS and SuperNode "
+        "authentication unless --insecure.",
+    )
+    start.add_argument("--data", type=Path, required=True, metavar="DIR", help="the silo folder (silofl data split)")
+    start.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink's Fleet API address")
+    start.add_argument("--root-certificates", type=Path, metavar="FILE", help="the federation's CA certificate")
+    start.add_argument("--auth-key", type=Path, metavar="FILE", help="this silo's OpenSSH ECDSA private key")
+    start.add_argument("--insecure", action="store_true", help="no TLS, no authentication (trusted networks only)")
+    start.add_argument("--epsilon-budget", type=float, metavar="E", help="cap this silo's epsilon below any run's")
+    start.add_argument(
+        "--deterministic-noise", action="store_true", help="seed noise from the run seed (reproducible, weaker)"
+    )
+    start.add_argument(
+        "--clientapp-port", type=int, metavar="N", help="local port of the SuperNode's ClientApp API (default 9094)"
+    )
+    start.add_argument("--dry-run", action="store_true", help="validate and print the command, do not start it")
+    start.set_defaults(func=silo_start_command)

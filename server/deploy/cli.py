@@ -1,0 +1,124 @@
+"""`silofl deploy`: certificates and a loopback federation of real Flower processes.
+
+    silofl deploy certs --out DIR [--silos N] [--hosts NAME,...] [--overwrite]
+    silofl deploy up --dir DIR --silos N [--data SPLITDIR] [--insecure]
+    silofl deploy down --dir DIR
+
+`add_deploy_parser` registers the commands on the `silofl` console script's subparsers; each parsed namespace
+carries `func`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["add_deploy_parser", "certs_command", "down_command", "up_command"]
+
+
+def _hosts(text: str) -> list[str]:
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if not hosts:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated host names, got {text!r}")
+    return hosts
+
+
+def certs_command(args: argparse.Namespace) -> int:
+    from server.deploy.certs import CertError, make_certs
+
+    try:
+        paths = make_certs(args.out, args.silos, hosts=args.hosts, overwrite=args.overwrite)
+    except CertError as exc:
+        print(f"silofl deploy certs: {exc}", file=sys.stderr)
+        return 2
+    print(f"CA:        {paths.ca_cert} (key {paths.ca_key}: keep it offline)")
+    print(
+        f"SuperLink: {paths.superlink_cert}, {paths.superlink_key} (names: localhost, 127.0.0.1, ::1, "
+        f"{', '.join(args.hosts)})"
+    )
+    for key, pub in zip(paths.silo_keys, paths.silo_public_keys, strict=True):
+        print(f"silo:      {key} -> that site only; {pub} -> `flwr supernode register {pub.name} <connection>`")
+    print(f"all public keys: {paths.public_keys_csv}")
+    return 0
+
+
+def up_command(args: argparse.Namespace) -> int:
+    from server.deploy.local import DeployError, up
+
+    try:
+        dep = up(args.dir, args.silos, data=args.data, insecure=args.insecure)
+    except DeployError as exc:
+        print(f"silofl deploy up: {exc}", file=sys.stderr)
+        return 1
+    mode = "insecure (no TLS, no authentication)" if dep.insecure else "TLS + SuperNode authentication"
+    print(f"SuperLink: Fleet API {dep.fleet_address}, Control API {dep.control_address}; {mode}")
+    for proc in dep.processes:
+        print(f"  {proc.name:<10} pid {proc.pid:<8} log {proc.log}")
+    print("submit a run from the project folder:")
+    print(f"  {dep.submit_command(str(Path(dep.dir) / 'out'))}")
+    print(f"stop: silofl deploy down --dir {dep.dir}")
+    return 0
+
+
+def down_command(args: argparse.Namespace) -> int:
+    from server.deploy.local import DeployError, down
+
+    try:
+        pids = down(args.dir, grace=args.grace)
+    except DeployError as exc:
+        print(f"silofl deploy down: {exc}", file=sys.stderr)
+        return 1
+    print(f"stopped {len(pids)} processes: {' '.join(map(str, pids)) or '(none were running)'}")
+    return 0
+
+
+def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `deploy certs|up|down` on an argparse subparsers object (e.g. the `silofl` command's)."""
+    from server.deploy.certs import DEFAULT_HOSTS
+
+    deploy = subparsers.add_parser("deploy", help="deploy a federation", description="Deploy a federation.")
+    sub = deploy.add_subparsers(dest="deploy_command", metavar="COMMAND", required=True)
+
+    certs = sub.add_parser(
+        "certs",
+        help="a CA, the SuperLink's TLS certificate and one authentication key pair per silo",
+        description="Write ca.crt/ca.key, superlink.crt/superlink.key (signed by the CA), silo_<k>.key/.pub "
+        "(OpenSSH ECDSA P-384, the format Flower 1.39's SuperNode authentication reads) and "
+        "supernode_public_keys.csv into DIR.",
+    )
+    certs.add_argument("--out", type=Path, required=True, metavar="DIR")
+    certs.add_argument("--silos", type=int, default=3, metavar="N", help="key pairs to create (default 3)")
+    certs.add_argument(
+        "--hosts",
+        type=_hosts,
+        default=list(DEFAULT_HOSTS),
+        metavar="NAME,...",
+        help="names the SuperLink is reached at, besides localhost/127.0.0.1/::1 (default: superlink)",
+    )
+    certs.add_argument("--overwrite", action="store_true", help="replace existing files in DIR")
+    certs.set_defaults(func=certs_command)
+
+    up = sub.add_parser(
+        "up",
+        help="start a SuperLink and N SuperNodes on this machine (loopback)",
+        description="Start flower-superlink (TLS + SuperNode authentication unless --insecure) and one "
+        "flower-supernode per silo as background processes; pids and logs in DIR; writes the 'silofl-local' "
+        "connection to DIR/flwr_home/config.toml.",
+    )
+    up.add_argument("--dir", type=Path, required=True, metavar="DIR")
+    up.add_argument("--silos", type=int, required=True, metavar="N")
+    up.add_argument(
+        "--data",
+        type=Path,
+        metavar="SPLITDIR",
+        help="silo_0 ... silo_<N-1> from `silofl data split` (default: "
+        "the embedded synthetic dataset, split into DIR/data)",
+    )
+    up.add_argument("--insecure", action="store_true", help="no TLS and no authentication")
+    up.set_defaults(func=up_command)
+
+    down = sub.add_parser("down", help="stop what `deploy up` started", description="Stop the processes of DIR.")
+    down.add_argument("--dir", type=Path, required=True, metavar="DIR")
+    down.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    down.set_defaults(func=down_command)

@@ -1,0 +1,508 @@
+"""Bring a deployed federation up on one machine (loopback): a Flower SuperLink and N SuperNodes as processes.
+
+This is the real deployment runtime (gRPC Fleet API, one `flwr-clientapp` process per message, TLS and SuperNode
+authentication) with every site on localhost: the documented "bring up / submit / collect / tear down" path, and
+what the loopback tests and `benchmarks/deployment.py` run. Layout of DIR:
+
+* `certs/`: from :func:`server.deploy.certs.make_certs` (reused if present), unless insecure;
+* `data/silo_k/`: the silos' folders when no split is given (the embedded synthetic dataset, `silofl data split`);
+* `superlink/`: the SuperLink's FLWR_HOME (it installs each submitted app under `apps/`) and working directory:
+  the ServerApp runs there, so a relative run-config `out-dir` lands under `DIR/superlink/`;
+* `silo_k/`: SuperNode k's FLWR_HOME and working directory;
+* `logs/`: one log per process; `flwr_home/config.toml`: the `silofl-local` connection for `flwr run`;
+* `deploy.json`: pids (with their start times, so a recycled pid is never signalled), ports and paths.
+
+Every process is started in its own session (process group = its pid): `down` signals each group, and any
+process that descends from ours (Flower's SuperExec, ServerApp and ClientApp processes), SIGTERM first, SIGKILL
+after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from client.silo_cli import RUNTIME_ENV
+
+__all__ = [
+    "CONNECTION",
+    "DeployError",
+    "Deployment",
+    "ProcessInfo",
+    "down",
+    "flower_env",
+    "free_port",
+    "register_supernodes",
+    "start_supernode",
+    "up",
+    "write_connection_config",
+]
+
+CONNECTION = "silofl-local"
+STATE_FILE = "deploy.json"
+STARTUP_TIMEOUT = 60.0
+
+
+class DeployError(RuntimeError):
+    """A deployment step failed; the message names the step and, for a process, the tail of its log."""
+
+
+@dataclass
+class ProcessInfo:
+    """One process `up` started."""
+
+    name: str
+    pid: int
+    start_time: int  # /proc/<pid>/stat field 22: tells our process from a later one that reuses the pid
+    log: str
+    port: int = 0
+
+
+@dataclass
+class Deployment:
+    """What `up` started and where; saved as DIR/deploy.json."""
+
+    dir: str
+    insecure: bool
+    fleet_address: str
+    control_address: str
+    flwr_home: str
+    connection: str = CONNECTION
+    certs: str = ""
+    data: str = ""
+    processes: list[ProcessInfo] = field(default_factory=list)
+
+    def save(self) -> None:
+        path = Path(self.dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, directory: Path) -> Deployment:
+        path = Path(directory) / STATE_FILE
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DeployError(
+                f"{path}: missing; nothing was started in {directory} (or it was already stopped)"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise DeployError(f"{path}: corrupt ({exc}); stop the processes by the pids in DIR/logs") from exc
+        raw["processes"] = [ProcessInfo(**p) for p in raw.get("processes", [])]
+        return cls(**raw)
+
+    def submit_command(self, out_dir: str = "/abs/path/to/out") -> str:
+        """The shell command that submits a run of the app in the current directory to this federation."""
+        return (
+            f"FLWR_HOME={self.flwr_home} flwr run . {self.connection} --stream "
+            f"--run-config 'num-silos={self.num_silos} out-dir=\"{out_dir}\"'"
+        )
+
+    @property
+    def num_silos(self) -> int:
+        return sum(1 for p in self.processes if p.name.startswith("silo_"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _bin_dir() -> Path:
+    """The environment's scripts folder (flower-superlink, flwr, ...): the one this Python runs from."""
+    return Path(sys.executable).parent
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for a Flower process: its own FLWR_HOME, this environment's scripts first on PATH, no installs."""
+    env = dict(os.environ)
+    env.update(RUNTIME_ENV)
+    env["FLWR_HOME"] = str(flwr_home)
+    env["PATH"] = f"{_bin_dir()}{os.pathsep}{env.get('PATH', '')}"
+    # The ServerApp and ClientApp processes import silofl: make the project importable even if not pip-installed.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, start time) of a live process from /proc, None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may contain spaces and parentheses
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _alive(proc: ProcessInfo) -> bool:
+    stat = _proc_stat(proc.pid)
+    return stat is not None and stat[0] != "Z" and stat[2] == proc.start_time
+
+
+def _pid_namespace(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def _parent_pid_arg(pid: int) -> int | None:
+    """The `--parent-pid P` a Flower SuperExec was started with (it watches P): its Flower parent, even orphaned.
+
+    Only for processes in our pid namespace: in a container, P is a pid of the container's namespace."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    if b"--parent-pid" not in args or _pid_namespace(pid) != _pid_namespace("self"):
+        return None
+    with contextlib.suppress(ValueError, IndexError):
+        return int(args[args.index(b"--parent-pid") + 1])
+    return None
+
+
+def _descendants(roots: Sequence[ProcessInfo]) -> list[int]:
+    """Every live process below `roots` in the process tree, counting a SuperExec as the child of its --parent-pid:
+    a SuperNode that exits by itself leaves its SuperExec to init until the SuperExec notices. A root that is gone
+    adopts only processes started after it (its pid may have been reused since)."""
+    table: dict[int, tuple[int, int, int | None]] = {}  # pid -> (ppid, start time, --parent-pid)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) is not None and stat[0] != "Z":
+            table[int(entry.name)] = (stat[1], stat[2], _parent_pid_arg(int(entry.name)))
+    dead_roots = {p.pid: p.start_time for p in roots if not _alive(p)}
+    children: dict[int, list[int]] = {}
+    orphans: list[int] = []  # SuperExecs whose Flower parent (a root) is gone
+    for pid, (ppid, started, parent_arg) in table.items():
+        children.setdefault(ppid, []).append(pid)
+        if parent_arg is not None and parent_arg != ppid:
+            if parent_arg in table:
+                children.setdefault(parent_arg, []).append(pid)
+            elif parent_arg in dead_roots and started >= dead_roots[parent_arg]:
+                orphans.append(pid)
+    found: list[int] = []
+    stack = [p.pid for p in roots if _alive(p)] + orphans
+    found += orphans
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.append(child)
+                stack.append(child)
+    return found
+
+
+def _log_tail(path: str | Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _spawn(name: str, command: list[str], *, cwd: Path, env: dict[str, str], log: Path, port: int = 0) -> ProcessInfo:
+    cwd.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as fh:
+        fh.write(f"$ {' '.join(command)}\n".encode())
+        fh.flush()
+        proc = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    stat = _proc_stat(proc.pid)
+    return ProcessInfo(name=name, pid=proc.pid, start_time=stat[2] if stat else 0, log=str(log), port=port)
+
+
+def _wait_until(check, proc: ProcessInfo, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not _alive(proc):
+            raise DeployError(
+                f"{proc.name} exited while {what}; its log ({proc.log}) ends with:\n{_log_tail(proc.log)}"
+            )
+        time.sleep(0.2)
+    raise DeployError(f"{proc.name}: timed out after {timeout:.0f} s {what}; log {proc.log}:\n{_log_tail(proc.log)}")
+
+
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+def write_connection_config(
+    flwr_home: Path,
+    address: str,
+    *,
+    root_certificates: Path | None = None,
+    insecure: bool = False,
+    name: str = CONNECTION,
+) -> Path:
+    """Write FLWR_HOME/config.toml with one SuperLink connection `name` (also the default) for `flwr run`."""
+    import tomli_w  # ships with flwr (its own config writer)
+
+    if insecure == (root_certificates is not None):
+        raise DeployError("a connection is either insecure or has root certificates (the CA), not both or neither")
+    connection: dict[str, object] = {"address": address}
+    if insecure:
+        connection["insecure"] = True
+    else:
+        connection["root-certificates"] = str(Path(root_certificates).resolve())
+    flwr_home = Path(flwr_home)
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    path.write_text(tomli_w.dumps({"superlink": {"default": name, name: connection}}))
+    return path
+
+
+def register_supernodes(public_keys: Sequence[Path], flwr_home: Path, connection: str = CONNECTION) -> list[int]:
+    """Register SuperNode public keys on the SuperLink (`flwr supernode register`); their node ids, in order."""
+    env = flower_env(Path(flwr_home))
+    node_ids = []
+    for key in public_keys:
+        command = [str(_bin_dir() / "flwr"), "supernode", "register", str(key), connection, "--format", "json"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+        start = done.stdout.find("{")
+        reply = json.loads(done.stdout[start:]) if start >= 0 else {}
+        if done.returncode != 0 or not reply.get("success"):
+            raise DeployError(
+                f"registering {key} failed (exit {done.returncode}): {(done.stdout + done.stderr).strip()[-800:]}"
+            )
+        node_ids.append(int(reply["node-id"]))
+    return node_ids
+
+
+def start_supernode(
+    dep: Deployment, name: str, data: Path, *, auth_key: Path | None, port: int | None = None
+) -> ProcessInfo:
+    """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for."""
+    from argparse import Namespace
+
+    from client.silo_cli import supernode_command
+
+    root = Path(dep.dir)
+    port = port or free_port()
+    args = Namespace(
+        data=Path(data),
+        superlink=dep.fleet_address,
+        root_certificates=None if dep.insecure else Path(dep.certs) / "ca.crt",
+        auth_key=None if dep.insecure else auth_key,
+        insecure=dep.insecure,
+        epsilon_budget=None,
+        deterministic_noise=False,
+        clientapp_port=port,
+        supernode_executable=str(_bin_dir() / "flower-supernode"),
+    )
+    command = supernode_command(args)
+    return _spawn(
+        name, command, cwd=root / name, env=flower_env(root / name), log=root / "logs" / f"{name}.log", port=port
+    )
+
+
+def wait_for_supernode(proc: ProcessInfo, timeout: float = STARTUP_TIMEOUT) -> None:
+    """Until the SuperNode has been accepted by the SuperLink (it logs its node id); DeployError if it exits."""
+    _wait_until(
+        lambda: "SuperNode ID:" in Path(proc.log).read_text(errors="replace"),
+        proc,
+        "connecting to the SuperLink",
+        timeout,
+    )
+
+
+def _silo_folders(data: Path | None, silos: int, root: Path) -> list[Path]:
+    from client.data.silo_store import load_silo
+    from client.data.tabular import DataError
+
+    if data is None:
+        from client.data.federate import load_federation
+        from client.data.silo_store import save_silo
+
+        data = root / "data"
+        if not all((data / f"silo_{k}" / "info.json").is_file() for k in range(silos)):
+            _, parts = load_federation("synthetic", silos)
+            for k, silo in enumerate(parts):
+                save_silo(silo, data / f"silo_{k}")
+    folders = [Path(data).resolve() / f"silo_{k}" for k in range(silos)]
+    for folder in folders:
+        try:
+            silo = load_silo(folder)
+        except DataError as exc:
+            raise DeployError(
+                f"--data: {exc} (expected silo_0 ... silo_{silos - 1} from `silofl data split`)"
+            ) from None
+        if silo.num_silos != silos:
+            raise DeployError(f"--data: {folder} is one of {silo.num_silos} silos, but --silos is {silos}")
+    return folders
+
+
+def up(
+    directory: Path,
+    silos: int,
+    *,
+    data: Path | None = None,
+    insecure: bool = False,
+    timeout: float = STARTUP_TIMEOUT,
+) -> Deployment:
+    """Start a SuperLink (TLS + SuperNode authentication unless `insecure`) and `silos` SuperNodes on loopback.
+
+    Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
+    """
+    from server.deploy.certs import CertPaths, make_certs
+
+    if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
+        raise DeployError(f"--silos must be a positive integer, got {silos!r}")
+    root = Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / STATE_FILE).exists():
+        old = Deployment.load(root)
+        if any(_alive(p) for p in old.processes):
+            raise DeployError(f"{root} already runs a federation; `silofl deploy down --dir {root}` first")
+    folders = _silo_folders(data, silos, root)
+
+    certs = CertPaths.layout(root / "certs", silos)
+    if not insecure and not all(p.exists() for p in certs.files()):
+        certs = make_certs(certs.out, silos)
+    fleet_port, control_port = free_port(), free_port()
+    dep = Deployment(
+        dir=str(root),
+        insecure=insecure,
+        fleet_address=f"127.0.0.1:{fleet_port}",
+        control_address=f"127.0.0.1:{control_port}",
+        flwr_home=str(root / "flwr_home"),
+        certs="" if insecure else str(certs.out),
+        data=str(folders[0].parent),
+    )
+    command = [
+        str(_bin_dir() / "flower-superlink"),
+        "--fleet-api-address", dep.fleet_address,
+        "--host", "127.0.0.1",
+        "--port", str(control_port),
+        "--disable-runtime-dependency-installation",
+    ]  # fmt: skip
+    if insecure:
+        command.append("--insecure")
+    else:
+        command += [
+            "--ssl-ca-certfile", str(certs.ca_cert),
+            "--ssl-certfile", str(certs.superlink_cert),
+            "--ssl-keyfile", str(certs.superlink_key),
+            "--enable-supernode-auth",
+        ]  # fmt: skip
+    try:
+        link_home = root / "superlink"
+        link = _spawn(
+            "superlink",
+            command,
+            cwd=link_home,
+            env=flower_env(link_home),
+            log=root / "logs" / "superlink.log",
+            port=fleet_port,
+        )
+        dep.processes.append(link)
+        dep.save()
+        _wait_until(
+            lambda: _port_open(fleet_port) and _port_open(control_port),
+            link,
+            "starting its Fleet and Control APIs",
+            timeout,
+        )
+        write_connection_config(
+            Path(dep.flwr_home),
+            dep.control_address,
+            root_certificates=None if insecure else certs.ca_cert,
+            insecure=insecure,
+        )
+        if not insecure:
+            register_supernodes(certs.silo_public_keys, Path(dep.flwr_home))
+        for k, folder in enumerate(folders):
+            key = None if insecure else certs.silo_keys[k]
+            dep.processes.append(start_supernode(dep, f"silo_{k}", folder, auth_key=key))
+            dep.save()
+        for proc in dep.processes[1:]:
+            wait_for_supernode(proc, timeout)
+    except BaseException:
+        down(root)
+        raise
+    return dep
+
+
+def _signal(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _reap(pids: Sequence[int]) -> None:
+    """Collect the exit status of our own children (a zombie would look alive to `kill -0`)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _live(pids: Sequence[int]) -> list[int]:
+    return [pid for pid in pids if (stat := _proc_stat(pid)) is not None and stat[0] != "Z"]
+
+
+def _stop(pids: list[int], grace: float) -> list[int]:
+    """SIGTERM `pids`, wait up to `grace` seconds, SIGKILL the rest; the pids that needed SIGKILL."""
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        _reap(pids)
+        if not _live(pids):
+            return []
+        time.sleep(0.1)
+    killed = _live(pids)
+    _signal(killed, signal.SIGKILL)
+    for _ in range(50):
+        _reap(killed)
+        if not _live(killed):
+            break
+        time.sleep(0.1)
+    return killed
+
+
+def down(directory: Path, grace: float = 10.0) -> list[int]:
+    """Stop what `up` started in `directory` (SuperNodes first, then the SuperLink); the pids that were signalled."""
+    root = Path(directory).resolve()
+    dep = Deployment.load(root)
+    signalled: list[int] = []
+    supernodes = [p for p in dep.processes if p.name != "superlink"]
+    link = [p for p in dep.processes if p.name == "superlink"]
+    for group in (supernodes, link):
+        ours = [p.pid for p in group if _alive(p)]
+        # Flower's own children (SuperExec, ServerApp, ClientApp processes); the SuperLink's SuperExec starts its
+        # own session, so a process-group signal would miss it.
+        pids = ours + [pid for pid in _descendants(group) if pid not in ours]
+        _stop(pids, grace)
+        signalled += pids
+    (root / STATE_FILE).rename(root / (STATE_FILE + ".stopped"))
+    return signalled
+
+
+@contextlib.contextmanager
+def running(directory: Path, silos: int, **kwargs) -> Iterator[Deployment]:
+    """`up` ... `down`, also on error: `with running(tmp, 3) as dep: ...`."""
+    dep = up(directory, silos, **kwargs)
+    try:
+        yield dep
+    finally:
+        down(directory)

@@ -1,0 +1,131 @@
+"""`server.deploy.certs`: the CA, the SuperLink certificate and the silos' keys, in the formats Flower 1.39 reads."""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key
+
+from server.deploy.certs import CertError, CertPaths, make_certs
+from server.deploy.cli import add_deploy_parser
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CertPaths:
+    return make_certs(tmp_path_factory.mktemp("certs") / "out", 2, hosts=["superlink", "10.1.2.3", "link.example"])
+
+
+def test_writes_every_file_with_private_keys_0600(certs: CertPaths) -> None:
+    assert certs == CertPaths.layout(certs.out, 2)
+    for path in certs.files():
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if path.suffix == ".key":
+            assert mode == 0o600, path
+        else:
+            assert mode & 0o077 == 0o044, path  # public files are readable by the services that need them
+
+
+def test_superlink_certificate_is_signed_by_the_ca_and_names_every_host(certs: CertPaths) -> None:
+    ca = x509.load_pem_x509_certificate(certs.ca_cert.read_bytes())
+    leaf = x509.load_pem_x509_certificate(certs.superlink_cert.read_bytes())
+    leaf.verify_directly_issued_by(ca)  # raises if the signature or issuer is wrong
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "superlink", "link.example"}
+    assert set(san.get_values_for_type(x509.IPAddress)) == {
+        ipaddress.ip_address(a) for a in ("127.0.0.1", "::1", "10.1.2.3")
+    }
+    key = load_pem_private_key(certs.superlink_key.read_bytes(), None)
+    assert key.public_key().public_numbers() == leaf.public_key().public_numbers()
+
+
+def test_openssl_verifies_the_chain(certs: CertPaths) -> None:
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.skip("no openssl binary")
+    done = subprocess.run(
+        [openssl, "verify", "-CAfile", str(certs.ca_cert), str(certs.superlink_cert)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_silo_keys_are_what_flower_reads(certs: CertPaths) -> None:
+    """The SuperNode loads the private key with load_ssh_private_key; `flwr supernode register` the public one."""
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    csv_keys = certs.public_keys_csv.read_text().strip().split(",")
+    assert len(csv_keys) == 2
+    for k, (key_path, pub_path) in enumerate(zip(certs.silo_keys, certs.silo_public_keys, strict=True)):
+        private = load_ssh_private_key(key_path.read_bytes(), None)
+        assert isinstance(private, ec.EllipticCurvePrivateKey)
+        assert private.curve.name == "secp384r1"
+        registered = try_load_public_key(pub_path)
+        assert registered == public_key_to_bytes(private.public_key())
+        assert csv_keys[k] == pub_path.read_text().strip()
+        assert csv_keys[k].startswith("ecdsa-sha2-nistp384 ") and csv_keys[k].endswith(f" silo_{k}")
+    assert certs.silo_public_keys[0].read_text() != certs.silo_public_keys[1].read_text()
+
+
+def test_refuses_to_overwrite_unless_asked(tmp_path: Path) -> None:
+    first = make_certs(tmp_path, 1, hosts=())
+    before = first.ca_cert.read_bytes()
+    with pytest.raises(CertError, match=r"already holds ca\.crt.*--overwrite"):
+        make_certs(tmp_path, 1)
+    assert first.ca_cert.read_bytes() == before
+    again = make_certs(tmp_path, 1, overwrite=True)
+    assert again.ca_cert.read_bytes() != before
+
+
+@pytest.mark.parametrize(
+    ("silos", "hosts", "match"),
+    [
+        (0, ("superlink",), "silos must be a positive integer"),
+        (True, ("superlink",), "silos must be a positive integer"),
+        (1, "superlink", "sequence of names"),
+        (1, ("bad host",), "not a DNS name"),
+        (1, ("",), "not a DNS name"),
+    ],
+)
+def test_bad_arguments_are_named(tmp_path: Path, silos, hosts, match: str) -> None:
+    with pytest.raises(CertError, match=match):
+        make_certs(tmp_path / "out", silos, hosts=hosts)
+    assert not (tmp_path / "out").exists()
+
+
+def _parse(argv: list[str]):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="silofl")
+    add_deploy_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_cli_writes_certs_and_refuses_a_second_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse(["deploy", "certs", "--out", str(tmp_path), "--silos", "3", "--hosts", "superlink,link.example"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "silo_2.key" in out and "link.example" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in CertPaths.layout(tmp_path, 3).files())
+    assert args.func(args) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_cryptography_is_imported_lazily() -> None:
+    code = (
+        "import sys, server.deploy.cli, server.deploy.certs, server.deploy.local, client.silo_cli; "
+        "print(sorted(m for m in ('cryptography', 'torch', 'flwr') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

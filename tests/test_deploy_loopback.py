@@ -1,0 +1,202 @@
+"""silofl on Flower's deployment runtime, on loopback: a SuperLink and 3 SuperNodes as separate processes with TLS
+and SuperNode authentication (`server.deploy.local`), runs submitted with `flwr run . silofl-local`, and the
+`silofl silo start` command line (`client.silo_cli`).
+
+The federation is started once for the module and always torn down; each message round costs ~10 s in deployment
+(a fresh `flwr-clientapp` process per message, SuperNodes poll every 3 s), so the runs are 2 rounds long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.silo_cli import SiloStartError, add_silo_parser, node_config_string, supernode_command
+from server.deploy import local
+from server.deploy.certs import make_certs
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT = 240
+
+
+def _silo_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="silofl")
+    add_silo_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["silo", "start", *argv])
+
+
+# --- `silofl silo start` (no processes) -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def silo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from client.data.federate import load_federation
+    from client.data.silo_store import save_silo
+
+    root = tmp_path_factory.mktemp("split with space")
+    _, silos = load_federation("synthetic", 2)
+    for k, silo in enumerate(silos):
+        save_silo(silo, root / f"silo_{k}")
+    return root / "silo_0"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory):
+    return make_certs(tmp_path_factory.mktemp("keys"), 1)
+
+
+def test_supernode_command_is_secure_by_default(silo_dir: Path, keys) -> None:
+    args = _silo_args(
+        ["--data", str(silo_dir), "--superlink", "link.example:9092", "--root-certificates", str(keys.ca_cert),
+         "--auth-key", str(keys.silo_keys[0]), "--epsilon-budget", "0.5", "--deterministic-noise",
+         "--clientapp-port", "9200"]
+    )  # fmt: skip
+    command = supernode_command(args)
+    assert command[:3] == ["flower-supernode", "--superlink", "link.example:9092"]
+    assert "--insecure" not in command
+    assert command[command.index("--root-certificates") + 1] == str(keys.ca_cert.resolve())
+    assert command[command.index("--auth-supernode-private-key") + 1] == str(keys.silo_keys[0].resolve())
+    assert command[command.index("--port") + 1] == "9200"
+    node_config = command[command.index("--node-config") + 1]
+    assert node_config == f"data-path='{silo_dir.resolve()}' epsilon-budget=0.5 deterministic-noise=true"
+    # Flower parses it back to what the ClientApp reads (a path with a space survives).
+    from flwr.common.config import parse_config_args
+
+    parsed = parse_config_args([node_config])
+    assert parsed == {"data-path": str(silo_dir.resolve()), "epsilon-budget": 0.5, "deterministic-noise": True}
+
+
+def test_supernode_command_requires_tls_and_key_unless_insecure(silo_dir: Path, keys) -> None:
+    base = ["--data", str(silo_dir), "--superlink", "127.0.0.1:9092"]
+    with pytest.raises(SiloStartError, match="--root-certificates is required"):
+        supernode_command(_silo_args(base))
+    with pytest.raises(SiloStartError, match="--auth-key is required"):
+        supernode_command(_silo_args([*base, "--root-certificates", str(keys.ca_cert)]))
+    with pytest.raises(SiloStartError, match="no such file"):
+        supernode_command(_silo_args([*base, "--root-certificates", str(keys.out / "nope.crt")]))
+    with pytest.raises(SiloStartError, match="drop --auth-key or drop --insecure"):
+        supernode_command(_silo_args([*base, "--insecure", "--auth-key", str(keys.silo_keys[0])]))
+    insecure = supernode_command(_silo_args([*base, "--insecure"]))
+    assert "--insecure" in insecure and "--auth-supernode-private-key" not in insecure
+    with pytest.raises(SiloStartError, match="HOST:PORT"):
+        supernode_command(_silo_args(["--data", str(silo_dir), "--superlink", "127.0.0.1", "--insecure"]))
+    with pytest.raises(SiloStartError, match="positive"):
+        node_config_string(silo_dir, epsilon_budget=0.0)
+    assert "epsilon-budget" not in node_config_string(silo_dir, epsilon_budget=float("inf"))
+
+
+def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, capsys) -> None:
+    args = _silo_args(["--data", str(tmp_path), "--superlink", "127.0.0.1:9092", "--insecure", "--dry-run"])
+    assert args.func(args) == 2
+    assert "info.json: missing" in capsys.readouterr().err
+    args = _silo_args(["--data", str(silo_dir), "--superlink", "127.0.0.1:9092", "--insecure", "--dry-run"])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    first = captured.out.split()
+    assert Path(first[0]).name == "flower-supernode" and Path(first[0]).is_file()
+    assert first[1:4] == ["--superlink", "127.0.0.1:9092", "--insecure"]
+    assert "silo 0 of 2 (synthetic)" in captured.err
+
+
+# --- a deployed federation on loopback ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Deployment]:
+    root = tmp_path_factory.mktemp("federation")
+    dep = local.up(root, 3)
+    try:
+        yield dep
+    finally:
+        current = local.Deployment.load(root)  # tests may have added processes
+        local.down(root, grace=5)
+        left = [p.name for p in current.processes if local._alive(p)]
+        assert not left, f"still running after down: {left}"
+        assert not local._descendants(current.processes)
+
+
+def _flwr_run(dep: local.Deployment, run_config: str) -> subprocess.CompletedProcess[str]:
+    env = local.flower_env(Path(dep.flwr_home))
+    command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+
+def _result(done: subprocess.CompletedProcess[str], out: Path) -> dict:
+    path = out / "result.json"
+    assert path.is_file(), f"no result.json; flwr run said:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_federation_is_up_with_tls_and_authentication(federation: local.Deployment) -> None:
+    assert not federation.insecure
+    assert [p.name for p in federation.processes] == ["superlink", "silo_0", "silo_1", "silo_2"]
+    config = (Path(federation.flwr_home) / "config.toml").read_text()
+    assert "[superlink.silofl-local]" in config and "root-certificates" in config and "insecure" not in config
+    link_log = Path(federation.processes[0].log).read_text()
+    assert "--enable-supernode-auth" in link_log and "SuperNode authentication is disabled" not in link_log
+    done = subprocess.run(
+        [str(local._bin_dir() / "flwr"), "supernode", "ls", federation.connection, "--format", "json"],
+        env=local.flower_env(Path(federation.flwr_home)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    listing = json.loads(done.stdout[done.stdout.index("{") :])
+    assert sorted(n["status"] for n in listing["nodes"]) == ["online"] * 3
+
+
+@pytest.mark.slow
+def test_fedavg_run(federation: local.Deployment, tmp_path: Path) -> None:
+    out = tmp_path / "fedavg"
+    done = _flwr_run(
+        federation,
+        f'algorithm="fedavg" epsilon="inf" rounds=2 epochs=0 eval-every=2 num-silos=3 out-dir="{out}"',
+    )
+    result = _result(done, out)
+    assert len(result["federation"]["silos"]) == 3
+    assert len({s["node_id"] for s in result["federation"]["silos"]}) == 3
+    assert result["federation"]["rounds"] == 2 and len(result["rounds"]) == 2
+    assert 0.5 < result["final"]["accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_private_run(federation: local.Deployment, tmp_path: Path) -> None:
+    out = tmp_path / "dp"
+    done = _flwr_run(
+        federation,
+        f'algorithm="dp-fedsgd" epsilon=1.0 rounds=2 epochs=0 eval-every=2 num-silos=3 out-dir="{out}"',
+    )
+    result = _result(done, out)
+    privacy = result["privacy"]
+    assert privacy["epsilon_target"] == 1.0
+    assert 0 < privacy["epsilon_spent"] <= 1.0
+    assert len(result["federation"]["silos"]) == 3
+    assert 0.0 <= result["final"]["accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_unregistered_supernode_is_refused(federation: local.Deployment, tmp_path: Path) -> None:
+    rogue = make_certs(tmp_path / "rogue", 1)  # signed by nobody the SuperLink knows; key never registered
+    proc = local.start_supernode(federation, "rogue", Path(federation.data) / "silo_0", auth_key=rogue.silo_keys[0])
+    current = local.Deployment.load(Path(federation.dir))
+    current.processes.append(proc)  # so that teardown stops it whatever happens
+    current.save()
+    deadline = time.monotonic() + 60
+    while local._alive(proc) and time.monotonic() < deadline:
+        local._reap([proc.pid])
+        time.sleep(0.2)
+    log = Path(proc.log).read_text()
+    assert not local._alive(proc), f"the unregistered SuperNode is still running:\n{log[-2000:]}"
+    assert "SuperNode ID:" not in log
+    assert "Failed to activate SuperNode" in log
+    link_log = Path(federation.processes[0].log).read_text()
+    assert "No SuperNode found with the given public key" in link_log
+    assert os.path.exists(federation.certs)
