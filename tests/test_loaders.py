@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from client.data import loaders
+from client.data.images import load_digits
 from client.data.loaders import BUILTIN_DATASETS, load_dataset
 from client.data.sources import (
     DATA_DIR_ENV,
@@ -143,7 +144,31 @@ def test_loader_argument_errors(data_dir: Path) -> None:
         load_dataset("adult", data_dir=data_dir, target="sex")
     with pytest.raises(DataError, match=r"sensitive: column\(s\) \['gender'\]"):
         load_dataset("adult", data_dir=data_dir, sensitive=["gender"])
-    assert BUILTIN_DATASETS == ("adult", "credit", "parkinsons", "synthetic")
+    assert BUILTIN_DATASETS == ("adult", "credit", "parkinsons", "synthetic", "mnist", "fashion-mnist", "digits")
+
+
+def test_image_datasets_via_load_dataset(data_dir: Path) -> None:
+    mnist = load_dataset("MNIST", data_dir=data_dir, download=False, seed=5)  # seed does not re-split MNIST
+    assert (len(mnist.train), len(mnist.test)) == (60_000, 10_000)
+    assert mnist.info.num_features == 784 and mnist.info.group_names == ("all",)
+    fashion = load_dataset("fashion-mnist", data_dir=data_dir, download=False)
+    assert fashion.info.label_names[0] == "T-shirt/top"
+    digits = load_dataset("digits", seed=2, test_fraction=0.5)
+    assert (len(digits.train), len(digits.test)) == (898, 899)
+    np.testing.assert_array_equal(
+        digits.test.nonsensitive.features, load_digits(seed=2, test_fraction=0.5).test.nonsensitive.features
+    )
+
+
+def test_image_dataset_argument_errors(data_dir: Path) -> None:
+    with pytest.raises(DataError, match="no sensitive attribute"):
+        load_dataset("mnist", data_dir=data_dir, sensitive=["sex"])
+    with pytest.raises(DataError, match="features cannot be chosen for the image dataset 'digits'"):
+        load_dataset("digits", features=["pixel_0_0"])
+    with pytest.raises(DataError, match="keeps its official 60,000 / 10,000 train/test split"):
+        load_dataset("fashion-mnist", data_dir=data_dir, test_fraction=0.3)
+    with pytest.raises(DataError, match="target is fixed for the built-in dataset 'mnist'"):
+        load_dataset("mnist", data_dir=data_dir, target="label")
 
 
 def test_missing_file_without_download_says_where_to_put_it(tmp_path: Path) -> None:

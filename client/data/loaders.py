@@ -19,9 +19,15 @@ removed from the features, and an `age` sort key for Algorithm 3. Per dataset:
   18 continuous features. Note: rows, not subjects, are split, as in the papers, so a subject's recordings appear
   in both splits.
 * **synthetic**: `synthetic.make_synthetic` with its defaults (no files).
+* **mnist**, **fashion-mnist**: the official 60,000 / 10,000 split of the idx files, 784 pixel features in [0, 1],
+  labels 0..9, no sensitive attribute (one group "all"); see `images.py`. `seed` does not apply (no re-splitting) and
+  `test_fraction` must stay at its default.
+* **digits**: scikit-learn's bundled 8x8 digits (1,797 images, no files), 64 pixel features in [0, 1], split 3:1 by
+  `seed` like the tabular datasets; no sensitive attribute.
 
-For the built-ins, `sensitive` and `features` may override the defaults (e.g. sensitive=("race", "sex") on adult; a
-default sensitive column that is no longer sensitive becomes an ordinary one-hot feature); the target is fixed.
+For the tabular built-ins, `sensitive` and `features` may override the defaults (e.g. sensitive=("race", "sex") on
+adult; a default sensitive column that is no longer sensitive becomes an ordinary one-hot feature); the target is
+fixed. The image datasets take no overrides (their features are pixels and they have no sensitive column).
 """
 
 from __future__ import annotations
@@ -39,13 +45,15 @@ from client.data.generic import (
     categorical_labels,
     load_table_dataset,
 )
+from client.data.images import IMAGE_DATASETS, load_digits, load_mnist
 from client.data.sources import ensure_file
 from client.data.synthetic import SYNTHETIC_LABEL_NAMES, synthetic_frame
 from client.data.tabular import DataError, TabularDataset
 
 __all__ = ["ADULT_COLUMNS", "BUILTIN_DATASETS", "load_dataset"]
 
-BUILTIN_DATASETS = ("adult", "credit", "parkinsons", "synthetic")
+BUILTIN_DATASETS = ("adult", "credit", "parkinsons", "synthetic", *IMAGE_DATASETS)
+_DEFAULT_TEST_FRACTION = 0.25
 
 ADULT_COLUMNS = (
     "age",
@@ -199,12 +207,39 @@ def _load_builtin(
     )
 
 
+def _load_image(
+    key: str,
+    *,
+    data_dir: str | Path | None,
+    seed: int,
+    test_fraction: float,
+    sensitive: list[str] | None,
+    features: list[str] | None,
+    download: bool,
+) -> TabularDataset:
+    if sensitive:
+        raise DataError(
+            f"sensitive={sensitive} does not apply to the image dataset {key!r}: it has no sensitive attribute "
+            "(every record is in the one group 'all'); drop --sensitive"
+        )
+    if features:
+        raise DataError(f"features cannot be chosen for the image dataset {key!r}: its features are all its pixels")
+    if key == "digits":
+        return load_digits(seed=seed, test_fraction=test_fraction)
+    if test_fraction != _DEFAULT_TEST_FRACTION:
+        raise DataError(
+            f"test_fraction={test_fraction} does not apply to {key!r}: it keeps its official 60,000 / 10,000 "
+            "train/test split; drop --test-fraction"
+        )
+    return load_mnist(key, data_dir=data_dir, download=download)
+
+
 def load_dataset(
     name: str,
     *,
     data_dir: str | Path | None = None,
     seed: int = 0,
-    test_fraction: float = 0.25,
+    test_fraction: float = _DEFAULT_TEST_FRACTION,
     target: str | None = None,
     sensitive: Sequence[str] | None = None,
     features: Sequence[str] | None = None,
@@ -215,7 +250,8 @@ def load_dataset(
     data_dir: where the raw files live (default $SILOFL_DATA_DIR, else ~/.cache/silofl/data; see `sources.py`).
     seed / test_fraction: the random train/test split. target / sensitive / features: the columns of a file dataset
     (target and sensitive required; features default to all other columns, non-numeric ones one-hot). For built-ins
-    only `sensitive` and `features` may be overridden. download: fetch missing built-in files from UCI.
+    only `sensitive` and `features` may be overridden (image datasets: nothing). download: fetch missing built-in files
+    from their canonical address.
     """
     sens = _as_list(sensitive)
     feats = _as_list(features)
@@ -225,6 +261,16 @@ def load_dataset(
             raise DataError(
                 f"target is fixed for the built-in dataset {key!r}; drop --target, or load your own "
                 "table as a .csv/.parquet path with --target COLUMN"
+            )
+        if key in IMAGE_DATASETS:
+            return _load_image(
+                key,
+                data_dir=data_dir,
+                seed=seed,
+                test_fraction=test_fraction,
+                sensitive=sens,
+                features=feats,
+                download=download,
             )
         if key == "synthetic":
             frame = synthetic_frame(seed=seed)

@@ -1,15 +1,21 @@
 """Where the built-in datasets' raw files live, and how to fetch and verify them.
 
 The file layout is the one of the shared offline copy (`shared/data`, see its README.md): `adult/adult.data`,
-`adult/adult.test`, `credit_default_taiwan/UCI_Credit_Card.csv`, `parkinsons_telemonitoring/parkinsons_updrs.data`.
+`adult/adult.test`, `credit_default_taiwan/UCI_Credit_Card.csv`, `parkinsons_telemonitoring/parkinsons_updrs.data`,
+and the gzipped idx files of `mnist/` and `fashion_mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`).
 The data directory is, in order: the `data_dir` argument (CLI `--data-dir`), the environment variable
 `SILOFL_DATA_DIR`, else `~/.cache/silofl/data`.
 
-With no local copy and `download=True` a file is fetched from its canonical UCI address (or from the mirror
+With no local copy and `download=True` a file is fetched from its canonical address (or from the mirror
 `SILOFL_DATA_MIRROR`, a base URL with the same layout, e.g. `file:///srv/mirror`), checked against the sha256
 embedded below (the values of `shared/data/SHA256SUMS`), and only then moved into place; on a mismatch the bad
 download is deleted and `ChecksumError` is raised. Files already present are trusted (not re-hashed) so that
 loading stays fast; check them with `sha256sum -c SHA256SUMS`.
+
+Image files: Fashion-MNIST comes from Zalando's own download address (the one its README gives). MNIST comes from
+`ossci-datasets.s3.amazonaws.com/mnist`, PyTorch's byte-identical mirror, not from LeCun's original address
+(`yann.lecun.com/exdb/mnist`): that site answers scripted downloads with HTTP 403 (pytorch/vision#8568) and asks
+scripts not to fetch from it (pytorch/vision#4634). The sha256 is the same either way.
 
 Credit Card default (UCI #350) has no verifiable download: UCI ships it only as an `.xls` workbook, whose bytes we
 have no checksum for and which needs an Excel reader (xlrd) that is not a dependency. Its CSV form must be put in
@@ -49,6 +55,8 @@ MIRROR_ENV = "SILOFL_DATA_MIRROR"
 DEFAULT_CACHE_DIR = Path("~/.cache/silofl/data")
 
 _UCI = "https://archive.ics.uci.edu/ml/machine-learning-databases"
+_MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist"
+_FASHION = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com"
 
 #: Downloads a URL to a local path (the destination's parent exists). Injectable for tests and custom transports.
 Fetch = Callable[[str, Path], None]
@@ -96,6 +104,46 @@ FILES: dict[str, RemoteFile] = {
             None,
             note="the CSV form of UCI dataset #350 'default of credit card clients' (Kaggle "
             "'UCI_Credit_Card.csv'); UCI itself only ships an .xls, which silofl cannot verify or read",
+        ),
+        RemoteFile(
+            "mnist/train-images-idx3-ubyte.gz",
+            "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+            f"{_MNIST}/train-images-idx3-ubyte.gz",
+        ),
+        RemoteFile(
+            "mnist/train-labels-idx1-ubyte.gz",
+            "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+            f"{_MNIST}/train-labels-idx1-ubyte.gz",
+        ),
+        RemoteFile(
+            "mnist/t10k-images-idx3-ubyte.gz",
+            "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+            f"{_MNIST}/t10k-images-idx3-ubyte.gz",
+        ),
+        RemoteFile(
+            "mnist/t10k-labels-idx1-ubyte.gz",
+            "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+            f"{_MNIST}/t10k-labels-idx1-ubyte.gz",
+        ),
+        RemoteFile(
+            "fashion_mnist/train-images-idx3-ubyte.gz",
+            "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+            f"{_FASHION}/train-images-idx3-ubyte.gz",
+        ),
+        RemoteFile(
+            "fashion_mnist/train-labels-idx1-ubyte.gz",
+            "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+            f"{_FASHION}/train-labels-idx1-ubyte.gz",
+        ),
+        RemoteFile(
+            "fashion_mnist/t10k-images-idx3-ubyte.gz",
+            "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+            f"{_FASHION}/t10k-images-idx3-ubyte.gz",
+        ),
+        RemoteFile(
+            "fashion_mnist/t10k-labels-idx1-ubyte.gz",
+            "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+            f"{_FASHION}/t10k-labels-idx1-ubyte.gz",
         ),
     )
 }
