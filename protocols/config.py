@@ -23,7 +23,7 @@ ModelKind = Literal["logreg", "mlp"]
 Accountant = Literal["rdp", "pld", "best"]
 Fairness = Literal["dp", "eo", "eopp"]
 #: Built-in datasets (the silo's loaders, `client.data.loaders.BUILTIN_DATASETS`, serve exactly these).
-BUILTIN_DATASETS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic")
+BUILTIN_DATASETS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic", "mnist", "fashion-mnist", "digits")
 
 
 class ConfigError(ValueError):
