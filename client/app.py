@@ -98,7 +98,7 @@ def train(message: Message, context: Context) -> Message:
     round_fn = _round_function(instr.algorithm)
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG, *round_fn.extra_records}, what=what)
     with _single_thread():
-        model = _model_from_message(message, silo, instr.model, instr.hidden, what)
+        model = _model_from_message(message, silo, instr.model, instr.hidden, what) if round_fn.needs_model else None
         arrays, report = round_fn(model, silo, instr, context, message)
     content = RecordDict(
         {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
@@ -114,6 +114,8 @@ def _round_function(algorithm: str) -> RoundFunction:
         from client.rounds.dp_fedsgd import train_round
     elif algorithm == "steffle":
         from client.rounds.steffle import train_round
+    elif algorithm == "mu2fl":
+        from client.rounds.mu2fl import train_round
     else:  # pragma: no cover - TrainInstruction admits only the algorithms above
         raise msg.MessageError(f"unknown algorithm {algorithm!r}")
     return train_round

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord, Context
 
 from protocols.messages import MessageError
-from protocols.privacy.accountant import calibrate_noise
+from protocols.privacy.accountant import calibrate_noise, epsilon_spent
 from protocols.privacy.ledger import PrivacyLedger
 
 STATE_KEY = "silofl.privacy"
@@ -67,6 +67,7 @@ def noise_plan(
     accountant: str,
     relation: str = "add_remove",
     one_off_share: float = 0.0,
+    noise_multiplier: float | None = None,
 ) -> NoisePlan:
     """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
 
@@ -77,6 +78,9 @@ def noise_plan(
     attribute only); `one_off_share` > 0 reserves that share of the budget for one unsampled release made before the
     rounds (SteFFLe's group-count histogram): its noise multiplier is calibrated for share x budget alone, then the
     rounds' noise for the whole budget with that release in the same composition (not a sum of epsilons).
+
+    `noise_multiplier` given: the algorithm fixes its noise itself (DP-mu2-FL's sigma = 2 S sqrt(T) / rho); nothing is
+    calibrated, and the accountant's epsilon for it is recorded (the ledger still refuses past the budget).
     """
     wanted = {
         "epsilon": epsilon,
@@ -87,6 +91,7 @@ def noise_plan(
         "accountant": accountant,
         "relation": relation,
         "one-off-share": one_off_share,
+        "fixed-multiplier": -1.0 if noise_multiplier is None else noise_multiplier,
     }
     if STATE_KEY in context.state:
         rec = context.state[STATE_KEY]
@@ -99,7 +104,14 @@ def noise_plan(
         return _plan_from(rec)
     budget = silo_budget(context, epsilon)
     one_off = 0.0
-    if math.isinf(budget):
+    if noise_multiplier is not None:
+        multiplier = noise_multiplier
+        eps_back = (
+            epsilon_spent(multiplier, sampling_rate, steps, delta, releases=releases, accountant=accountant)
+            if multiplier > 0
+            else math.inf
+        )
+    elif math.isinf(budget):
         multiplier, eps_back = 0.0, math.inf
     else:
         if one_off_share > 0:

@@ -14,14 +14,15 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Algorithm = Literal["fedavg", "dp-fedsgd", "steffle"]
+Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: Algorithms whose silos add Gaussian noise and keep a privacy ledger.
-PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle"})
+PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl"})
 Partition = Literal["iid", "attribute", "classes", "dirichlet"]
 ModelKind = Literal["logreg", "mlp"]
 Accountant = Literal["rdp", "pld", "best"]
 Fairness = Literal["dp", "eo", "eopp"]
+Trust = Literal["untrusted", "trusted"]
 #: Built-in datasets (the silo's loaders, `client.data.loaders.BUILTIN_DATASETS`, serve exactly these).
 BUILTIN_DATASETS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic", "mnist", "fashion-mnist", "digits")
 
@@ -65,6 +66,13 @@ class RunConfig(BaseModel):
     counts_share: float = Field(
         default=0.1, gt=0.0, lt=1.0, description="steffle: share of each silo's epsilon spent on its group counts"
     )
+    trust: Trust = Field(default="untrusted", description="mu2fl: noise at the silos (untrusted) or at the server")
+    rho: float = Field(
+        default=0.0, ge=0.0, description="mu2fl: the paper's rho ((alpha, alpha rho^2/2)-RDP); 0: use epsilon"
+    )
+    domain_diameter: float = Field(
+        default=0.1, gt=0.0, description="mu2fl: diameter D of the ball K the iterates stay in"
+    )
     epsilon: float = Field(default=math.inf, gt=0.0, description="target epsilon per silo; inf: no noise")
     delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="target delta; 0: 1/n^2 with n the training records")
     accountant: Accountant = "best"
@@ -86,6 +94,12 @@ class RunConfig(BaseModel):
             raise ValueError("give either 'rounds' or 'epochs', not both (set the other to 0)")
         if not self.rounds and not self.epochs:
             raise ValueError("give 'rounds' (communication rounds) or 'epochs' (passes over each silo's data)")
+        if self.algorithm == "mu2fl" and self.model != "logreg":
+            raise ValueError("mu2fl is for convex losses: 'model' must be 'logreg' (multinomial logistic regression)")
+        if self.rho and self.algorithm != "mu2fl":
+            raise ValueError(f"'rho' applies to mu2fl only, not {self.algorithm!r}; use 'epsilon'")
+        if self.rho and math.isfinite(self.epsilon):
+            raise ValueError("give either 'rho' or 'epsilon' for mu2fl, not both")
         if self.algorithm not in PRIVATE_ALGORITHMS and not math.isinf(self.epsilon):
             raise ValueError(
                 f"'epsilon' = {self.epsilon} was given but algorithm '{self.algorithm}' adds no noise; "
@@ -106,7 +120,7 @@ class RunConfig(BaseModel):
     @property
     def private(self) -> bool:
         """Whether the silos add noise (a finite epsilon on a private algorithm)."""
-        return self.algorithm in PRIVATE_ALGORITHMS and math.isfinite(self.epsilon)
+        return self.algorithm in PRIVATE_ALGORITHMS and (math.isfinite(self.epsilon) or self.rho > 0)
 
     def to_run_config(self) -> dict[str, str | int | float | bool]:
         """Flower run-config form (kebab-case keys, only scalars; infinity as the string 'inf')."""

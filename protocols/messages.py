@@ -40,6 +40,7 @@ COUNTS = "counts"
 REPORT = "report"
 FAIRNESS = "fairness"  # steffle: W and the group prior, server -> silo
 FAIR_UPDATE = "fair-update"  # steffle: the noised fairness gradients h_theta and h_W, silo -> server
+PREVIOUS = "previous"  # mu2fl: the previous query point x_{t-1}, server -> silo
 
 ArraySpec = Sequence[tuple[str, tuple[int, ...]]]
 M = TypeVar("M", bound=BaseModel)
@@ -104,7 +105,7 @@ class SiloInfo(_Schema):
 class TrainInstruction(_Schema):
     """Server -> silo, every training round."""
 
-    algorithm: Literal["fedavg", "dp-fedsgd", "steffle"]
+    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl"]
     server_round: int = Field(ge=1)
     total_rounds: int = Field(ge=1)
     model: Literal["logreg", "mlp"] = "logreg"
@@ -120,6 +121,9 @@ class TrainInstruction(_Schema):
     fairness: Literal["dp", "eo", "eopp"] = "dp"
     lam: float = Field(default=0.0, ge=0.0, alias="lambda")
     counts_share: float = Field(default=0.1, gt=0.0, lt=1.0)
+    trust: Literal["untrusted", "trusted"] = "untrusted"
+    rho: float = Field(default=0.0, ge=0.0)
+    domain_diameter: float = Field(default=0.1, gt=0.0)
 
 
 class TrainReport(_Schema):

@@ -125,6 +125,23 @@ def get_parameters(model: nn.Module) -> dict[str, np.ndarray]:
     }
 
 
+def flatten_parameters(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Named arrays as one float64 vector, in the mapping's (parameter) order."""
+    return np.concatenate([np.asarray(a).reshape(-1) for a in arrays.values()]).astype(np.float64)
+
+
+def unflatten_parameters(vector: np.ndarray, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    """A flat vector back into named arrays following `spec` (the inverse of :func:`flatten_parameters`)."""
+    sizes = [math.prod(shape) for _, shape in spec]
+    if vector.shape != (sum(sizes),):
+        raise ValueError(f"vector has shape {vector.shape}, the spec needs ({sum(sizes)},)")
+    out, start = {}, 0
+    for (name, shape), size in zip(spec, sizes, strict=True):
+        out[name] = vector[start : start + size].reshape(shape)
+        start += size
+    return out
+
+
 def set_parameters(model: nn.Module, params: Mapping[str, np.ndarray]) -> None:
     """Load ``params`` into ``model`` in place.
 

@@ -30,7 +30,8 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dataset",
         default="synthetic",
-        help="adult, credit, parkinsons, synthetic (embedded), or a .csv/.parquet file",
+        help="adult, credit, parkinsons, synthetic (embedded), mnist, fashion-mnist, digits (embedded), or a "
+        ".csv/.parquet file",
     )
     p.add_argument("--data-dir", default="", help="folder with the datasets (default: $SILOFL_DATA_DIR)")
     p.add_argument("--target", default="", help="label column (CSV/Parquet dataset)")
@@ -52,6 +53,15 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr-decay-epochs", type=float, default=0.0)
     p.add_argument("--local-epochs", type=int, default=1, help="fedavg: local passes per round")
     p.add_argument("--clip", type=float, default=1.0, help="per-sample gradient clip norm C (steffle: C_theta)")
+    mu2 = p.add_argument_group("mu2fl (private federated convex optimization, anytime averaging)")
+    mu2.add_argument(
+        "--trust",
+        default="untrusted",
+        choices=["untrusted", "trusted"],
+        help="noise at the silos (untrusted server) or one draw at the server (trusted)",
+    )
+    mu2.add_argument("--rho", type=float, default=0.0, help="the paper's rho (instead of --epsilon)")
+    mu2.add_argument("--domain-diameter", type=float, default=0.1, help="diameter D of the ball K (radius D/2)")
     fair = p.add_argument_group("steffle (private and fair learning; --silos 1 is DP-FERMI)")
     fair.add_argument(
         "--fairness",

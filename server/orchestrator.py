@@ -105,6 +105,11 @@ def resolve_rounds(config: RunConfig, federation: Federation) -> int:
     mean_n = federation.n_train / len(federation.silos)
     if config.algorithm == "fedavg":
         return max(1, math.ceil(config.epochs / config.local_epochs))
+    if config.algorithm == "mu2fl":  # one pass: every record of the smallest silo used once
+        if config.epochs > 1:
+            raise ValueError(f"mu2fl makes a single pass over the data: 'epochs' must be <= 1, got {config.epochs}")
+        smallest = min(e.info.n_train for e in federation.silos)
+        return max(1, math.floor(config.epochs * smallest / config.batch_size))
     return max(1, math.ceil(config.epochs * mean_n / config.batch_size))
 
 
@@ -131,7 +136,19 @@ def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.Train
         fairness=config.fairness,
         lam=config.lam,
         counts_share=config.counts_share,
+        trust=config.trust,
+        rho=config.rho,
+        domain_diameter=config.domain_diameter,
     )
+
+
+def mu2_rho(config: RunConfig, delta: float) -> float:
+    """The paper's rho for a mu2fl run: given, or from (epsilon, delta) (Lemma 2.5 inverted); inf if non-private."""
+    from protocols import mu2
+
+    if config.rho > 0:
+        return config.rho
+    return math.inf if math.isinf(config.epsilon) else mu2.epsilon_to_rho(config.epsilon, delta)
 
 
 def groups_round(grid: Grid, federation: Federation, instruction: msg.TrainInstruction, timeout: float) -> np.ndarray:
@@ -153,7 +170,13 @@ def groups_round(grid: Grid, federation: Federation, instruction: msg.TrainInstr
 
 
 def build_strategy(
-    config: RunConfig, federation: Federation, rounds: int, delta: float, *, group_counts: np.ndarray | None = None
+    config: RunConfig,
+    federation: Federation,
+    rounds: int,
+    delta: float,
+    *,
+    group_counts: np.ndarray | None = None,
+    engine: str = "",
 ) -> SiloflStrategy:
     from strategies.fedavg import FedAvg
     from strategies.gradient_step import GradientStep, StepSchedule
@@ -165,6 +188,28 @@ def build_strategy(
     common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
     if config.algorithm == "fedavg":
         return FedAvg(federation, spec, **common)
+    if config.algorithm == "mu2fl":
+        from protocols import mu2
+        from strategies.anytime import AnytimeAveraging
+
+        constants = mu2.Mu2Constants.for_logreg(info.num_features, info.num_labels, D=config.domain_diameter)
+        calibration = mu2.calibrate(
+            constants,
+            num_rounds=rounds,
+            num_silos=len(federation.silos),
+            rho=mu2_rho(config, delta),
+            trusted=config.trust == "trusted",
+            batch_size=config.batch_size,
+            delta=delta,
+        )
+        return AnytimeAveraging(
+            federation,
+            spec,
+            calibration=calibration,
+            radius=constants.radius,
+            seeded=engine in ("inprocess", "ray"),
+            **common,
+        )
     mean_n = federation.n_train / len(federation.silos)
     schedule = StepSchedule(
         config.lr,
@@ -203,10 +248,10 @@ def run_federation(
     counts = None
     if config.algorithm == "steffle":
         counts = groups_round(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
-    strategy = build_strategy(config, federation, rounds, delta, group_counts=counts)
+    strategy = build_strategy(config, federation, rounds, delta, group_counts=counts, engine=engine)
     info = federation.info
     model = build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
-    initial = msg.arrays_record(get_parameters(model))
+    initial = strategy.initial_arrays() or msg.arrays_record(get_parameters(model))
     eval_every = config.eval_every or max(1, rounds // 20)
     if on_start is not None:
         on_start(rounds, federation)

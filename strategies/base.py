@@ -167,6 +167,9 @@ def collect_replies(
 class SiloflStrategy(Strategy):
     """Base of silofl's strategies: subclasses say what to send (`train_instruction`) and how to combine replies."""
 
+    #: dtype of the model arrays the server holds and of the silos' train replies.
+    array_dtype = "float32"
+
     def __init__(
         self,
         federation: Federation,
@@ -189,6 +192,10 @@ class SiloflStrategy(Strategy):
     def train_instruction(self, server_round: int) -> ConfigRecord:
         """What every silo is told this round: the run's instruction with the round number."""
         return self.instruction.model_copy(update={"server_round": server_round}).to_config_record()
+
+    def initial_arrays(self) -> ArrayRecord | None:
+        """The starting model when the algorithm fixes it (e.g. DP-mu2-FL's x_1 = 0); None: the seeded init."""
+        return None
 
     def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
         """The array records of a train message: the model, plus whatever else the algorithm broadcasts."""
@@ -214,7 +221,7 @@ class SiloflStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._current = msg.check_arrays(
-            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, what="server model"
+            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
         )
         instruction = self.train_instruction(server_round)
         instruction.update(config)
@@ -233,7 +240,10 @@ class SiloflStrategy(Strategy):
             msg.check_records(reply.content, {*specs, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
-            arrays = {name: msg.check_arrays(reply.content, name, spec, what=what) for name, spec in specs.items()}
+            arrays = {
+                name: msg.check_arrays(reply.content, name, spec, dtype=self.array_dtype, what=what)
+                for name, spec in specs.items()
+            }
             updates.append((entry, arrays, report))
         new = self.combine(server_round, self._current, updates)
         for entry, _, report in updates:

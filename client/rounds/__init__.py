@@ -24,17 +24,19 @@ RoundResult = tuple[dict[str, dict[str, np.ndarray]], TrainReport]
 
 class RoundFunction(Protocol):
     extra_records: frozenset[str]
+    needs_model: bool  # False: the round reads the model arrays itself (e.g. float64 query points), model=None
 
     def __call__(
         self, model: nn.Module, silo: SiloData, instr: TrainInstruction, context: Context, message: Message
     ) -> RoundResult: ...
 
 
-def with_records(*names: str) -> Callable[[Callable[..., RoundResult]], RoundFunction]:
-    """Declare the extra records a round function's train message carries."""
+def with_records(*names: str, model: bool = True) -> Callable[[Callable[..., RoundResult]], RoundFunction]:
+    """Declare the extra records a round function's train message carries, and whether it wants the torch model."""
 
     def mark(fn: Callable[..., RoundResult]) -> RoundFunction:
         fn.extra_records = frozenset(names)  # type: ignore[attr-defined]
+        fn.needs_model = model  # type: ignore[attr-defined]
         return fn  # type: ignore[return-value]
 
     return mark

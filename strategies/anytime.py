@@ -1,0 +1,79 @@
+"""DP-mu2-FL's server: anytime averaging (the paper's Algorithms 1 and 2, "Server"; `protocols.mu2` has the math).
+
+The server keeps w_t, x_t, x_{t-1} and t in float64. Each round it broadcasts the query points x_t and x_{t-1},
+averages the silos' q_t (equal weights: every silo answers every round), adds one Gaussian draw when it is the
+trusted server (Algorithm 2), and steps: w_{t+1} = Proj_K(w_t - eta qbar), x_{t+1} = t/(t+2) x_t + 2/(t+2) w_{t+1}.
+K is the ball of radius D/2 around 0 and x_1 = 0 (spec). The run's output is x_T (the last query point the silos
+were asked about), as the paper states; x_{T+1} is kept in the server state.
+
+Noise of the trusted server: drawn from (seed, M, t) in simulation (the engines "inprocess" and "ray"), so runs are
+reproducible and match `protocols.mu2.run_mu2_reference`; from the operating system's entropy in a deployment, where
+the silos know the run seed and could otherwise subtract it from the released x_t.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from protocols import messages as msg
+from protocols import mu2
+from protocols.models import flatten_parameters, unflatten_parameters
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate
+
+
+class AnytimeAveraging(SiloflStrategy):
+    """The DP-mu2-FL server (untrusted: silos noise their q_t; trusted: the server noises the mean)."""
+
+    array_dtype = "float64"
+
+    def __init__(self, *args, calibration: mu2.Mu2Calibration, radius: float, seeded: bool, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calibration = calibration
+        self.radius = radius
+        self.seeded = seeded
+        dim = sum(int(np.prod(shape)) for _, shape in self.param_spec)
+        self.w = np.zeros(dim)  # w_1 = x_1 = 0
+        self.x = np.zeros(dim)
+        self.x_prev = np.zeros(dim)  # x_0 = x_1
+
+    def initial_arrays(self) -> ArrayRecord:
+        return msg.arrays_record(unflatten_parameters(self.x, self.param_spec))
+
+    def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        return {
+            msg.MODEL: msg.arrays_record(unflatten_parameters(self.x, self.param_spec)),
+            msg.PREVIOUS: msg.arrays_record(unflatten_parameters(self.x_prev, self.param_spec)),
+        }
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        as32 = {name: a.numpy().astype(np.float32) for name, a in arrays.items()}
+        return list(super().configure_evaluate(server_round, msg.arrays_record(as32), config, grid))
+
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        t = server_round
+        qbar = np.mean([flatten_parameters(arrays[msg.UPDATE]) for _, arrays, _ in updates], axis=0)
+        cal = self.calibration
+        if cal.trusted and cal.sigma > 0:
+            seed = mu2.noise_seed(self.instruction.seed, cal.num_silos, t) if self.seeded else secrets.randbits(63)
+            qbar = qbar + cal.sigma * np.random.default_rng(seed).standard_normal(qbar.shape[0])
+        output = self.x  # x_t
+        self.w, x_next = mu2.server_step(self.w, self.x, qbar, t, cal.eta, self.radius)
+        self.x_prev, self.x = self.x, x_next
+        last = t >= self.instruction.total_rounds
+        return unflatten_parameters(output if last else self.x, self.param_spec)
+
+    def result_state(self) -> dict[str, object]:
+        cal = self.calibration
+        return {
+            "rho": cal.rho,
+            "epsilon_closed_form": cal.epsilon,
+            "sigma": cal.sigma,
+            "eta": cal.eta,
+            "trust": "trusted" if cal.trusted else "untrusted",
+        }

@@ -1,0 +1,86 @@
+"""DP-mu2-FL through the real ServerApp and ClientApp equals the single-machine reference, untrusted and trusted."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from client import randomness
+from client.data.federate import load_federation
+from client.rounds.mu2fl import _order
+from protocols import mu2
+from protocols.config import RunConfig
+from server.engines import run_job
+
+
+def _streams(seed: int, silos: int):
+    _, parts = load_federation("digits", silos, seed=seed)
+    xs, ys = [], []
+    for silo in parts:
+        ctx = Context(
+            run_id=1, node_id=1, node_config={"partition-id": silo.silo_id}, state=RecordDict(), run_config={}
+        )
+        order_seed = randomness.round_seed(
+            ctx, seed=seed, silo_id=silo.silo_id, server_round=0, stream=randomness.SHUFFLE
+        )
+        order = _order(order_seed, len(silo.train))
+        xs.append(silo.train.nonsensitive.features[order].astype(np.float64))
+        ys.append(silo.train.nonsensitive.labels[order])
+    return xs, ys, parts[0].info.num_labels
+
+
+@pytest.mark.parametrize(("trust", "rho"), [("untrusted", 4.0), ("trusted", 8.0), ("untrusted", math.inf)])
+def test_flower_run_matches_the_reference_implementation(trust: str, rho: float) -> None:
+    seed, silos, rounds, batch = 3, 2, 25, 2
+    values = {
+        "algorithm": "mu2fl",
+        "dataset": "digits",
+        "num-silos": silos,
+        "rounds": rounds,
+        "batch-size": batch,
+        "trust": trust,
+        "delta": 1e-5,
+        "seed": seed,
+        "eval-every": rounds,
+    }
+    if math.isfinite(rho):
+        values["rho"] = rho
+    result = run_job(RunConfig.parse(values), progress=False)
+    xs, ys, classes = _streams(seed, silos)
+    reference = mu2.run_mu2_reference(
+        xs, ys, silos, rounds, rho, trust == "trusted", seed, num_classes=classes, batch_size=batch, delta=1e-5
+    )
+    ours = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in result["model"].values()])
+    np.testing.assert_allclose(ours, reference.output, rtol=0, atol=1e-12)
+    if math.isfinite(rho):
+        assert result["server_state"]["sigma"] == pytest.approx(reference.calibration.sigma)
+
+
+def test_untrusted_silos_spend_at_most_the_closed_form_epsilon() -> None:
+    config = RunConfig.parse(
+        {
+            "algorithm": "mu2fl",
+            "dataset": "digits",
+            "num-silos": 2,
+            "epochs": 1.0,
+            "batch-size": 4,
+            "rho": 4.0,
+            "delta": 1e-5,
+        }
+    )
+    result = run_job(config, progress=False)
+    closed = mu2.rho_to_epsilon(4.0, 1e-5)
+    assert 0 < result["privacy"]["epsilon_spent"] <= closed
+    assert result["federation"]["rounds"] == min(s["n_train"] for s in result["federation"]["silos"]) // 4
+
+
+def test_rho_and_epsilon_are_exclusive_and_model_must_be_logreg() -> None:
+    from protocols.config import ConfigError
+
+    with pytest.raises(ConfigError, match="either 'rho' or 'epsilon'"):
+        RunConfig.parse({"algorithm": "mu2fl", "rounds": 3, "rho": 4.0, "epsilon": 1.0})
+    with pytest.raises(ConfigError, match="'model' must be 'logreg'"):
+        RunConfig.parse({"algorithm": "mu2fl", "rounds": 3, "model": "mlp"})
