@@ -124,6 +124,8 @@ def _validate_data(data: Path) -> str:
         silo = load_silo(Path(data).expanduser())
     except DataError as exc:
         raise SiloStartError(f"--data: {exc}") from None
+    except OSError as exc:  # e.g. a folder the silo's user may not read (silo files are written owner-only)
+        raise SiloStartError(f"--data: cannot read {exc.filename or data}: {exc.strerror}") from None
     return (
         f"silo {silo.silo_id} of {silo.num_silos} ({silo.info.name}): {len(silo.train)} training and "
         f"{len(silo.test)} test records"
