@@ -256,28 +256,13 @@ def run_federation(
     if on_start is not None:
         on_start(rounds, federation)
     t_rounds = time.perf_counter()
+    error: Exception | None = None
     try:
         history = strategy.start(grid, initial, num_rounds=rounds, eval_every=eval_every, on_round=on_round)
     except (RoundError, msg.MessageError) as exc:
-        # Keep the server's state as of the last completed round: the model, W, the rounds and the silos' privacy
-        # reports so far, with the reason the run stopped; then stop loudly.
-        history = strategy.history or RunHistory(arrays=initial)
-        t_end = time.perf_counter()
-        result = build_result(
-            config,
-            federation,
-            history,
-            rounds=rounds,
-            delta=delta,
-            engine=engine,
-            total_seconds=t_end - t_start,
-            round_seconds=t_end - t_rounds,
-        )
-        result["status"] = {"completed": False, "rounds_completed": len(history.rounds), "error": str(exc)}
-        if config.out_dir:
-            path = write_result(result, Path(config.out_dir))
-            raise RoundError(f"{exc}\n(the state after round {len(history.rounds)} is in {path})") from exc
-        raise
+        # Keep the server's state as of the last completed round (the model, W, the rounds and the silos' privacy
+        # reports so far) with the reason the run stopped; then stop loudly.
+        history, error = strategy.history or RunHistory(arrays=initial), exc
     t_end = time.perf_counter()
     result = build_result(
         config,
@@ -289,9 +274,13 @@ def run_federation(
         total_seconds=t_end - t_start,
         round_seconds=t_end - t_rounds,
     )
-    result["status"] = {"completed": True, "rounds_completed": rounds, "error": None}
-    if config.out_dir:
-        write_result(result, Path(config.out_dir))
+    completed = len(history.rounds)
+    result["status"] = {"completed": error is None, "rounds_completed": completed, "error": error and str(error)}
+    path = write_result(result, Path(config.out_dir)) if config.out_dir else None
+    if error is not None:
+        if path is not None:
+            raise RoundError(f"{error}\n(the state after round {completed} is in {path})") from error
+        raise error
     return result
 
 
