@@ -64,6 +64,7 @@ __all__ = [
     "noise_multiplier",
     "noise_seed",
     "project_ball",
+    "resolve_rho",
     "rho_to_epsilon",
     "run_mu2_reference",
     "sensitivity",
@@ -205,6 +206,13 @@ def epsilon_to_rho(epsilon: float, delta: float) -> float:
         return math.inf
     # Written as 2 eps / (sqrt(c2 + 2 eps) + sqrt(c2)) to avoid cancellation for small eps.
     return 2.0 * epsilon / (math.sqrt(c2 + 2.0 * epsilon) + math.sqrt(c2))
+
+
+def resolve_rho(rho: float, epsilon: float, delta: float) -> float:
+    """The paper's rho of a run given as rho (> 0) or as (epsilon, delta): Lemma 2.5 inverted; inf: non-private."""
+    if rho > 0:
+        return float(rho)
+    return math.inf if math.isinf(epsilon) else epsilon_to_rho(epsilon, delta)
 
 
 def noise_multiplier(rho: float, num_rounds: int) -> float:

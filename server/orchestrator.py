@@ -142,15 +142,6 @@ def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.Train
     )
 
 
-def mu2_rho(config: RunConfig, delta: float) -> float:
-    """The paper's rho for a mu2fl run: given, or from (epsilon, delta) (Lemma 2.5 inverted); inf if non-private."""
-    from protocols import mu2
-
-    if config.rho > 0:
-        return config.rho
-    return math.inf if math.isinf(config.epsilon) else mu2.epsilon_to_rho(config.epsilon, delta)
-
-
 def groups_round(grid: Grid, federation: Federation, instruction: msg.TrainInstruction, timeout: float) -> np.ndarray:
     """SteFFLe's setup step: the sum over silos of their (noised) records by (sensitive group, label)."""
     info = federation.info
@@ -197,7 +188,7 @@ def build_strategy(
             constants,
             num_rounds=rounds,
             num_silos=len(federation.silos),
-            rho=mu2_rho(config, delta),
+            rho=mu2.resolve_rho(config.rho, config.epsilon, delta),
             trusted=config.trust == "trusted",
             batch_size=config.batch_size,
             delta=delta,

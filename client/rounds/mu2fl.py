@@ -38,15 +38,6 @@ def constants_for(silo: SiloData, diameter: float) -> mu2.Mu2Constants:
     return mu2.Mu2Constants.for_logreg(silo.info.num_features, silo.info.num_labels, D=diameter)
 
 
-def run_rho(instr: msg.TrainInstruction) -> float:
-    """The paper's rho of the run: given, or from (epsilon, delta) (Lemma 2.5 inverted); inf when non-private."""
-    if instr.rho > 0:
-        return instr.rho
-    if math.isinf(instr.epsilon):
-        return math.inf
-    return mu2.epsilon_to_rho(instr.epsilon, instr.delta)
-
-
 @functools.lru_cache(maxsize=8)
 def _order(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
@@ -84,7 +75,7 @@ def train_round(
             "makes one pass: every record is used once)"
         )
     constants = constants_for(silo, instr.domain_diameter)
-    rho = run_rho(instr)
+    rho = mu2.resolve_rho(instr.rho, instr.epsilon, instr.delta)
     sigma = 0.0 if trusted or math.isinf(rho) else mu2.sigma_untrusted(constants.S, instr.total_rounds, rho, b)
     multiplier = 0.0 if math.isinf(rho) else mu2.noise_multiplier(rho, instr.total_rounds)
     spent = math.inf
