@@ -1,13 +1,15 @@
 """Regenerate the DP-mu2-FL paper's Tables 1 and 2 (MNIST, untrusted and trusted) with silofl, next to the paper's.
 
     SILOFL_DATA_DIR=../shared/data python benchmarks/mu2_tables.py [--out docs/mu2_tables.md] [--workers 2]
-        [--silos 1,10,100] [--rhos 4,8,16] [--seed 0] [--batch-size 1]
+        [--silos 1,10,100] [--rhos 4,8,16] [--seed 0] [--batch-size 1] [--no-baselines]
 
-Every cell is one `silofl run mu2fl` through the real ServerApp and ClientApp on the in-process engine: MNIST, IID
-silos, one pass over the 60,000 training records (T = 60,000 / M rounds of b = 1 record per silo), multinomial
-logistic regression, D = 0.1 (K: the ball of radius 0.05, x_1 = 0), delta = 1e-5, the paper's rho. Also the
-non-private run (rho = inf) per M. Cells run in parallel processes (`--workers`); each takes ~1-2 minutes on these
-machines. The table reports test loss / accuracy of x_T and the gap to the paper (target: within 0.01 and 1.5 points).
+Every cell is one `silofl run mu2fl` (or `noisy-sgd`, the spec's baseline at the same rho) through the real
+ServerApp and ClientApp on the in-process engine: MNIST, IID silos, one pass over the 60,000 training records
+(T = 60,000 / M rounds of b = 1 record per silo), multinomial logistic regression, D = 0.1 (K: the ball of radius
+0.05, x_1 = 0), delta = 1e-5, the paper's rho. Also the non-private run (rho = inf) per M. Cells run in parallel
+processes (`--workers`), each ~1-2 minutes on these machines, and are cached in runs/mu2_tables/ (a rerun skips
+finished cells). The table reports test loss / accuracy of x_T and the gap to the paper (target: within 0.01 and
+1.5 points).
 """
 
 from __future__ import annotations
@@ -49,13 +51,19 @@ PAPER = {
 }
 
 
-def run_cell(trust: str, rho: float, silos: int, seed: int, batch: int, data_dir: str) -> dict:
+def run_cell(algorithm: str, trust: str, rho: float, silos: int, seed: int, batch: int, data_dir: str) -> dict:
+    """One cell, cached in runs/mu2_tables/ (a rerun skips finished cells; delete the folder to recompute)."""
+    import json
+
+    cache = Path("runs") / "mu2_tables" / f"{algorithm}-{trust}-rho{rho:g}-M{silos}-b{batch}-s{seed}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
     from protocols.config import RunConfig
     from server.engines import run_job
 
     rounds = 60000 // (silos * batch)
     values = {
-        "algorithm": "mu2fl",
+        "algorithm": algorithm,
         "dataset": "mnist",
         "data-dir": data_dir,
         "num-silos": silos,
@@ -70,7 +78,8 @@ def run_cell(trust: str, rho: float, silos: int, seed: int, batch: int, data_dir
         values["rho"] = rho
     t0 = time.perf_counter()
     result = run_job(RunConfig.parse(values), progress=False)
-    return {
+    cell = {
+        "algorithm": algorithm,
         "trust": trust,
         "rho": rho,
         "silos": silos,
@@ -80,6 +89,9 @@ def run_cell(trust: str, rho: float, silos: int, seed: int, batch: int, data_dir
         "seconds": time.perf_counter() - t0,
         "ms_per_round": 1000 * result["timing"]["seconds_per_round"],
     }
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(cell))
+    return cell
 
 
 def _fmt_eps(value) -> str:
@@ -95,7 +107,9 @@ def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: f
         f"Command: `{command}` ({minutes:.0f} minutes on this machine, seed {args.seed}).",
         "",
         "Each cell: test loss / accuracy of x_T from silofl (in-process engine, real ServerApp and ClientApp), "
-        "then the paper's, then the gap (loss, accuracy points). rho is the paper's ((alpha, alpha rho^2/2)-RDP); "
+        "then the paper's, then the gap (loss, accuracy points). The noisy-SGD rows are the spec's baseline "
+        "(single-pass noisy projected SGD with averaged iterates, same rho, same data; not in the paper). "
+        "rho is the paper's ((alpha, alpha rho^2/2)-RDP); "
         "at delta = 1e-5 it is epsilon = "
         + ", ".join(f"{mu2.rho_to_epsilon(r, 1e-5):.0f} (rho {r:g})" for r in args.rhos)
         + ". `eps` is the largest "
@@ -110,15 +124,25 @@ def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: f
             "| rho | " + " | ".join(f"M = {m}" for m in args.silos) + " |",
             "|---|" + "---|" * len(args.silos),
         ]
-        for rho in [*args.rhos, math.inf]:
-            row = [f"{rho:g}" if math.isfinite(rho) else "non-private"]
+        rows = [("mu2fl", rho) for rho in [*args.rhos, math.inf]]
+        rows += [("noisy-sgd", rho) for rho in args.rhos if args.baselines]
+        for algorithm, rho in rows:
+            label = f"{rho:g}" if math.isfinite(rho) else "non-private"
+            row = [label if algorithm == "mu2fl" else f"noisy SGD, {label}"]
             for m in args.silos:
-                cell = next((c for c in cells if c["trust"] == trust and c["rho"] == rho and c["silos"] == m), None)
+                cell = next(
+                    (
+                        c
+                        for c in cells
+                        if c["algorithm"] == algorithm and c["trust"] == trust and c["rho"] == rho and c["silos"] == m
+                    ),
+                    None,
+                )
                 if cell is None:
                     row.append("-")
                     continue
                 text = f"{cell['loss']:.3f} / {100 * cell['accuracy']:.1f}%"
-                paper = PAPER[trust].get((rho, m)) if math.isfinite(rho) else None
+                paper = PAPER[trust].get((rho, m)) if math.isfinite(rho) and algorithm == "mu2fl" else None
                 if paper is not None:
                     dl, da = cell["loss"] - paper[0], 100 * cell["accuracy"] - paper[1]
                     good = abs(dl) <= 0.01 and abs(da) <= 1.5
@@ -151,21 +175,29 @@ def main() -> None:
     parser.add_argument("--rhos", default="4,8,16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument(
+        "--no-baselines",
+        dest="baselines",
+        action="store_false",
+        help="skip the single-pass noisy-SGD rows (same rho, same data)",
+    )
     args = parser.parse_args()
     args.silos = [int(m) for m in args.silos.split(",")]
     args.rhos = [float(r) for r in args.rhos.split(",")]
     data_dir = os.environ.get("SILOFL_DATA_DIR", "")
-    jobs = [(trust, rho, m) for trust in ("untrusted", "trusted") for rho in args.rhos for m in args.silos]
-    jobs += [("untrusted", math.inf, m) for m in args.silos]
+    algorithms = ["mu2fl", "noisy-sgd"] if args.baselines else ["mu2fl"]
+    jobs = [(a, t, r, m) for a in algorithms for t in ("untrusted", "trusted") for r in args.rhos for m in args.silos]
+    jobs += [("mu2fl", "untrusted", math.inf, m) for m in args.silos]
     t0 = time.perf_counter()
     cells = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_cell, t, r, m, args.seed, args.batch_size, data_dir) for t, r, m in jobs]
+        futures = [pool.submit(run_cell, a, t, r, m, args.seed, args.batch_size, data_dir) for a, t, r, m in jobs]
         for i, future in enumerate(futures, 1):
             cell = future.result()
             cells.append(cell)
             print(
-                f"[{i}/{len(jobs)}] {cell['trust']} rho={cell['rho']:g} M={cell['silos']}: loss {cell['loss']:.4f} "
+                f"[{i}/{len(jobs)}] {cell['algorithm']} {cell['trust']} rho={cell['rho']:g} M={cell['silos']}: "
+                f"loss {cell['loss']:.4f} "
                 f"acc {cell['accuracy']:.4f} ({cell['seconds']:.0f} s)",
                 flush=True,
             )

@@ -114,7 +114,7 @@ def _round_function(algorithm: str) -> RoundFunction:
         from client.rounds.dp_fedsgd import train_round
     elif algorithm == "steffle":
         from client.rounds.steffle import train_round
-    elif algorithm == "mu2fl":
+    elif algorithm in ("mu2fl", "noisy-sgd"):
         from client.rounds.mu2fl import train_round
     else:  # pragma: no cover - TrainInstruction admits only the algorithms above
         raise msg.MessageError(f"unknown algorithm {algorithm!r}")

@@ -14,10 +14,12 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl"]
+Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: Algorithms whose silos add Gaussian noise and keep a privacy ledger.
-PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl"})
+PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl", "noisy-sgd"})
+#: Single-pass convex algorithms on logistic regression (DP-mu2-FL and its noisy-SGD baseline).
+SINGLE_PASS_ALGORITHMS: frozenset[str] = frozenset({"mu2fl", "noisy-sgd"})
 Partition = Literal["iid", "attribute", "classes", "dirichlet"]
 ModelKind = Literal["logreg", "mlp"]
 Accountant = Literal["rdp", "pld", "best"]
@@ -94,12 +96,14 @@ class RunConfig(BaseModel):
             raise ValueError("give either 'rounds' or 'epochs', not both (set the other to 0)")
         if not self.rounds and not self.epochs:
             raise ValueError("give 'rounds' (communication rounds) or 'epochs' (passes over each silo's data)")
-        if self.algorithm == "mu2fl" and self.model != "logreg":
-            raise ValueError("mu2fl is for convex losses: 'model' must be 'logreg' (multinomial logistic regression)")
-        if self.rho and self.algorithm != "mu2fl":
-            raise ValueError(f"'rho' applies to mu2fl only, not {self.algorithm!r}; use 'epsilon'")
+        if self.algorithm in SINGLE_PASS_ALGORITHMS and self.model != "logreg":
+            raise ValueError(
+                f"{self.algorithm} is for convex losses: 'model' must be 'logreg' (multinomial logistic regression)"
+            )
+        if self.rho and self.algorithm not in SINGLE_PASS_ALGORITHMS:
+            raise ValueError(f"'rho' applies to mu2fl and noisy-sgd only, not {self.algorithm!r}; use 'epsilon'")
         if self.rho and math.isfinite(self.epsilon):
-            raise ValueError("give either 'rho' or 'epsilon' for mu2fl, not both")
+            raise ValueError(f"give either 'rho' or 'epsilon' for {self.algorithm}, not both")
         if self.algorithm not in PRIVATE_ALGORITHMS and not math.isinf(self.epsilon):
             raise ValueError(
                 f"'epsilon' = {self.epsilon} was given but algorithm '{self.algorithm}' adds no noise; "

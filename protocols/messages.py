@@ -105,7 +105,7 @@ class SiloInfo(_Schema):
 class TrainInstruction(_Schema):
     """Server -> silo, every training round."""
 
-    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl"]
+    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd"]
     server_round: int = Field(ge=1)
     total_rounds: int = Field(ge=1)
     model: Literal["logreg", "mlp"] = "logreg"

@@ -55,6 +55,7 @@ __all__ = [
     "Mu2Trace",
     "accountant_epsilon",
     "calibrate",
+    "calibrate_noisy_sgd",
     "epsilon_to_rho",
     "eta",
     "logreg_accuracy",
@@ -330,6 +331,46 @@ def calibrate(
         sigma=sigma,
         noise_multiplier=noise_multiplier(rho, T),
         eta=eta(constants, num_rounds=T, num_silos=M, rho=rho, trusted=trusted, batch_size=b),
+    )
+
+
+def calibrate_noisy_sgd(
+    constants: Mu2Constants,
+    *,
+    num_rounds: int,
+    num_silos: int,
+    rho: float,
+    trusted: bool,
+    batch_size: int = 1,
+    delta: float = 1e-5,
+) -> Mu2Calibration:
+    """The spec's baseline: single-pass noisy projected SGD at the same rho, for comparison with DP-mu2-FL.
+
+    Each record is used in exactly one round, so (parallel composition) one Gaussian release per record: a silo's
+    mean gradient over b records moves by at most 2G/b when one record is replaced, so sigma = 2G / (rho b) per silo
+    (untrusted) or 2G / (rho M b) on the server's mean (trusted) gives (alpha, alpha rho^2/2)-RDP, the same unit as
+    DP-mu2-FL. Step size eta = D / sqrt(T (G^2 + d tau^2)), tau the per-coordinate noise std of the mean gradient:
+    the standard rate of projected SGD with averaged iterates for a G-Lipschitz convex loss and noisy gradients.
+    """
+    T = _positive_int("num_rounds", num_rounds)
+    M = _positive_int("num_silos", num_silos)
+    b = _positive_int("batch_size", batch_size)
+    rho = _positive("rho", rho, allow_inf=True)
+    sens = 2.0 * constants.G / b / (M if trusted else 1)
+    sigma = 0.0 if math.isinf(rho) else sens / rho
+    tau = sigma if trusted else sigma / math.sqrt(M)
+    return Mu2Calibration(
+        rho=float(rho),
+        delta=_delta(delta),
+        epsilon=rho_to_epsilon(rho, delta),
+        num_rounds=T,
+        num_silos=M,
+        batch_size=b,
+        trusted=bool(trusted),
+        sensitivity=sens,
+        sigma=sigma,
+        noise_multiplier=0.0 if math.isinf(rho) else 1.0 / rho,
+        eta=constants.D / math.sqrt(T * (constants.G**2 + constants.dim * tau**2)),
     )
 
 

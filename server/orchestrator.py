@@ -105,9 +105,11 @@ def resolve_rounds(config: RunConfig, federation: Federation) -> int:
     mean_n = federation.n_train / len(federation.silos)
     if config.algorithm == "fedavg":
         return max(1, math.ceil(config.epochs / config.local_epochs))
-    if config.algorithm == "mu2fl":  # one pass: every record of the smallest silo used once
+    if config.algorithm in ("mu2fl", "noisy-sgd"):  # one pass: every record of the smallest silo used once
         if config.epochs > 1:
-            raise ValueError(f"mu2fl makes a single pass over the data: 'epochs' must be <= 1, got {config.epochs}")
+            raise ValueError(
+                f"{config.algorithm} makes a single pass over the data: 'epochs' must be <= 1, got {config.epochs}"
+            )
         smallest = min(e.info.n_train for e in federation.silos)
         return max(1, math.floor(config.epochs * smallest / config.batch_size))
     return max(1, math.ceil(config.epochs * mean_n / config.batch_size))
@@ -179,12 +181,13 @@ def build_strategy(
     common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
     if config.algorithm == "fedavg":
         return FedAvg(federation, spec, **common)
-    if config.algorithm == "mu2fl":
+    if config.algorithm in ("mu2fl", "noisy-sgd"):
         from protocols import mu2
         from strategies.anytime import AnytimeAveraging
 
         constants = mu2.Mu2Constants.for_logreg(info.num_features, info.num_labels, D=config.domain_diameter)
-        calibration = mu2.calibrate(
+        calibrate = mu2.calibrate if config.algorithm == "mu2fl" else mu2.calibrate_noisy_sgd
+        calibration = calibrate(
             constants,
             num_rounds=rounds,
             num_silos=len(federation.silos),

@@ -26,7 +26,11 @@ from strategies.base import Arrays, SiloflStrategy, SiloUpdate
 
 
 class AnytimeAveraging(SiloflStrategy):
-    """The DP-mu2-FL server (untrusted: silos noise their q_t; trusted: the server noises the mean)."""
+    """The DP-mu2-FL server (untrusted: silos noise their q_t; trusted: the server noises the mean).
+
+    With algorithm "noisy-sgd" (the spec's baseline) the silos send noised mean gradients at x_t and the server takes
+    a projected SGD step and keeps the uniform average of its iterates (`protocols.mu2.calibrate_noisy_sgd`).
+    """
 
     array_dtype = "float64"
 
@@ -63,7 +67,11 @@ class AnytimeAveraging(SiloflStrategy):
             seed = mu2.noise_seed(self.instruction.seed, cal.num_silos, t) if self.seeded else secrets.randbits(63)
             qbar = qbar + cal.sigma * np.random.default_rng(seed).standard_normal(qbar.shape[0])
         output = self.x  # x_t
-        self.w, x_next = mu2.server_step(self.w, self.x, qbar, t, cal.eta, self.radius)
+        if self.instruction.algorithm == "noisy-sgd":  # projected SGD, uniform average of the iterates w_1..w_{t+1}
+            self.w = mu2.project_ball(self.w - cal.eta * qbar, self.radius)
+            x_next = (t * self.x + self.w) / (t + 1)
+        else:
+            self.w, x_next = mu2.server_step(self.w, self.x, qbar, t, cal.eta, self.radius)
         self.x_prev, self.x = self.x, x_next
         last = t >= self.instruction.total_rounds
         return unflatten_parameters(output if last else self.x, self.param_spec)

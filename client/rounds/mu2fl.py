@@ -74,60 +74,82 @@ def train_round(
             f"{what}: {instr.total_rounds} rounds x batch {b} exceed this silo's {len(silo.train)} records (DP-mu2-FL "
             "makes one pass: every record is used once)"
         )
+    # Rounds strictly in order, each answered once: a round's records are used in that round only (single pass).
+    last = int(context.state[ROUND_KEY]["round"]) if ROUND_KEY in context.state else 0
+    if t != last + 1:
+        raise msg.MessageError(f"{what}: round {t} after round {last}; a silo answers rounds once each, in order")
     constants = constants_for(silo, instr.domain_diameter)
     rho = mu2.resolve_rho(instr.rho, instr.epsilon, instr.delta)
-    sigma = 0.0 if trusted or math.isinf(rho) else mu2.sigma_untrusted(constants.S, instr.total_rounds, rho, b)
-    multiplier = 0.0 if math.isinf(rho) else mu2.noise_multiplier(rho, instr.total_rounds)
+    sgd = instr.algorithm == "noisy-sgd"
+    calibrate = mu2.calibrate_noisy_sgd if sgd else mu2.calibrate
+    cal = calibrate(
+        constants, num_rounds=instr.total_rounds, num_silos=1, rho=rho, trusted=False, batch_size=b, delta=instr.delta
+    )
+    sigma = 0.0 if trusted else cal.sigma
+    multiplier = cal.noise_multiplier
     spent = math.inf
     if not trusted:
         epsilon = math.inf if math.isinf(rho) else mu2.rho_to_epsilon(rho, instr.delta)
+        # DP-mu2-FL: every round's q_t depends on every earlier record, so T releases compose. Noisy SGD: each record
+        # is used in one round only (parallel composition): one release per record, charged once.
         plan = privacy_state.noise_plan(
             context,
             epsilon=epsilon,
             delta=instr.delta,
             sampling_rate=1.0,
-            steps=instr.total_rounds,
+            steps=1 if sgd else instr.total_rounds,
             releases=1,
             accountant=instr.accountant,
             noise_multiplier=multiplier,
         )
         # Charged before anything is computed or released: a refused answer releases nothing.
-        spent = privacy_state.charge(context, plan, server_round=t, silo=f"silo {silo.silo_id}")
+        if sgd and t > 1:
+            spent = privacy_state.spent(context)
+        else:
+            spent = privacy_state.charge(context, plan, server_round=t, silo=f"silo {silo.silo_id}")
 
     rows = record_order(context, silo, instr.seed)[(t - 1) * b : t * b]
     features = silo.train.nonsensitive.features[rows].astype(np.float64)
     labels = silo.train.nonsensitive.labels[rows]
     classes = silo.info.num_labels
     g = mu2.logreg_grad(x_t, features, labels, classes)
+    if sgd:
+        q = g
+        context.state[ROUND_KEY] = ConfigRecord({"round": t})
+        if sigma > 0:
+            q = q + sigma * _noise(context, instr, silo, t).standard_normal(q.shape[0])
+        return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
     d_prev = None
     g_prev = None
     if t > 1:
         if D_KEY not in context.state:
             raise msg.MessageError(f"{what}: round {t} but this silo holds no momentum from round {t - 1}")
-        last = int(context.state[ROUND_KEY]["round"])
-        if last != t - 1:
-            raise msg.MessageError(f"{what}: round {t} follows round {last}; rounds must be consecutive")
         d_prev = context.state[D_KEY]["d"].numpy()
         g_prev = mu2.logreg_grad(x_prev, features, labels, classes)
     d, q = mu2.silo_step(d_prev, g, g_prev, t)
     context.state[D_KEY] = ArrayRecord({"d": Array(d)})
     context.state[ROUND_KEY] = ConfigRecord({"round": t})
     if sigma > 0:
-        noise_rng = np.random.default_rng(
-            randomness.round_seed(
-                context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=randomness.NOISE
-            )
-        )
-        q = q + sigma * noise_rng.standard_normal(q.shape[0])
-    report = msg.TrainReport(
+        q = q + sigma * _noise(context, instr, silo, t).standard_normal(q.shape[0])
+    return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
+
+
+def _noise(context: Context, instr: msg.TrainInstruction, silo: SiloData, t: int) -> np.random.Generator:
+    seed = randomness.round_seed(
+        context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=randomness.NOISE
+    )
+    return np.random.default_rng(seed)
+
+
+def _report(silo: SiloData, t: int, spent: float, multiplier: float) -> msg.TrainReport:
+    return msg.TrainReport(
         silo_id=silo.silo_id,
         server_round=t,
         num_examples=len(silo.train),
         epsilon_spent=spent,
-        noise_multiplier=0.0 if trusted else multiplier,
+        noise_multiplier=multiplier,
         sampling_rate=1.0,
     )
-    return {msg.UPDATE: unflatten_parameters(q, spec)}, report
 
 
 def _allowed(context: Context) -> bool:
