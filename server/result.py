@@ -40,7 +40,12 @@ def build_result(
             "rounds_answered": report.server_round,
         }
     spent = max((r.epsilon_spent for r in history.silo_reports.values()), default=math.inf)
-    privacy_extra = _steffle_privacy(config, history, rounds, delta) if config.algorithm == "steffle" else {}
+    privacy_extra: dict[str, Any] = {}
+    if config.algorithm == "steffle":
+        privacy_extra = _steffle_privacy(config, history, rounds, delta)
+    elif config.algorithm in ("mu2fl", "noisy-sgd") and history.server_state:
+        privacy_extra = _single_pass_privacy(config, history, rounds, delta)
+        spent = privacy_extra.pop("epsilon_spent", spent)
     return {
         "config": config.to_json(),
         "engine": engine,
@@ -116,6 +121,22 @@ def _steffle_privacy(config: RunConfig, history: RunHistory, rounds: int, delta:
     return out
 
 
+def _single_pass_privacy(config: RunConfig, history: RunHistory, rounds: int, delta: float) -> dict[str, Any]:
+    """DP-mu2-FL / noisy SGD: the paper's rho, its closed-form epsilon, and for a trusted server the accountant's
+    epsilon of the server's noise (the silos' messages are not private then; the released x_t are)."""
+    from protocols import mu2
+
+    rho = float(history.server_state["rho"])
+    out: dict[str, Any] = {"rho": _num(rho), "epsilon_closed_form": _num(mu2.rho_to_epsilon(rho, delta))}
+    if config.trust == "trusted":
+        out["trust"] = "trusted server: silos send un-noised messages; the released x_t are DP by the server's noise"
+        if math.isfinite(rho):
+            mu2_run = config.algorithm == "mu2fl"
+            multiplier = mu2.noise_multiplier(rho, rounds) if mu2_run else 1.0 / rho
+            out["epsilon_spent"] = mu2.accountant_epsilon(multiplier, rounds if mu2_run else 1, delta)
+    return out
+
+
 def _mechanism(config: RunConfig) -> str:
     if config.algorithm == "steffle":
         return (
@@ -125,6 +146,17 @@ def _mechanism(config: RunConfig) -> str:
             "s-dependent W-gradients (radius 2/sqrt(rho)), both noised at one multiplier sigma (two releases, one "
             "composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come from "
             "the non-sensitive division's own sample and are sent in the clear (they do not depend on s)"
+        )
+    if config.algorithm == "mu2fl":
+        return (
+            "each round each silo releases q_t = t d_t (corrected momentum over all its records so far; one record "
+            "moves it by at most 2S/b), with Gaussian noise 2S sqrt(T)/(rho b) added in the silo (untrusted) or once at the "
+            "server on the mean (trusted, /M); T rounds compose to (alpha, alpha rho^2/2)-RDP (the paper's Thm 5.1/6.1)"
+        )
+    if config.algorithm == "noisy-sgd":
+        return (
+            "single pass: each record is used in one round; each silo releases its mean gradient (sensitivity 2G/b) "
+            "with Gaussian noise 2G/(rho b) (untrusted; trusted: once at the server, /M): one release per record"
         )
     if config.algorithm == "dp-fedsgd":
         return (

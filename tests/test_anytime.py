@@ -136,3 +136,22 @@ def test_a_silo_refuses_a_replayed_or_skipped_round() -> None:
     assert "once each, in order" in train(1).error.reason
     assert "once each, in order" in train(3).error.reason
     assert not train(2).has_error()
+
+
+def test_trusted_run_reports_the_servers_privacy() -> None:
+    config = RunConfig.parse(
+        {
+            "algorithm": "mu2fl",
+            "dataset": "digits",
+            "num-silos": 2,
+            "rounds": 20,
+            "batch-size": 2,
+            "rho": 4.0,
+            "trust": "trusted",
+            "delta": 1e-5,
+        }
+    )
+    privacy = run_job(config, progress=False)["privacy"]
+    assert privacy["rho"] == 4.0 and "trusted server" in privacy["trust"]
+    assert 0 < privacy["epsilon_spent"] <= privacy["epsilon_closed_form"] == pytest.approx(mu2.rho_to_epsilon(4, 1e-5))
+    assert all(s["epsilon_spent"] == "inf" for s in privacy["per_silo"].values())  # the silos' messages: not private
