@@ -150,8 +150,9 @@ def _mechanism(config: RunConfig) -> str:
     if config.algorithm == "mu2fl":
         return (
             "each round each silo releases q_t = t d_t (corrected momentum over all its records so far; one record "
-            "moves it by at most 2S/b), with Gaussian noise 2S sqrt(T)/(rho b) added in the silo (untrusted) or once at the "
-            "server on the mean (trusted, /M); T rounds compose to (alpha, alpha rho^2/2)-RDP (the paper's Thm 5.1/6.1)"
+            "moves it by at most 2S/b), with Gaussian noise 2S sqrt(T)/(rho b) added in the silo (untrusted) or once "
+            "at the server on the mean (trusted, /M); T rounds compose to (alpha, alpha rho^2/2)-RDP (the paper's "
+            "Theorems 5.1/6.1)"
         )
     if config.algorithm == "noisy-sgd":
         return (
