@@ -25,6 +25,7 @@ from protocols.privacy.ledger import PrivacyLedger
 
 STATE_KEY = "silofl.privacy"
 LEDGER_KEY = "silofl.ledger"
+SPENT_KEY = "silofl.spent"
 BUDGET_KEY = "epsilon-budget"
 
 
@@ -167,8 +168,10 @@ def load_ledger(context: Context, plan: NoisePlan) -> PrivacyLedger:
     )
 
 
-def save_ledger(context: Context, ledger: PrivacyLedger) -> None:
+def save_ledger(context: Context, ledger: PrivacyLedger, spent: float) -> None:
+    """Persist the ledger, and the epsilon it reported for its last charge (read back by :func:`spent`)."""
     context.state[LEDGER_KEY] = ConfigRecord(ledger.to_dict())
+    context.state[SPENT_KEY] = ConfigRecord({"epsilon": spent})
 
 
 def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -> float:
@@ -185,9 +188,9 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
         releases=plan.releases,
         silo=silo,
     )
-    save_ledger(context, ledger)
     if server_round >= plan.steps:
         spent = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
+    save_ledger(context, ledger, spent)
     return spent
 
 
@@ -195,12 +198,13 @@ def charge_one_off(context: Context, plan: NoisePlan, *, silo: str) -> float:
     """Charge the one-off unsampled release (round 0, before any training round); returns the epsilon spent."""
     ledger = load_ledger(context, plan)
     spent = ledger.charge(round=0, noise_multiplier=plan.one_off, sampling_rate=1.0, releases=1, silo=silo)
-    save_ledger(context, ledger)
+    save_ledger(context, ledger, spent)
     return spent
 
 
 def spent(context: Context) -> float:
-    """Epsilon spent so far by this silo in this run (0 before any private answer)."""
-    if LEDGER_KEY not in context.state:
+    """Epsilon spent so far by this silo in this run, as its ledger reported it at the last charge (0 before any
+    private answer). Stored, not recomputed: a PLD evaluation per round would dominate a round that charges nothing."""
+    if SPENT_KEY not in context.state:
         return 0.0
-    return PrivacyLedger.from_dict(dict(context.state[LEDGER_KEY])).spent()
+    return float(context.state[SPENT_KEY]["epsilon"])
