@@ -1,8 +1,9 @@
 """The silo's Flower ClientApp: checks every message on receipt, routes it to the silo's algorithm, replies.
 
 Message types (see :mod:`protocols.messages`): ``query.setup`` (describe the silo's data), ``query.groups``
-(SteFFLe: the silo's (group, label) counts through a DP histogram), ``train`` (one round of the run's algorithm,
-`client.rounds.<algorithm>`) and ``evaluate`` (confusion counts on the silo's local test split). Any message that
+(SteFFLe: the silo's (group, label) counts through a DP histogram), ``query.correlation`` (FedSC: the silo's
+correlation matrix through DP-CalR), ``train`` (one round of the run's algorithm, `client.rounds.<algorithm>`) and
+``evaluate`` (confusion counts on the silo's local test split). Any message that
 fails its checks raises :class:`~protocols.messages.MessageError` before it touches the silo's state; Flower returns
 the error to the server, which stops the run naming the silo and the round.
 
@@ -89,6 +90,23 @@ def groups(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
+@app.query("correlation")
+def correlation(message: Message, context: Context) -> Message:
+    """FedSC: the silo's correlation matrix under the current global model, through DP-CalR (noised here)."""
+    from client.rounds.fedsc import correlation_reply
+
+    silo, _ = _silo(context)
+    what = f"correlation query to silo {silo.silo_id}"
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
+    instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
+    with _single_thread():
+        matrix, report = correlation_reply(silo, instr, context, message)
+    content = RecordDict(
+        {msg.CORRELATION_MATRIX: msg.arrays_record({"R": matrix}), msg.REPORT: report.to_metric_record()}
+    )
+    return Message(content, reply_to=message)
+
+
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """One round of the run's algorithm on this silo."""
@@ -116,6 +134,10 @@ def _round_function(algorithm: str) -> RoundFunction:
         from client.rounds.steffle import train_round
     elif algorithm in ("mu2fl", "noisy-sgd"):
         from client.rounds.mu2fl import train_round
+    elif algorithm == "fedsc":
+        from client.rounds.fedsc import train_round
+    elif algorithm == "fedavg-sc":
+        from client.rounds.fedsc import train_round_fedavg_sc as train_round
     else:  # pragma: no cover - TrainInstruction admits only the algorithms above
         raise msg.MessageError(f"unknown algorithm {algorithm!r}")
     return train_round

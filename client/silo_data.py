@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 from flwr.app import Context
 
 from client.data.tabular import DatasetInfo, SiloData
@@ -70,7 +72,18 @@ def _partitioned(spec: DataSpec) -> tuple[SiloData, ...]:
         classes_per_silo=spec.classes_per_silo,
         dirichlet_alpha=spec.dirichlet_alpha,
     )
+    if spec.max_train_records:
+        silos = [_capped(silo, spec.max_train_records, spec.seed) for silo in silos]
     return tuple(silos)
+
+
+def _capped(silo: SiloData, cap: int, seed: int) -> SiloData:
+    """The silo with at most `cap` training records: a seeded uniform subsample, kept in the original order."""
+    if len(silo.train) <= cap:
+        return silo
+    rng = np.random.default_rng([seed, silo.silo_id, 0x5EED])
+    keep = np.sort(rng.choice(len(silo.train), size=cap, replace=False))
+    return dataclasses.replace(silo, train=silo.train.subset(keep))
 
 
 def schema_hash(info: DatasetInfo) -> str:

@@ -14,19 +14,34 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd"]
+Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: Algorithms whose silos add Gaussian noise and keep a privacy ledger.
-PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl", "noisy-sgd"})
+PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc"})
+#: Federated self-supervised learning (spectral contrastive): FedSC and its baseline FedAvg+SC.
+SSL_ALGORITHMS: frozenset[str] = frozenset({"fedsc", "fedavg-sc"})
 #: Single-pass convex algorithms on logistic regression (DP-mu2-FL and its noisy-SGD baseline).
 SINGLE_PASS_ALGORITHMS: frozenset[str] = frozenset({"mu2fl", "noisy-sgd"})
 Partition = Literal["iid", "attribute", "classes", "dirichlet"]
-ModelKind = Literal["logreg", "mlp"]
+ModelKind = Literal["logreg", "mlp", "cnn", "resnet20"]
+#: Backbones of the self-supervised algorithms (`protocols.ssl_models`).
+SSL_MODELS: frozenset[str] = frozenset({"cnn", "resnet20"})
+CalrRelation = Literal["replace_one", "add_remove"]
+EvalData = Literal["central", "none"]
 Accountant = Literal["rdp", "pld", "best"]
 Fairness = Literal["dp", "eo", "eopp"]
 Trust = Literal["untrusted", "trusted"]
 #: Built-in datasets (the silo's loaders, `client.data.loaders.BUILTIN_DATASETS`, serve exactly these).
-BUILTIN_DATASETS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic", "mnist", "fashion-mnist", "digits")
+BUILTIN_DATASETS: tuple[str, ...] = (
+    "adult",
+    "credit",
+    "parkinsons",
+    "synthetic",
+    "mnist",
+    "fashion-mnist",
+    "digits",
+    "cifar10",
+)
 
 
 class ConfigError(ValueError):
@@ -51,6 +66,9 @@ class RunConfig(BaseModel):
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)
     classes_per_silo: int = Field(default=2, ge=1)
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    max_train_records: int = Field(
+        default=0, ge=0, description="cap on each silo's training records (seeded subsample); 0: all"
+    )
     model: ModelKind = "logreg"
     hidden: int = Field(default=64, ge=1, le=65536)
     rounds: int = Field(default=0, ge=0, le=10_000_000, description="communication rounds; 0: derived from epochs")
@@ -75,6 +93,32 @@ class RunConfig(BaseModel):
     domain_diameter: float = Field(
         default=0.1, gt=0.0, description="mu2fl: diameter D of the ball K the iterates stay in"
     )
+    projection_dim: int = Field(default=128, ge=1, le=8192, description="fedsc: dimension H of the representation z")
+    width: int = Field(default=1, ge=1, le=64, description="fedsc: backbone width multiplier (resnet20 x8: 512-d)")
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="fedsc: local SGD momentum")
+    weight_decay: float = Field(default=5e-4, ge=0.0, description="fedsc: local SGD weight decay")
+    grad_clip: float = Field(default=3.0, gt=0.0, description="fedsc: local gradient-norm clip (not a DP clip)")
+    mu: float = Field(default=4.0, gt=0.0, description="fedsc: representations are clipped to norm sqrt(mu)")
+    views: int = Field(default=2, ge=1, le=64, description="fedsc: augmented views per record in DP-CalR")
+    alpha_end: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="fedsc: alpha decays linearly from 1 to this (paper eq. 80)"
+    )
+    share_start: int = Field(default=1, ge=1, description="fedsc: first round the silos share correlation matrices")
+    share_every: int = Field(default=1, ge=1, description="fedsc: rounds between two shares")
+    participation: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="fedsc: fraction of silos sampled per round (all in round 1)"
+    )
+    calr_relation: CalrRelation = Field(
+        default="replace_one", description="fedsc: neighbouring relation of DP-CalR's sensitivity"
+    )
+    eval_data: EvalData = Field(
+        default="central",
+        description="fedsc: 'central' = linear probe and kNN on the dataset's train/test split at the server "
+        "(the paper's protocol; simulation or a server with its own copy); 'none' = no evaluation",
+    )
+    probe_epochs: int = Field(default=30, ge=1, le=10_000, description="fedsc: linear-probe epochs (Adam 3e-3)")
+    knn_k: int = Field(default=200, ge=1, description="fedsc: neighbours of the kNN monitor")
+    knn_tau: float = Field(default=0.1, gt=0.0, description="fedsc: temperature of the kNN monitor")
     epsilon: float = Field(default=math.inf, gt=0.0, description="target epsilon per silo; inf: no noise")
     delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="target delta; 0: 1/n^2 with n the training records")
     accountant: Accountant = "best"
@@ -96,6 +140,13 @@ class RunConfig(BaseModel):
             raise ValueError("give either 'rounds' or 'epochs', not both (set the other to 0)")
         if not self.rounds and not self.epochs:
             raise ValueError("give 'rounds' (communication rounds) or 'epochs' (passes over each silo's data)")
+        if self.algorithm in SSL_ALGORITHMS and self.model not in SSL_MODELS:
+            raise ValueError(
+                f"{self.algorithm} learns representations of images: 'model' must be one of {sorted(SSL_MODELS)} "
+                f"(got {self.model!r})"
+            )
+        if self.algorithm not in SSL_ALGORITHMS and self.model in SSL_MODELS:
+            raise ValueError(f"model {self.model!r} is a self-supervised backbone: use it with fedsc or fedavg-sc")
         if self.algorithm in SINGLE_PASS_ALGORITHMS and self.model != "logreg":
             raise ValueError(
                 f"{self.algorithm} is for convex losses: 'model' must be 'logreg' (multinomial logistic regression)"

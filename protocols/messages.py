@@ -13,6 +13,9 @@ Message types (Flower `message_type`):
 * ``query.groups`` (steffle) server -> silo: :class:`TrainInstruction` of round 1; reply arrays ``counts``: the
   silo's records by (group, label), through a Gaussian histogram that spends `counts-share` of the silo's epsilon
   (exact when the run is non-private).
+* ``query.correlation`` (fedsc) server -> silo: arrays ``model`` + :class:`TrainInstruction`; reply arrays
+  ``correlation`` (the silo's H x H correlation matrix through DP-CalR, float64) + :class:`CorrelationReport`. The
+  train message of a FedSC round then carries ``others`` (R_{-j}, the other silos' aggregate) besides the model.
 * ``evaluate``     server -> silo: arrays ``model`` + :class:`EvaluateInstruction`; reply arrays ``counts`` +
   :class:`EvaluateReport`.
 """
@@ -29,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SETUP = "query.setup"
 GROUPS = "query.groups"
+CORRELATION = "query.correlation"
 TRAIN = "train"
 EVALUATE = "evaluate"
 
@@ -38,6 +42,9 @@ MODEL = "model"
 UPDATE = "update"
 COUNTS = "counts"
 REPORT = "report"
+#: FedSC: a silo's DP correlation matrix (reply to query.correlation), the others' aggregate sent with `train`.
+CORRELATION_MATRIX = "correlation"
+OTHERS = "others"
 FAIRNESS = "fairness"  # steffle: W and the group prior, server -> silo
 FAIR_UPDATE = "fair-update"  # steffle: the noised fairness gradients h_theta and h_W, silo -> server
 PREVIOUS = "previous"  # mu2fl: the previous query point x_{t-1}, server -> silo
@@ -84,6 +91,7 @@ class DataSpec(_Schema):
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)
     classes_per_silo: int = Field(default=2, ge=1)
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    max_train_records: int = Field(default=0, ge=0)
     seed: int = Field(default=0, ge=0)
 
 
@@ -105,10 +113,10 @@ class SiloInfo(_Schema):
 class TrainInstruction(_Schema):
     """Server -> silo, every training round."""
 
-    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd"]
+    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc"]
     server_round: int = Field(ge=1)
     total_rounds: int = Field(ge=1)
-    model: Literal["logreg", "mlp"] = "logreg"
+    model: Literal["logreg", "mlp", "cnn", "resnet20"] = "logreg"
     hidden: int = Field(default=64, ge=1)
     batch_size: int = Field(ge=1)
     lr: float = Field(gt=0.0)
@@ -124,6 +132,17 @@ class TrainInstruction(_Schema):
     trust: Literal["untrusted", "trusted"] = "untrusted"
     rho: float = Field(default=0.0, ge=0.0)
     domain_diameter: float = Field(default=0.1, gt=0.0)
+    # fedsc / fedavg-sc (see protocols.config.RunConfig for their meaning)
+    projection_dim: int = Field(default=128, ge=1)
+    width: int = Field(default=1, ge=1)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=5e-4, ge=0.0)
+    grad_clip: float = Field(default=3.0, gt=0.0)
+    mu: float = Field(default=4.0, gt=0.0)
+    views: int = Field(default=2, ge=1)
+    alpha: float = Field(default=1.0, ge=0.0, le=1.0, description="fedsc: this round's alpha_t (eq. 80)")
+    planned_shares: int = Field(default=0, ge=0, description="fedsc: correlation shares the schedule can ask for")
+    calr_relation: Literal["replace_one", "add_remove"] = "replace_one"
 
 
 class TrainReport(_Schema):
@@ -144,11 +163,22 @@ class GroupsReport(_Schema):
     epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after the histogram (inf: no noise)")
 
 
+class CorrelationReport(_Schema):
+    """Silo -> server with its DP correlation matrix (array record `correlation`, FedSC's DP-CalR)."""
+
+    silo_id: int = Field(ge=0)
+    server_round: int = Field(ge=1)
+    num_examples: int = Field(ge=1, description="n_j (public, from setup): the weight q_j = n_j / n")
+    epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after this share (inf: no noise)")
+    shares: int = Field(ge=1, description="correlation matrices this silo has released in the run, this one included")
+    noise_std: float = Field(ge=0.0, description="sigma of the Gaussian noise on every entry")
+
+
 class EvaluateInstruction(_Schema):
     """Server -> silo: evaluate this model on the silo's local test split."""
 
     server_round: int = Field(ge=0)
-    model: Literal["logreg", "mlp"] = "logreg"
+    model: Literal["logreg", "mlp", "cnn", "resnet20"] = "logreg"
     hidden: int = Field(default=64, ge=1)
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from protocols.config import ALGORITHMS, ConfigError, RunConfig
+from protocols.config import ALGORITHMS, SSL_ALGORITHMS, ConfigError, RunConfig
 from strategies.base import RoundError
 
 
@@ -42,7 +42,12 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--heterogeneity", type=float, default=0.0, help="h in [0, 1] for --partition attribute")
     p.add_argument("--classes-per-silo", type=int, default=2)
     p.add_argument("--dirichlet-alpha", type=float, default=0.5)
-    p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
+    p.add_argument(
+        "--model",
+        default="",
+        choices=["logreg", "mlp", "cnn", "resnet20"],
+        help="default: logreg; cnn for fedsc/fedavg-sc",
+    )
     p.add_argument("--hidden", type=int, default=64, help="hidden units of --model mlp")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--rounds", type=int, default=0, help="communication rounds")
@@ -75,6 +80,29 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     fair.add_argument(
         "--counts-share", type=float, default=0.1, help="share of each silo's epsilon spent on its group counts"
     )
+    ssl = p.add_argument_group("fedsc / fedavg-sc (federated spectral contrastive learning; images)")
+    ssl.add_argument("--projection-dim", type=int, default=128, help="dimension H of the representation z")
+    ssl.add_argument("--width", type=int, default=1, help="backbone width multiplier (resnet20 x8: 512 features)")
+    ssl.add_argument("--momentum", type=float, default=0.9)
+    ssl.add_argument("--weight-decay", type=float, default=5e-4)
+    ssl.add_argument("--grad-clip", type=float, default=3.0, help="local gradient-norm clip (not a DP clip)")
+    ssl.add_argument("--mu", type=float, default=4.0, help="representations clipped to norm sqrt(mu)")
+    ssl.add_argument("--views", type=int, default=2, help="augmented views per record in DP-CalR")
+    ssl.add_argument("--alpha-end", type=float, default=0.2, help="alpha decays linearly from 1 to this (eq. 80)")
+    ssl.add_argument("--share-start", type=int, default=1, help="first round of correlation sharing")
+    ssl.add_argument("--share-every", type=int, default=1, help="rounds between two shares")
+    ssl.add_argument("--participation", type=float, default=1.0, help="fraction of silos per round (all in round 1)")
+    ssl.add_argument("--calr-relation", default="replace_one", choices=["replace_one", "add_remove"])
+    ssl.add_argument(
+        "--eval-data",
+        default="central",
+        choices=["central", "none"],
+        help="linear probe + kNN at the server on the dataset's labelled train/test split (central) or no evaluation",
+    )
+    ssl.add_argument("--probe-epochs", type=int, default=30, help="linear-probe epochs (Adam 3e-3)")
+    ssl.add_argument("--knn-k", type=int, default=200)
+    ssl.add_argument("--knn-tau", type=float, default=0.1)
+    ssl.add_argument("--max-train-records", type=int, default=0, help="cap on each silo's training records (0: all)")
     p.add_argument("--epsilon", default="inf", help="privacy target per silo (inf: no noise)")
     p.add_argument("--delta", type=float, default=0.0, help="privacy delta (0: 1/n^2)")
     p.add_argument("--accountant", default="best", choices=["rdp", "pld", "best"])
@@ -91,6 +119,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig for a `silofl run` command line."""
     keys = [name for name in RunConfig.model_fields if name != "algorithm" and hasattr(args, name)]
     values = {name: getattr(args, name) for name in keys}
+    if not values.get("model"):
+        values["model"] = "cnn" if args.algorithm in SSL_ALGORITHMS else "logreg"
     if not values.get("rounds") and not values.get("epochs"):
         values["epochs"] = 5.0
     if not values.get("out_dir"):
@@ -108,6 +138,8 @@ def run_command(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     result = run_job(config, engine=args.engine, progress=not args.no_progress)
     final, privacy, timing = result["final"], result["privacy"], result["timing"]
+    if config.algorithm in SSL_ALGORITHMS:
+        return _print_ssl(config, result, args.engine)
     table = Table(
         title=f"{config.algorithm} on {config.dataset}: {config.num_silos} silos, "
         f"{result['federation']['rounds']} rounds, {args.engine} engine"
@@ -120,6 +152,30 @@ def run_command(args: argparse.Namespace) -> int:
         eps if isinstance(eps, str) else f"{eps:.4f}",
         f"{privacy['delta']:.1e}",
         f"{timing['seconds_per_round']:.4f}",
+    )
+    console = Console()
+    console.print(table)
+    console.print(f"result: {Path(config.out_dir) / 'result.json'}")
+    return 0
+
+
+def _print_ssl(config: RunConfig, result: dict, engine: str) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    final, privacy, timing = result["final"], result["privacy"], result["timing"]
+    table = Table(
+        title=f"{config.algorithm} on {config.dataset}: {config.num_silos} silos, "
+        f"{result['federation']['rounds']} rounds, {engine} engine"
+    )
+    for col in ("linear probe acc.", "kNN acc.", "eps spent", "delta", "s/round"):
+        table.add_column(col, justify="right")
+    eps = privacy["epsilon_spent"]
+    table.add_row(
+        *("-" if final.get(k) is None else f"{final[k]:.4f}" for k in ("accuracy", "knn_accuracy")),
+        eps if isinstance(eps, str) else f"{eps:.4f}",
+        f"{privacy['delta']:.1e}",
+        f"{timing['seconds_per_round']:.2f}",
     )
     console = Console()
     console.print(table)

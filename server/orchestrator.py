@@ -24,7 +24,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from protocols import messages as msg
-from protocols.config import RunConfig
+from protocols.config import SSL_ALGORITHMS, RunConfig
 from protocols.models import build_model, get_parameters, parameter_spec
 from server.result import build_result, write_result
 from strategies.base import (
@@ -56,6 +56,7 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
         heterogeneity=config.heterogeneity,
         classes_per_silo=config.classes_per_silo,
         dirichlet_alpha=config.dirichlet_alpha,
+        max_train_records=config.max_train_records,
         seed=config.seed,
     )
     nodes = _wait_for_nodes(grid, expected_silos or config.num_silos, config.round_timeout)
@@ -103,7 +104,7 @@ def resolve_rounds(config: RunConfig, federation: Federation) -> int:
     if config.rounds:
         return config.rounds
     mean_n = federation.n_train / len(federation.silos)
-    if config.algorithm == "fedavg":
+    if config.algorithm in ("fedavg", "fedsc", "fedavg-sc"):
         return max(1, math.ceil(config.epochs / config.local_epochs))
     if config.algorithm in ("mu2fl", "noisy-sgd"):  # one pass: every record of the smallest silo used once
         if config.epochs > 1:
@@ -141,6 +142,14 @@ def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.Train
         trust=config.trust,
         rho=config.rho,
         domain_diameter=config.domain_diameter,
+        projection_dim=config.projection_dim,
+        width=config.width,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        grad_clip=config.grad_clip,
+        mu=config.mu,
+        views=config.views,
+        calr_relation=config.calr_relation,
     )
 
 
@@ -175,10 +184,12 @@ def build_strategy(
     from strategies.gradient_step import GradientStep, StepSchedule
 
     info = federation.info
-    spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
     eval_instruction = msg.EvaluateInstruction(server_round=0, model=config.model, hidden=config.hidden)
     instruction = train_instruction(config, rounds, delta)
     common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
+    if config.algorithm in SSL_ALGORITHMS:
+        return _ssl_strategy(config, federation, common)
+    spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
     if config.algorithm == "fedavg":
         return FedAvg(federation, spec, **common)
     if config.algorithm in ("mu2fl", "noisy-sgd"):
@@ -231,6 +242,36 @@ def build_strategy(
     return GradientStep(federation, spec, schedule=schedule, **common)
 
 
+def _ssl_strategy(config: RunConfig, federation: Federation, common: dict[str, Any]) -> SiloflStrategy:
+    """FedSC / FedAvg+SC: correlation-matrix aggregation, the backbone + projector as the model."""
+    from protocols.ssl_models import build_ssl_model, image_shape
+    from strategies.correlation import CorrelationAggregation
+
+    try:
+        shape = image_shape(federation.info.num_features)
+    except ValueError as exc:
+        raise ValueError(f"{config.algorithm} needs an image dataset: {exc}") from None
+    model = build_ssl_model(
+        config.model, shape, projection_dim=config.projection_dim, width=config.width, seed=config.seed
+    )
+    evaluator = None
+    if config.eval_data == "central":
+        from server.ssl_evaluation import CentralEvaluator
+
+        evaluator = CentralEvaluator(config)
+    return CorrelationAggregation(
+        federation,
+        parameter_spec(model),
+        initial=get_parameters(model),
+        share_start=config.share_start,
+        share_every=config.share_every,
+        alpha_end=config.alpha_end,
+        participation=config.participation,
+        evaluator=evaluator,
+        **common,
+    )
+
+
 def run_federation(
     grid: Grid, config: RunConfig, *, on_start=None, on_round: ProgressCallback | None = None, engine: str = ""
 ) -> dict[str, Any]:
@@ -244,8 +285,11 @@ def run_federation(
         counts = groups_round(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
     strategy = build_strategy(config, federation, rounds, delta, group_counts=counts, engine=engine)
     info = federation.info
-    model = build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
-    initial = strategy.initial_arrays() or msg.arrays_record(get_parameters(model))
+    initial = strategy.initial_arrays() or msg.arrays_record(
+        get_parameters(
+            build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
+        )
+    )
     eval_every = config.eval_every or max(1, rounds // 20)
     if on_start is not None:
         on_start(rounds, federation)
@@ -271,6 +315,8 @@ def run_federation(
     completed = len(history.rounds)
     result["status"] = {"completed": error is None, "rounds_completed": completed, "error": error and str(error)}
     path = write_result(result, Path(config.out_dir)) if config.out_dir else None
+    if path is not None and config.algorithm in SSL_ALGORITHMS:
+        np.savez(path.parent / "model.npz", **{name: a.numpy() for name, a in history.arrays.items()})
     if error is not None:
         if path is not None:
             raise RoundError(f"{error}\n(the state after round {completed} is in {path})") from error

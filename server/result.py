@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.config import RunConfig
+from protocols.config import SSL_ALGORITHMS, RunConfig
 from strategies.base import Federation, RunHistory
 
 
@@ -43,6 +43,8 @@ def build_result(
     privacy_extra: dict[str, Any] = {}
     if config.algorithm == "steffle":
         privacy_extra = _steffle_privacy(config, history, rounds, delta)
+    elif config.algorithm == "fedsc":
+        privacy_extra = _fedsc_privacy(config, history, delta)
     elif config.algorithm in ("mu2fl", "noisy-sgd") and history.server_state:
         privacy_extra = _single_pass_privacy(config, history, rounds, delta)
         spent = privacy_extra.pop("epsilon_spent", spent)
@@ -69,6 +71,7 @@ def build_result(
             "dp_violation": final.get("dp_violation"),
             "eo_violation": final.get("eo_violation"),
             "eopp_violation": final.get("eopp_violation"),
+            **{k: final[k] for k in ("knn_accuracy", "probe_train_accuracy") if k in final},
         },
         "privacy": {
             "epsilon_target": _num(config.epsilon),
@@ -77,14 +80,18 @@ def build_result(
             "per_silo": per_silo,
             "accountant": config.accountant if config.private else "none (no noise: epsilon = inf)",
             "mechanism": _mechanism(config),
-            "not_covered": "federated evaluation: exact confusion counts of each silo's held-out test split",
+            "not_covered": _not_covered(config),
             **privacy_extra,
         },
         "timing": {
             "total_seconds": total_seconds,
             "seconds_per_round": round_seconds / max(rounds, 1),
         },
-        "model": {name: arr.numpy().tolist() for name, arr in history.arrays.items()},
+        "model": (
+            "in model.npz next to this file (too large for JSON)"
+            if config.algorithm in SSL_ALGORITHMS
+            else {name: arr.numpy().tolist() for name, arr in history.arrays.items()}
+        ),
         "server_state": history.server_state,
     }
 
@@ -137,6 +144,44 @@ def _single_pass_privacy(config: RunConfig, history: RunHistory, rounds: int, de
     return out
 
 
+def _not_covered(config: RunConfig) -> str:
+    if config.algorithm in SSL_ALGORITHMS:
+        text = (
+            "the trained weights each participant sends every round (DP-CalR protects the correlation matrices only, "
+            "as in the FedSC paper); the evaluation is central, on the server's own labelled data"
+        )
+        return text if config.algorithm == "fedsc" else "everything: FedAvg+SC adds no noise; " + text
+    return "federated evaluation: exact confusion counts of each silo's held-out test split"
+
+
+def _fedsc_privacy(config: RunConfig, history: RunHistory, delta: float) -> dict[str, Any]:
+    """FedSC: the shares each silo actually made, its noise, and the paper's closed form (Proposition 6.6 as
+    corrected in the spec) next to the accountant's epsilon the silo's ledger reports."""
+    from protocols.privacy.calr import calr_closed_form_epsilon
+
+    state = history.server_state or {}
+    out: dict[str, Any] = {
+        "relation": f"{config.calr_relation} (sensitivity of DP-CalR's matrix: "
+        + ("sqrt(2) mu / n_j)" if config.calr_relation == "replace_one" else "mu / n_j)"),
+        "planned_shares": state.get("planned_shares"),
+    }
+    if not config.private:
+        return out
+    per_silo = {}
+    for silo_id, report in sorted(history.silo_reports.items()):
+        key = str(silo_id)
+        shares = int(state.get("shares", {}).get(key, 0))
+        sigma = float(state.get("noise_std", {}).get(key, 0.0))
+        entry: dict[str, Any] = {"shares": shares, "noise_std": sigma}
+        if shares and sigma > 0:
+            entry["epsilon_closed_form"] = calr_closed_form_epsilon(
+                shares, config.mu, sigma, report.num_examples, delta, config.calr_relation
+            )
+        per_silo[key] = entry
+    out["correlation_shares"] = per_silo
+    return out
+
+
 def _mechanism(config: RunConfig) -> str:
     if config.algorithm == "steffle":
         return (
@@ -158,6 +203,13 @@ def _mechanism(config: RunConfig) -> str:
         return (
             "single pass: each record is used in one round; each silo releases its mean gradient (sensitivity 2G/b) "
             "with Gaussian noise 2G/(rho b) (untrusted; trusted: once at the server, /M): one release per record"
+        )
+    if config.algorithm == "fedsc":
+        return (
+            "DP-CalR (FedSC Algorithm 2): each time a silo shares, its correlation matrix (mean over its records and "
+            "V views of z z^T, z clipped to norm sqrt(mu)) gets i.i.d. Gaussian noise on every entry, added in the "
+            "silo; sigma from the accountant for (epsilon, delta) over the schedule's shares (sampling rate 1); the "
+            "ledger counts the shares that happened"
         )
     if config.algorithm == "dp-fedsgd":
         return (

@@ -144,7 +144,16 @@ def test_loader_argument_errors(data_dir: Path) -> None:
         load_dataset("adult", data_dir=data_dir, target="sex")
     with pytest.raises(DataError, match=r"sensitive: column\(s\) \['gender'\]"):
         load_dataset("adult", data_dir=data_dir, sensitive=["gender"])
-    assert BUILTIN_DATASETS == ("adult", "credit", "parkinsons", "synthetic", "mnist", "fashion-mnist", "digits")
+    assert BUILTIN_DATASETS == (
+        "adult",
+        "credit",
+        "parkinsons",
+        "synthetic",
+        "mnist",
+        "fashion-mnist",
+        "digits",
+        "cifar10",
+    )
 
 
 def test_image_datasets_via_load_dataset(data_dir: Path) -> None:

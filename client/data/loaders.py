@@ -24,6 +24,9 @@ removed from the features, and an `age` sort key for Algorithm 3. Per dataset:
   `test_fraction` must stay at its default.
 * **digits**: scikit-learn's bundled 8x8 digits (1,797 images, no files), 64 pixel features in [0, 1], split 3:1 by
   `seed` like the tabular datasets; no sensitive attribute.
+* **cifar10**: the official 50,000 / 10,000 split of Krizhevsky's python batches, 3,072 channel-major pixel features
+  in [0, 1], labels 0..9 with the official class names, no sensitive attribute; see `cifar.py`. Like MNIST, `seed`
+  does not apply and `test_fraction` must stay at its default.
 
 For the tabular built-ins, `sensitive` and `features` may override the defaults (e.g. sensitive=("race", "sex") on
 adult; a default sensitive column that is no longer sensitive becomes an ordinary one-hot feature); the target is
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from client.data.cifar import CIFAR_DATASETS, load_cifar10
 from client.data.generic import (
     LabelEncoder,
     above_train_median,
@@ -52,7 +56,7 @@ from client.data.tabular import DataError, TabularDataset
 
 __all__ = ["ADULT_COLUMNS", "BUILTIN_DATASETS", "load_dataset"]
 
-BUILTIN_DATASETS = ("adult", "credit", "parkinsons", "synthetic", *IMAGE_DATASETS)
+BUILTIN_DATASETS = ("adult", "credit", "parkinsons", "synthetic", *IMAGE_DATASETS, *CIFAR_DATASETS)
 _DEFAULT_TEST_FRACTION = 0.25
 
 ADULT_COLUMNS = (
@@ -227,10 +231,13 @@ def _load_image(
     if key == "digits":
         return load_digits(seed=seed, test_fraction=test_fraction)
     if test_fraction != _DEFAULT_TEST_FRACTION:
+        official = "50,000 / 10,000" if key in CIFAR_DATASETS else "60,000 / 10,000"
         raise DataError(
-            f"test_fraction={test_fraction} does not apply to {key!r}: it keeps its official 60,000 / 10,000 "
+            f"test_fraction={test_fraction} does not apply to {key!r}: it keeps its official {official} "
             "train/test split; drop --test-fraction"
         )
+    if key in CIFAR_DATASETS:
+        return load_cifar10(data_dir=data_dir, download=download)
     return load_mnist(key, data_dir=data_dir, download=download)
 
 
@@ -262,7 +269,7 @@ def load_dataset(
                 f"target is fixed for the built-in dataset {key!r}; drop --target, or load your own "
                 "table as a .csv/.parquet path with --target COLUMN"
             )
-        if key in IMAGE_DATASETS:
+        if key in IMAGE_DATASETS or key in CIFAR_DATASETS:
             return _load_image(
                 key,
                 data_dir=data_dir,

@@ -2,7 +2,8 @@
 
 The file layout is the one of the shared offline copy (`shared/data`, see its README.md): `adult/adult.data`,
 `adult/adult.test`, `credit_default_taiwan/UCI_Credit_Card.csv`, `parkinsons_telemonitoring/parkinsons_updrs.data`,
-and the gzipped idx files of `mnist/` and `fashion_mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`).
+and the gzipped idx files of `mnist/` and `fashion_mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`);
+CIFAR-10's archive goes to `cifar10/cifar-10-python.tar.gz` (not in the shared copy; `cifar.py` extracts it).
 The data directory is, in order: the `data_dir` argument (CLI `--data-dir`), the environment variable
 `SILOFL_DATA_DIR`, else `~/.cache/silofl/data`.
 
@@ -16,6 +17,11 @@ Image files: Fashion-MNIST comes from Zalando's own download address (the one it
 `ossci-datasets.s3.amazonaws.com/mnist`, PyTorch's byte-identical mirror, not from LeCun's original address
 (`yann.lecun.com/exdb/mnist`): that site answers scripted downloads with HTTP 403 (pytorch/vision#8568) and asks
 scripts not to fetch from it (pytorch/vision#4634). The sha256 is the same either way.
+
+CIFAR-10 (`cifar10/cifar-10-python.tar.gz`, 170,498,071 bytes) comes from its author's page at the University of
+Toronto. That page publishes only an md5 (c58f30108f718f92721af3b95e74349a); the sha256 below is the one Keras's
+`cifar10.load_data` pins for the same URL, and public manifests list it together with that md5 and size. It could not
+be re-computed here (no copy is stored in `shared/data`: see its README), so it rests on those published values.
 
 Credit Card default (UCI #350) has no verifiable download: UCI ships it only as an `.xls` workbook, whose bytes we
 have no checksum for and which needs an Excel reader (xlrd) that is not a dependency. Its CSV form must be put in
@@ -57,6 +63,7 @@ DEFAULT_CACHE_DIR = Path("~/.cache/silofl/data")
 _UCI = "https://archive.ics.uci.edu/ml/machine-learning-databases"
 _MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist"
 _FASHION = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com"
+_CIFAR = "https://www.cs.toronto.edu/~kriz"
 
 #: Downloads a URL to a local path (the destination's parent exists). Injectable for tests and custom transports.
 Fetch = Callable[[str, Path], None]
@@ -144,6 +151,11 @@ FILES: dict[str, RemoteFile] = {
             "fashion_mnist/t10k-labels-idx1-ubyte.gz",
             "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
             f"{_FASHION}/t10k-labels-idx1-ubyte.gz",
+        ),
+        RemoteFile(
+            "cifar10/cifar-10-python.tar.gz",
+            "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+            f"{_CIFAR}/cifar-10-python.tar.gz",
         ),
     )
 }

@@ -1,0 +1,71 @@
+"""A FedSC silo's local training: E epochs of SGD on its local spectral contrastive loss (paper eq. 5, Algorithm 1
+line "local update").
+
+Each step draws a minibatch of the silo's images, makes two augmented views, computes the clipped representations
+z1, z2 (norm <= sqrt(mu), as DP-CalR clips them, so the loss and the shared correlations live on the same scale)
+and minimizes
+
+    L_j = - Tr R+_j + 1/2 alpha ||R_j||_F^2 + (1 - alpha) <R_j, Rbar_{-j}>_F        (eq. 5, Rbar_{-j} held constant)
+
+with SGD (momentum, weight decay) and a clip of the gradient's norm (the paper's "gradient clip 3": a stabiliser, not
+a privacy mechanism). alpha = 1 and no Rbar_{-j} is plain local SC, i.e. FedAvg+SC's local objective.
+
+The silo's randomness (batch order, augmentations) comes from one seed per round (`client.randomness`), so simulated
+runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from client.augment import make_views
+from protocols.fedsc import clip_rows, local_loss
+
+
+def local_sc_training(
+    model: nn.Module,
+    images: torch.Tensor,
+    augmentation: nn.Module,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    grad_clip: float,
+    mu: float,
+    alpha: float,
+    others: torch.Tensor | None,
+    seed: int,
+) -> float:
+    """Train `model` in place on `images` (N, C, H, W); returns the mean loss of the last epoch."""
+    if images.ndim != 4 or len(images) < 2:
+        raise ValueError(f"images: need a batch (N >= 2, C, H, W), got shape {tuple(images.shape)}")
+    if others is None and alpha != 1.0:
+        raise ValueError(f"alpha = {alpha} < 1 needs the other silos' correlation Rbar_-j ('others')")
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    model.train()
+    n = len(images)
+    b = min(batch_size, n)
+    last = 0.0
+    for _ in range(epochs):
+        order = torch.from_numpy(rng.permutation(n))
+        losses = []
+        for start in range(0, n - 1, b):
+            idx = order[start : start + b]
+            if len(idx) < 2:  # a correlation of one record is no batch statistic
+                continue
+            v1, v2 = make_views(images[idx], augmentation, 2, seed=int(rng.integers(2**62)))
+            z1 = clip_rows(model(v1), mu)
+            z2 = clip_rows(model(v2), mu)
+            loss = local_loss(z1, z2, alpha, others)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        last = float(np.mean(losses)) if losses else last
+    return last

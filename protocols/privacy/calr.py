@@ -1,0 +1,283 @@
+"""DP-CalR (FedSC, Algorithm 2): a client's differentially private correlation matrix, its sensitivity and its epsilon.
+
+Source: ``shared/papers/fedsc-federated-spectral-contrastive.txt`` (Algorithm 2, Proposition 6.6, Table 6) as resolved
+by ``shared/specs/fedsc.md``. The mechanism, for client ``j`` with records ``D_j`` (``n = |D_j|``):
+
+    for every record xbar: V augmented views x_1..x_V, z_v = NormClip(z(x_v; theta), sqrt(mu))
+    R~_j = 1/(n V) sum_xbar sum_v z_v z_v^T  +  N(0, sigma^2) on each of the H x H entries
+
+What is protected, and what is not. The guarantee is record-level DP of the *correlation matrices* a client uploads
+(each share is one Gaussian mechanism; ``T_j`` shares compose). It does not cover the model weights the client also
+returns every round (FedSC trains them without DP), so a FedSC run as a whole is not DP; the privacy report must say
+so. The record count ``n`` is treated as public, and the encoder must treat records independently (eval mode: a
+BatchNorm layer in training mode mixes records through batch statistics, which would break the per-record bound;
+:func:`dp_calr` switches an ``nn.Module`` encoder to eval mode for the call).
+
+Sensitivity (:func:`calr_sensitivity`): ``sqrt(2) mu / n`` for replace-one neighbours (default), ``mu / n`` for the
+paper's add/remove proof. Accounting (:func:`calr_epsilon`, :func:`calr_noise`): every share uses the whole data set
+(sampling rate 1), so ``T_j`` shares are ``T_j`` Gaussian mechanisms with noise multiplier ``sigma / sensitivity``,
+composed by :mod:`protocols.privacy.accountant` (dp-accounting; PLD composes Gaussians exactly at rate 1, RDP is the
+usual bound; ``"best"`` takes the smaller). The sensitivity given here is already the distance between the two
+neighbours' outputs, which is what the accountant's ``add_remove`` relation expects at rate 1 (a Gaussian of that
+sensitivity), so both CalR relations are accounted with the accountant's ``add_remove``. The accountant's own
+``replace_one`` is a different notion (a ball radius around 0 for a sampled record's contribution, doubled into the
+distance) and would double-count here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from protocols.fedsc import clip_rows
+from protocols.privacy.accountant import calibrate_noise, check_delta, check_epsilon, epsilon_spent
+
+__all__ = [
+    "CALR_RELATIONS",
+    "calr_closed_form_epsilon",
+    "calr_epsilon",
+    "calr_noise",
+    "calr_sensitivity",
+    "dp_calr",
+]
+
+CALR_RELATIONS = ("replace_one", "add_remove")
+"""Neighbouring relations of DP-CalR: one record replaced by another (default) or one record added/removed."""
+
+_ACCOUNTANT_RELATION = "add_remove"
+"""The accountant relation both CalR relations are accounted under (see the module docstring)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _positive(value: object, name: str, hint: str) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number > 0 ({hint}), got {value!r}")
+    if float(value) <= 0.0:
+        raise ValueError(f"{name} must be > 0 ({hint}), got {value!r}")
+    return float(value)
+
+
+def _count(value: object, name: str, hint: str, *, minimum: int) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} ({hint}), got {value!r}")
+    return int(value)
+
+
+def _sigma(value: object) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(float(value)) or value < 0:
+        raise ValueError(f"sigma must be a number >= 0 (noise std per matrix entry; 0 = no noise), got {value!r}")
+    return float(value)
+
+
+def _relation(relation: object) -> str:
+    if relation not in CALR_RELATIONS:
+        raise ValueError(
+            f"relation must be one of {', '.join(CALR_RELATIONS)} (replace_one: one record replaced, the default; "
+            f"add_remove: the paper's proof, valid for a public normalizer n), got {relation!r}"
+        )
+    return str(relation)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sensitivity and the mechanism
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def calr_sensitivity(mu: float, n: int, relation: str = "replace_one") -> float:
+    """L2 (Frobenius) sensitivity of DP-CalR's un-noised ``R~_j``: ``sqrt(2) mu / n`` or ``mu / n``.
+
+    ``replace_one`` (default): neighbours ``D, D'`` of ``n`` records differ in one record, whose views give clipped
+    ``a_v`` in ``D`` and ``b_v`` in ``D'`` (every other record and every augmentation draw fixed: the augmentation
+    coins do not depend on the data and are not released, so the mechanism is a mixture over them of Gaussian
+    mechanisms, each with this sensitivity). Then ``R(D) - R(D') = 1/(n V) sum_v (a_v a_v^T - b_v b_v^T)`` and, for each
+    view, ``||a a^T - b b^T||_F^2 = ||a||^4 + ||b||^4 - 2 (a . b)^2 <= mu^2 + mu^2 - 0``, since ``||a||^2, ||b||^2 <=
+    mu`` after clipping and ``(a . b)^2 >= 0``. The triangle inequality over the ``V`` views gives
+    ``||R(D) - R(D')||_F <= sqrt(2) mu / n``, attained by maximal orthogonal ``a``, ``b`` (the same for every view).
+    The naive bound ``2 mu / n`` (two matrices of norm ``mu``) is loose because the matrices are PSD.
+
+    ``add_remove``: the paper's proof of Proposition 6.6 bounds the one record's term, ``||a a^T||_F / n <= mu / n``.
+    That is the sensitivity of ``sum / n`` for a public, fixed ``n``. Algorithm 2 (and :func:`dp_calr`) divides by the
+    actual record count, and then adding a record to ``n - 1`` others moves the mean by ``(C - R(D)) / n`` with ``C``
+    its own term; both are PSD with norm ``<= mu``, so the bound is again ``sqrt(2) mu / n`` (attained when the others'
+    views are orthogonal to the new record's; ``tests/test_calr.py`` shows ``mu / n`` is exceeded). The default
+    ``replace_one`` value therefore also covers add/remove neighbours of the mean (with ``n`` the larger data set).
+    """
+    m = _positive(mu, "mu", "representations are clipped to norm sqrt(mu)")
+    count = _count(n, "n", "the client's number of records |D_j|", minimum=1)
+    factor = math.sqrt(2.0) if _relation(relation) == "replace_one" else 1.0
+    return factor * m / count
+
+
+def dp_calr(
+    encode: Callable[[torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    augment: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    views: int,
+    mu: float,
+    sigma: float,
+    generator: torch.Generator | None,
+    batch_size: int = 512,
+) -> np.ndarray:
+    """Algorithm 2: ``R~ = 1/(n V) sum_records sum_views z z^T + N(0, sigma^2)`` per entry, as float64 numpy (H x H).
+
+    ``images`` holds the client's ``n`` records along dim 0. They are processed in chunks of ``batch_size``; for each
+    chunk ``augment`` (a batch -> augmented batch callable with its own randomness) is called ``views`` times, and
+    ``z = clip_rows(encode(view), mu)`` under ``torch.no_grad``. Every record has exactly ``views`` views, so the mean
+    over records of each record's mean over its views is the mean over all ``n V`` rows; that per-record averaging is
+    what bounds one record's contribution (:func:`calr_sensitivity`). ``z`` is cast to float64 before clipping (so the
+    norm bound holds to float64 precision) and the sums are accumulated in float64.
+
+    Noise: i.i.d. ``N(0, sigma^2)`` on each of the ``H^2`` entries (the paper's ``N(0, sigma^2 I)``; the result is
+    therefore not symmetric), drawn in float64 from ``generator`` (a CPU ``torch.Generator``, required when
+    ``sigma > 0``). ``sigma = 0`` adds nothing and leaves ``generator`` untouched.
+
+    An ``nn.Module`` encoder is put in eval mode for the call and restored afterwards (see the module docstring: a
+    record's ``z`` must not depend on the other records in its batch).
+    """
+    if not callable(encode) or not callable(augment):
+        raise ValueError("encode and augment must be callables (batch tensor -> tensor)")
+    if not isinstance(images, torch.Tensor) or images.ndim < 1 or images.shape[0] == 0:
+        raise ValueError("images must be a tensor holding at least one record along dim 0")
+    count_views = _count(views, "views", "augmented views per record, V; the paper uses 5-10", minimum=1)
+    chunk = _count(batch_size, "batch_size", "records encoded at once", minimum=1)
+    clip = _positive(mu, "mu", "representations are clipped to norm sqrt(mu)")
+    std = _sigma(sigma)
+    if not math.isfinite(std):
+        raise ValueError(f"sigma must be finite, got {sigma!r}")
+    if std > 0.0 and not isinstance(generator, torch.Generator):
+        raise ValueError("generator must be a torch.Generator when sigma > 0 (the source of the DP noise)")
+
+    module = encode if isinstance(encode, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    total: torch.Tensor | None = None
+    try:
+        with torch.no_grad():
+            for start in range(0, images.shape[0], chunk):
+                batch = images[start : start + chunk]
+                for _ in range(count_views):
+                    z = encode(augment(batch))
+                    if not isinstance(z, torch.Tensor) or z.ndim != 2 or z.shape[0] != batch.shape[0]:
+                        shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+                        raise ValueError(
+                            f"encode(augment(batch)) must return a (batch, H) tensor with batch = {batch.shape[0]} "
+                            f"rows, got {shape}"
+                        )
+                    clipped = clip_rows(z.to(torch.float64), clip)
+                    part = clipped.T @ clipped
+                    if total is not None and part.shape != total.shape:
+                        raise ValueError(f"encode returned H = {part.shape[0]} after H = {total.shape[0]}")
+                    total = part if total is None else total + part
+    finally:
+        if module is not None:
+            module.train(was_training)
+    assert total is not None
+    result = total / (images.shape[0] * count_views)
+    if std > 0.0:
+        noise = torch.randn(result.shape, generator=generator, dtype=torch.float64, device=torch.device("cpu"))
+        result = result.cpu() + std * noise
+    return result.cpu().numpy()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Accounting
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def calr_epsilon(
+    sigma: float,
+    delta: float,
+    shares: int,
+    mu: float,
+    n: int,
+    relation: str = "replace_one",
+    accountant: str = "best",
+) -> float:
+    """Epsilon at ``delta`` of the ``shares`` DP-CalR releases a client actually made, by dp-accounting.
+
+    Each share is a Gaussian mechanism (sampling rate 1) with noise multiplier ``sigma / calr_sensitivity(mu, n,
+    relation)``; the ``shares`` of them compose adaptively (the model changes between shares, the data do not).
+    ``shares = 0`` -> ``0.0``; ``sigma = 0`` -> ``inf``. ``accountant`` is ``"pld"``, ``"rdp"`` or ``"best"``.
+    """
+    count = _count(shares, "shares", "how many times the client uploaded R~_j", minimum=0)
+    std = _sigma(sigma)
+    sensitivity = calr_sensitivity(mu, n, relation)
+    d = check_delta(delta)
+    if count == 0:
+        return 0.0
+    return epsilon_spent(std / sensitivity, 1.0, count, d, accountant=accountant, relation=_ACCOUNTANT_RELATION)
+
+
+def calr_noise(
+    epsilon: float,
+    delta: float,
+    shares: int,
+    mu: float,
+    n: int,
+    relation: str = "replace_one",
+    accountant: str = "best",
+    tolerance: float = 1e-3,
+) -> float:
+    """Smallest ``sigma`` (noise std per entry) with which ``shares`` DP-CalR releases are ``(epsilon, delta)``-DP.
+
+    Calibrated by :func:`protocols.privacy.accountant.calibrate_noise` at sampling rate 1 (the multiplier is
+    ``sigma / calr_sensitivity(mu, n, relation)``), so the answer is within relative ``tolerance`` above the exact
+    smallest ``sigma`` and never below it. ``epsilon = inf`` -> ``0.0``.
+    """
+    target = check_epsilon(epsilon)
+    count = _count(shares, "shares", "how many times the client will upload R~_j", minimum=1)
+    sensitivity = calr_sensitivity(mu, n, relation)
+    calibration = calibrate_noise(
+        target,
+        delta,
+        1.0,
+        count,
+        accountant=accountant,
+        tolerance=tolerance,
+        relation=_ACCOUNTANT_RELATION,
+    )
+    return calibration.noise_multiplier * sensitivity
+
+
+def calr_closed_form_epsilon(
+    shares: int,
+    mu: float,
+    sigma: float,
+    n: int,
+    delta: float,
+    relation: str = "replace_one",
+) -> float:
+    """Proposition 6.6 with its typo corrected: ``eps = T s^2 / (2 sigma^2) + sqrt(2 T s^2 ln(1/delta) / sigma^2)``.
+
+    ``s = calr_sensitivity(mu, n, relation)``, ``T = shares``. With ``add_remove`` (``s = mu / n``) this is the
+    formula at the end of the paper's proof (the proposition's statement drops ``|D_j|^2``); ``replace_one`` puts
+    ``sqrt(2) mu / n`` in its place. It is the RDP curve ``alpha T s^2 / (2 sigma^2)`` converted by Mironov's Prop. 3
+    at its best order (``alpha - 1 = sqrt(ln(1/delta) / rho)``, ``rho = T s^2 / (2 sigma^2)``); dp-accounting's RDP
+    conversion and its PLD are tighter, so it is never below the accountant's epsilon (:func:`calr_epsilon`).
+
+    Check against the paper's Table 6 (``tests/test_calr.py``; T = 200 rounds, shares counted from the table's round
+    indices, e.g. ``t > 100, t % 2 = 0`` -> 50): with ``replace_one`` the table's sigmas give epsilons within 3 % of
+    the nominal ones in 8 of 12 rows (e.g. SVHN eps 6: 6.003, CIFAR-10 eps 8: 7.96) and 0.76-0.96 x nominal in the
+    other four (sigma rounded up or chosen conservatively); with ``add_remove`` every row is at 0.53-0.71 x nominal.
+    ``shares = 0`` -> ``0.0``; ``sigma = 0`` -> ``inf``.
+    """
+    count = _count(shares, "shares", "how many times the client uploaded R~_j", minimum=0)
+    std = _sigma(sigma)
+    sensitivity = calr_sensitivity(mu, n, relation)
+    d = check_delta(delta)
+    if count == 0:
+        return 0.0
+    if std == 0.0:
+        return math.inf
+    ratio = count * sensitivity**2 / std**2
+    return ratio / 2.0 + math.sqrt(2.0 * ratio * math.log(1.0 / d))

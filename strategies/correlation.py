@@ -1,0 +1,259 @@
+"""FedSC's server: correlation-matrix aggregation with a per-silo cache, then weight averaging (the FedSC paper's
+Algorithm 1, "Server"; `protocols.fedsc` has the math). With algorithm "fedavg-sc" it is FedAvg+SC: no sharing,
+alpha = 1.
+
+Each round t:
+
+1. participants J_t: every silo in round 1 and in the first sharing round (so the cache holds every silo), else a
+   seeded random `participation` fraction (at least one silo);
+2. if t is a sharing round (t >= share_start and (t - share_start) % share_every == 0): ``query.correlation`` to the
+   participants; each returns its DP correlation matrix R~_j (noised in the silo). The cache keeps every silo's
+   latest R~_j; silos not sampled keep their stale entry;
+3. ``train`` to the participants with this round's alpha_t (1 before the first share, then eq. 80's linear decay from
+   1 to alpha_end) and Rbar_{-j} = (R~ - q_j R~_j) / (1 - q_j), R~ = sum_j q_j R~_j over the cache with
+   q_j = n_j / n: a silo's own noise cancels from what it receives;
+4. the new model is the n_j-weighted mean of the participants' weights (FedAvg over J_t).
+
+The local learning rate follows a cosine over the rounds (the paper's "lr 0.03 cosine"). Evaluation is central
+(the paper's protocol: a kNN monitor every `eval_every` rounds, a linear probe on frozen backbone features at the
+end) through `evaluator`, a server-side object with the labelled evaluation data (`server.ssl_evaluation`); without
+one the run trains only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from protocols import fedsc
+from protocols import messages as msg
+from strategies.base import (
+    Arrays,
+    Federation,
+    ProgressCallback,
+    RoundError,
+    RoundRecord,
+    RunHistory,
+    SiloEntry,
+    SiloflStrategy,
+    collect_replies,
+    weighted_sum,
+)
+
+
+class Evaluator(Protocol):
+    def monitor(self, arrays: Arrays) -> dict[str, float]: ...
+
+    def final(self, arrays: Arrays) -> dict[str, float]: ...
+
+
+def sharing_rounds(total_rounds: int, share_start: int, share_every: int) -> list[int]:
+    """The rounds of the schedule in which participants share their correlation matrices."""
+    return list(range(share_start, total_rounds + 1, share_every))
+
+
+def cosine_lr(base: float, server_round: int, total_rounds: int) -> float:
+    """lr_t = base * (1 + cos(pi (t - 1) / T)) / 2: base in round 1, decaying towards 0 at the end."""
+    return base * 0.5 * (1.0 + math.cos(math.pi * (server_round - 1) / total_rounds))
+
+
+class CorrelationAggregation(SiloflStrategy):
+    """The FedSC server (and FedAvg+SC's, with no sharing)."""
+
+    def __init__(
+        self,
+        federation: Federation,
+        param_spec,
+        *,
+        instruction: msg.TrainInstruction,
+        eval_instruction: msg.EvaluateInstruction,
+        initial: Arrays,
+        share_start: int,
+        share_every: int,
+        alpha_end: float,
+        participation: float,
+        evaluator: Evaluator | None,
+        timeout: float = 600.0,
+    ) -> None:
+        super().__init__(
+            federation, param_spec, instruction=instruction, eval_instruction=eval_instruction, timeout=timeout
+        )
+        self.initial = initial
+        self.sharing = instruction.algorithm == "fedsc"
+        self.share_rounds = set(sharing_rounds(instruction.total_rounds, share_start, share_every))
+        self.alpha_end = alpha_end
+        self.participation = participation
+        self.evaluator = evaluator
+        n = federation.n_train
+        self.weights = {e.info.silo_id: e.info.n_train / n for e in federation.silos}
+        self.cache: dict[int, np.ndarray] = {}
+        self.shares: dict[int, int] = {e.info.silo_id: 0 for e in federation.silos}
+        self.correlation_epsilon: dict[int, float] = {}
+        self.noise_std: dict[int, float] = {}
+        self.alphas: list[float] = []
+
+    # -- schedule ---------------------------------------------------------------------------------------------------
+    @property
+    def planned_shares(self) -> int:
+        return len(self.share_rounds) if self.sharing else 0
+
+    def participants(self, server_round: int) -> list[SiloEntry]:
+        silos = list(self.federation.silos)
+        first_share = self.sharing and server_round in self.share_rounds and not self.cache
+        if server_round == 1 or first_share or self.participation >= 1.0:
+            return silos
+        k = max(1, math.ceil(self.participation * len(silos)))
+        rng = np.random.default_rng([self.instruction.seed, server_round, 0xFED5C])
+        chosen = sorted(rng.choice(len(silos), size=k, replace=False))
+        return [silos[i] for i in chosen]
+
+    def alpha(self, server_round: int) -> float:
+        if not self.sharing or not self.cache:
+            return 1.0
+        return fedsc.alpha_schedule(server_round, self.instruction.total_rounds, start=1.0, end=self.alpha_end)
+
+    def round_lr(self, server_round: int) -> float:
+        return cosine_lr(self.instruction.lr, server_round, self.instruction.total_rounds)
+
+    def _instruction(self, server_round: int, alpha: float) -> msg.TrainInstruction:
+        return self.instruction.model_copy(
+            update={
+                "server_round": server_round,
+                "alpha": alpha,
+                "lr": self.round_lr(server_round),
+                "planned_shares": self.planned_shares,
+            }
+        )
+
+    # -- exchanges --------------------------------------------------------------------------------------------------
+    def share(self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry]) -> None:
+        """Collect the participants' DP correlation matrices into the cache (all checked before any is kept)."""
+        h = self.instruction.projection_dim
+        config = self._instruction(server_round, 1.0).to_config_record()
+        messages = [
+            Message(
+                RecordDict({msg.MODEL: arrays, msg.CONFIG: config}),
+                e.node_id,
+                msg.CORRELATION,
+                group_id=str(server_round),
+            )
+            for e in silos
+        ]
+        replies = grid.send_and_receive(messages, timeout=self.timeout)
+        received: dict[int, tuple[np.ndarray, msg.CorrelationReport]] = {}
+        for entry, reply in collect_replies(
+            Federation(tuple(silos)), server_round, replies, "correlation", self.timeout
+        ):
+            what = f"correlation reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.CORRELATION_MATRIX, msg.REPORT}, what=what)
+            report = msg.read_config(reply.content, msg.CorrelationReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            matrix = msg.check_arrays(
+                reply.content, msg.CORRELATION_MATRIX, [("R", (h, h))], dtype="float64", what=what
+            )["R"]
+            received[entry.info.silo_id] = (matrix, report)
+        for silo_id, (matrix, report) in received.items():
+            self.cache[silo_id] = matrix
+            self.shares[silo_id] = report.shares
+            self.correlation_epsilon[silo_id] = report.epsilon_spent
+            self.noise_std[silo_id] = report.noise_std
+
+    def others_for(self, silo_id: int) -> np.ndarray:
+        """Rbar_{-j} from the cache (q_j normalised over the silos in the cache, as `fedsc.aggregate` weighs them)."""
+        total = fedsc.aggregate(self.cache, self.weights)
+        q = fedsc.normalize_weights(self.weights, list(self.cache))[silo_id]
+        return fedsc.others(total, self.cache[silo_id], q)
+
+    def train(self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry], alpha: float) -> Arrays:
+        config = self._instruction(server_round, alpha).to_config_record()
+        h = self.instruction.projection_dim
+        messages = []
+        for e in silos:
+            records: dict[str, Any] = {msg.MODEL: arrays, msg.CONFIG: config}
+            if self.sharing:
+                others = self.others_for(e.info.silo_id) if self.cache else np.zeros((h, h))
+                records[msg.OTHERS] = msg.arrays_record({"R": others})
+            messages.append(Message(RecordDict(records), e.node_id, msg.TRAIN, group_id=str(server_round)))
+        replies = grid.send_and_receive(messages, timeout=self.timeout)
+        updates = []
+        for entry, reply in collect_replies(Federation(tuple(silos)), server_round, replies, "train", self.timeout):
+            what = f"train reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.UPDATE, msg.REPORT}, what=what)
+            report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            update = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, dtype=self.array_dtype, what=what)
+            updates.append((entry, {msg.UPDATE: update}, report))
+        total = sum(e.info.n_train for e, _, _ in updates)
+        weights = [e.info.n_train / total for e, _, _ in updates]
+        new = {name: weighted_sum(weights, updates, msg.UPDATE, name).astype(np.float32) for name, _ in self.param_spec}
+        for entry, _, report in updates:
+            self.silo_reports[entry.info.silo_id] = report
+        return new
+
+    # -- run loop ---------------------------------------------------------------------------------------------------
+    def initial_arrays(self) -> ArrayRecord:
+        return msg.arrays_record(self.initial)
+
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable | None = None,
+        *,
+        eval_every: int = 1,
+        on_round: ProgressCallback | None = None,
+    ) -> RunHistory:
+        history = RunHistory(arrays=initial_arrays)
+        self.history = history
+        arrays = initial_arrays
+        for t in range(1, num_rounds + 1):
+            t0 = time.perf_counter()
+            silos = self.participants(t)
+            if self.sharing and t in self.share_rounds:
+                self.share(grid, t, arrays, silos)
+            alpha = self.alpha(t)
+            self.alphas.append(alpha)
+            new = self.train(grid, t, arrays, silos, alpha)
+            arrays = msg.arrays_record(new)
+            history.arrays = arrays
+            record = RoundRecord(server_round=t, seconds=0.0, lr=self.round_lr(t))
+            spent = [v for v in self.correlation_epsilon.values()]
+            if spent:
+                record.epsilon_spent = max(spent)
+            if self.evaluator is not None:
+                if t == num_rounds:
+                    record.evaluation = self.evaluator.final(new)
+                elif t % max(eval_every, 1) == 0:
+                    record.evaluation = self.evaluator.monitor(new)
+            record.seconds = time.perf_counter() - t0
+            history.rounds.append(record)
+            history.silo_reports = dict(self.silo_reports)
+            history.server_state = self.result_state()
+            if on_round is not None:
+                on_round(record)
+        return history
+
+    def result_state(self) -> dict[str, object]:
+        return {
+            "sharing": self.sharing,
+            "share_rounds": sorted(self.share_rounds) if self.sharing else [],
+            "planned_shares": self.planned_shares,
+            "shares": {str(k): v for k, v in self.shares.items()},
+            "correlation_epsilon": {str(k): v for k, v in self.correlation_epsilon.items()},
+            "noise_std": {str(k): v for k, v in self.noise_std.items()},
+            "alphas": list(self.alphas),
+            "participation": self.participation,
+        }
+
+    def combine(self, server_round: int, current: Arrays, updates) -> Arrays:  # pragma: no cover - start() is used
+        raise RoundError("CorrelationAggregation runs its own round loop (start)")
