@@ -27,6 +27,7 @@ ModelKind = Literal["logreg", "mlp", "cnn", "resnet20"]
 #: Backbones of the self-supervised algorithms (`protocols.ssl_models`).
 SSL_MODELS: frozenset[str] = frozenset({"cnn", "resnet20"})
 CalrRelation = Literal["replace_one", "add_remove"]
+Device = Literal["cpu", "cuda", "auto"]
 EvalData = Literal["central", "none"]
 Accountant = Literal["rdp", "pld", "best"]
 Fairness = Literal["dp", "eo", "eopp"]
@@ -115,6 +116,9 @@ class RunConfig(BaseModel):
         default="central",
         description="fedsc: 'central' = linear probe and kNN on the dataset's train/test split at the server "
         "(the paper's protocol; simulation or a server with its own copy); 'none' = no evaluation",
+    )
+    device: Device = Field(
+        default="cpu", description="fedsc: torch device of silo training and evaluation; auto: cuda if available"
     )
     probe_epochs: int = Field(default=30, ge=1, le=10_000, description="fedsc: linear-probe epochs (Adam 3e-3)")
     knn_k: int = Field(default=200, ge=1, description="fedsc: neighbours of the kNN monitor")

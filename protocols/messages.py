@@ -143,6 +143,7 @@ class TrainInstruction(_Schema):
     alpha: float = Field(default=1.0, ge=0.0, le=1.0, description="fedsc: this round's alpha_t (eq. 80)")
     planned_shares: int = Field(default=0, ge=0, description="fedsc: correlation shares the schedule can ask for")
     calr_relation: Literal["replace_one", "add_remove"] = "replace_one"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
 
 
 class TrainReport(_Schema):

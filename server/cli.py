@@ -99,6 +99,9 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=["central", "none"],
         help="linear probe + kNN at the server on the dataset's labelled train/test split (central) or no evaluation",
     )
+    ssl.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda", "auto"], help="torch device (auto: cuda if available)"
+    )
     ssl.add_argument("--probe-epochs", type=int, default=30, help="linear-probe epochs (Adam 3e-3)")
     ssl.add_argument("--knn-k", type=int, default=200)
     ssl.add_argument("--knn-tau", type=float, default=0.1)

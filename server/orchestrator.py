@@ -150,6 +150,7 @@ def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.Train
         mu=config.mu,
         views=config.views,
         calr_relation=config.calr_relation,
+        device=config.device,
     )
 
 

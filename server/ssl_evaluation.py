@@ -19,7 +19,7 @@ import torch
 from protocols.config import RunConfig
 from protocols.models import set_parameters
 from protocols.ssl_eval import extract_features, knn_accuracy, linear_probe
-from protocols.ssl_models import build_ssl_model, image_shape
+from protocols.ssl_models import build_ssl_model, image_shape, resolve_device
 
 MONITOR_MEMORY = 10_000
 MONITOR_QUERIES = 2_000
@@ -45,10 +45,11 @@ class CentralEvaluator:
             config.model, self.shape, projection_dim=config.projection_dim, width=config.width, seed=config.seed
         )
         self.config = config
+        self.device = resolve_device(config.device)
 
     def _load(self, arrays) -> torch.nn.Module:
         set_parameters(self.model, arrays)
-        return self.model
+        return self.model.to(self.device)
 
     def monitor(self, arrays) -> dict[str, float]:
         """kNN accuracy of a test subset against a training subset (the paper's kNN monitor)."""

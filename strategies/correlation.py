@@ -42,6 +42,7 @@ from strategies.base import (
     RunHistory,
     SiloEntry,
     SiloflStrategy,
+    _json_float,
     collect_replies,
     weighted_sum,
 )
@@ -249,7 +250,7 @@ class CorrelationAggregation(SiloflStrategy):
             "share_rounds": sorted(self.share_rounds) if self.sharing else [],
             "planned_shares": self.planned_shares,
             "shares": {str(k): v for k, v in self.shares.items()},
-            "correlation_epsilon": {str(k): v for k, v in self.correlation_epsilon.items()},
+            "correlation_epsilon": {str(k): _json_float(v) for k, v in self.correlation_epsilon.items()},
             "noise_std": {str(k): v for k, v in self.noise_std.items()},
             "alphas": list(self.alphas),
             "participation": self.participation,

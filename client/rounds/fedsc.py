@@ -32,7 +32,7 @@ from client.rounds import RoundResult, with_records
 from protocols import messages as msg
 from protocols.models import get_parameters, parameter_spec, set_parameters
 from protocols.privacy.calr import calr_sensitivity, dp_calr
-from protocols.ssl_models import SSLModel, build_ssl_model, image_shape
+from protocols.ssl_models import SSLModel, build_ssl_model, image_shape, resolve_device
 
 SHARES_KEY = "silofl.fedsc.shares"
 #: randomness streams of this module (distinct from client.randomness's SHUFFLE and NOISE)
@@ -58,11 +58,19 @@ def silo_images(silo: SiloData) -> torch.Tensor:
 
 
 def model_from_message(message: Message, silo: SiloData, instr: msg.TrainInstruction, what: str) -> SSLModel:
+    """The global model of the message, on the run's device."""
     shape = image_shape(silo.info.num_features)
     model = _shell(instr.model, shape, instr.projection_dim, instr.width)
     params = msg.check_arrays(message.content, msg.MODEL, parameter_spec(model), what=what)
     set_parameters(model, params)
-    return model
+    return model.to(_device(instr, what))
+
+
+def _device(instr: msg.TrainInstruction, what: str) -> torch.device:
+    try:
+        return resolve_device(instr.device)
+    except ValueError as exc:
+        raise msg.MessageError(f"{what}: {exc}") from None
 
 
 def correlation_reply(
@@ -105,15 +113,20 @@ def correlation_reply(
     generator = torch.Generator().manual_seed(
         randomness.round_seed(context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=CALR_STREAM)
     )
-    correlation = dp_calr(
-        model,
-        silo_images(silo),
-        _augmentation(shape),
-        views=instr.views,
-        mu=instr.mu,
-        sigma=sigma,
-        generator=generator,
+    views_seed = randomness.round_seed(
+        context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=AUGMENT_STREAM + 100
     )
+    with torch.random.fork_rng(devices=[]):  # kornia draws from torch's global RNG: seed it, leave it as it was
+        torch.manual_seed(views_seed)
+        correlation = dp_calr(
+            model,
+            silo_images(silo).to(_device(instr, what)),
+            _augmentation(shape),
+            views=instr.views,
+            mu=instr.mu,
+            sigma=sigma,
+            generator=generator,
+        )
     context.state[SHARES_KEY] = ConfigRecord({"shares": shares + 1, "round": t})
     report = msg.CorrelationReport(
         silo_id=silo.silo_id,
@@ -135,9 +148,10 @@ def _train(
     seed = randomness.round_seed(
         context, seed=instr.seed, silo_id=silo.silo_id, server_round=instr.server_round, stream=AUGMENT_STREAM
     )
+    device = _device(instr, what)
     local_sc_training(
         model,
-        silo_images(silo),
+        silo_images(silo).to(device),
         _augmentation(shape),
         epochs=instr.local_epochs,
         batch_size=instr.batch_size,
@@ -147,7 +161,7 @@ def _train(
         grad_clip=instr.grad_clip,
         mu=instr.mu,
         alpha=instr.alpha,
-        others=None if others is None else torch.from_numpy(others).float(),
+        others=None if others is None else torch.from_numpy(others).float().to(device),
         seed=seed,
     )
     report = msg.TrainReport(
