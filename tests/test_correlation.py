@@ -204,3 +204,44 @@ def test_a_silo_refuses_to_share_past_the_announced_schedule() -> None:
         correlation_reply(silo, again, context, message)
     assert isinstance(context.state["silofl.fedsc.shares"], ConfigRecord)
     assert config.num_silos == 10
+
+
+def test_fedsc_on_cifar10_python_batches_with_the_resnet(tmp_path) -> None:
+    """The CIFAR path end to end: a tiny file in the standard python-batch format, ResNet-20, RGB augmentations."""
+    import pickle
+
+    from client.data.cifar import CIFAR10_FOLDER
+
+    folder = tmp_path / CIFAR10_FOLDER
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": [i % 10 for i in range(10)],
+            b"data": rng.integers(0, 256, size=(10, 3072), dtype=np.uint8),
+        }
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    config = RunConfig.parse(
+        {
+            "algorithm": "fedsc",
+            "dataset": "cifar10",
+            "data-dir": str(tmp_path),
+            "model": "resnet20",
+            "num-silos": 2,
+            "projection-dim": H,
+            "rounds": 2,
+            "batch-size": 8,
+            "lr": 0.05,
+            "probe-epochs": 2,
+            "knn-k": 5,
+            "epsilon": 6.0,
+            "delta": 1e-2,
+        }
+    )
+    result, grid = _run(config)
+    assert result["status"]["completed"]
+    assert result["federation"]["num_features"] == 3072
+    assert 0.0 <= result["final"]["accuracy"] <= 1.0
+    assert len(grid.exchanges(msg.CORRELATION)) == 2
+    assert 0 < result["privacy"]["epsilon_spent"] <= 6.0 + 1e-9
