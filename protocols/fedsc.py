@@ -293,3 +293,18 @@ def others(total: np.ndarray, own: torch.Tensor | np.ndarray, weight: float) -> 
     if r.shape != mine.shape:
         raise ValueError(f"own must have the shape of total {r.shape}, got {mine.shape}")
     return (r - q * mine) / (1.0 - q)
+
+
+def normalize_rows(z: torch.Tensor, mu: float) -> torch.Tensor:
+    """Each row scaled to norm exactly sqrt(mu): the representation layer of the spectral contrastive models.
+
+    The paper's analysis assumes bounded representations "when the NN has a normalization layer at the end"
+    (Assumption 6.7), and the spectral contrastive loss is trained with z = sqrt(mu) z / ||z|| (HaoChen et al.'s
+    formulation, which the FedSC experiments' mu = 4 refers to). Without it the loss has a collapsed stationary point
+    (every z the same vector, loss -1/2 at unit norm) that SGD falls into from a small random initialisation, and
+    clipping alone does not prevent it since the norm can shrink. DP-CalR still clips (`clip_rows`): for normalized
+    rows that is a no-op, and the privacy guarantee never depends on the model.
+    """
+    if not math.isfinite(mu) or mu <= 0:
+        raise ValueError(f"mu must be a positive finite number, got {mu!r}")
+    return torch.nn.functional.normalize(z, dim=-1) * math.sqrt(mu)

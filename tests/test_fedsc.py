@@ -238,3 +238,21 @@ def test_bad_input_is_refused() -> None:
         aggregate({0: np.eye(2), 1: np.eye(3)}, {0: 1.0, 1: 1.0})
     with pytest.raises(ValueError, match="one entry per client"):
         global_loss([(z, z)], [0.5, 0.5])
+
+
+def test_normalize_rows_puts_every_representation_on_the_sphere_of_radius_sqrt_mu() -> None:
+    from protocols.fedsc import normalize_rows
+
+    z = torch.tensor([[3.0, 4.0], [0.01, 0.0], [-2.0, 0.0]], requires_grad=True)
+    out = normalize_rows(z, 4.0)
+    assert torch.allclose(out.norm(dim=1), torch.full((3,), 2.0))
+    assert torch.allclose(out[0], torch.tensor([1.2, 1.6]))
+    out.sum().backward()  # differentiable
+    assert torch.isfinite(z.grad).all()
+    # a collapsed batch (every z the same) is the WORST value of the local loss once normalized, not a stationary
+    # point with loss -1/2 as with unnormalized z
+    same = normalize_rows(torch.ones(8, 4), 4.0)
+    spread = normalize_rows(torch.eye(4).repeat(2, 1), 4.0)
+    assert float(local_loss(same, same, 1.0)) > float(local_loss(spread, spread, 1.0))
+    with pytest.raises(ValueError, match="mu"):
+        normalize_rows(z, 0.0)

@@ -1,9 +1,9 @@
 """A FedSC silo's local training: E epochs of SGD on its local spectral contrastive loss (paper eq. 5, Algorithm 1
 line "local update").
 
-Each step draws a minibatch of the silo's images, makes two augmented views, computes the clipped representations
-z1, z2 (norm <= sqrt(mu), as DP-CalR clips them, so the loss and the shared correlations live on the same scale)
-and minimizes
+Each step draws a minibatch of the silo's images, makes two augmented views, computes the representations z1, z2
+normalized to norm sqrt(mu) (`protocols.fedsc.normalize_rows`, the models' representation layer: the loss and the
+correlations DP-CalR shares live on the same scale) and minimizes
 
     L_j = - Tr R+_j + 1/2 alpha ||R_j||_F^2 + (1 - alpha) <R_j, Rbar_{-j}>_F        (eq. 5, Rbar_{-j} held constant)
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from client.augment import make_views
-from protocols.fedsc import clip_rows, local_loss
+from protocols.fedsc import local_loss, normalize_rows
 
 
 def local_sc_training(
@@ -59,8 +59,8 @@ def local_sc_training(
             if len(idx) < 2:  # a correlation of one record is no batch statistic
                 continue
             v1, v2 = make_views(images[idx], augmentation, 2, seed=int(rng.integers(2**62)))
-            z1 = clip_rows(model(v1), mu)
-            z2 = clip_rows(model(v2), mu)
+            z1 = normalize_rows(model(v1), mu)
+            z2 = normalize_rows(model(v2), mu)
             loss = local_loss(z1, z2, alpha, others)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -31,6 +31,7 @@ from client.data.tabular import SiloData
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
 from protocols.models import get_parameters, parameter_spec, set_parameters
+from protocols.fedsc import normalize_rows
 from protocols.privacy.calr import calr_sensitivity, dp_calr
 from protocols.ssl_models import SSLModel, build_ssl_model, image_shape, resolve_device
 
@@ -119,7 +120,7 @@ def correlation_reply(
     with torch.random.fork_rng(devices=[]):  # kornia draws from torch's global RNG: seed it, leave it as it was
         torch.manual_seed(views_seed)
         correlation = dp_calr(
-            model,
+            lambda x: normalize_rows(model(x), instr.mu),
             silo_images(silo).to(_device(instr, what)),
             _augmentation(shape),
             views=instr.views,
