@@ -3,9 +3,9 @@
 Two messages per FedSC round:
 
 * ``query.correlation`` (:func:`correlation_reply`): the silo computes its correlation matrix with the current
-  global model through DP-CalR (Algorithm 2: every representation clipped to norm sqrt(mu), the mean of z z^T over
-  V augmented views of every record, i.i.d. Gaussian noise on every entry, added here, in the silo, before the
-  matrix leaves). Its noise is calibrated once per run for the largest number of shares the run's schedule can ask
+  global model through DP-CalR (Algorithm 2: every representation normalized to norm sqrt(mu) by the model's
+  representation layer and clipped to it, the mean of z z^T over V augmented views of every record, i.i.d. Gaussian
+  noise on every entry, added here, in the silo, before the matrix leaves). Its noise is calibrated once per run for the largest number of shares the run's schedule can ask
   of it (`planned_shares`, sampling rate 1), and every share is charged to its ledger before anything is computed:
   the ledger counts the shares that actually happened (with partial participation a silo shares less often).
 * ``train`` (:func:`train_round`): E local epochs on eq. 5 with the server's Rbar_{-j} (the others' aggregate,
@@ -30,8 +30,8 @@ from client.augment import ssl_augmentation
 from client.data.tabular import SiloData
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
-from protocols.models import get_parameters, parameter_spec, set_parameters
 from protocols.fedsc import normalize_rows
+from protocols.models import get_parameters, parameter_spec, set_parameters
 from protocols.privacy.calr import calr_sensitivity, dp_calr
 from protocols.ssl_models import SSLModel, build_ssl_model, image_shape, resolve_device
 
