@@ -142,12 +142,12 @@ def main() -> None:
         base, fedsc, dp = acc("fedavg-sc", seed), acc("fedsc", seed), acc("fedsc-dp", seed)
         gains.append(fedsc - base)
         dp_gains.append(dp - base)
-        ratio = (dp - base) / (fedsc - base) if fedsc != base else float("nan")
+        ratio = f"{(dp - base) / (fedsc - base):.2f}" if fedsc > base else "n/a (no gain)"
         knn = " / ".join(f"{acc(m, seed, 'knn_accuracy'):.1f}" for m in ("fedavg-sc", "fedsc", "fedsc-dp"))
         eps = results[("fedsc-dp", seed)]["privacy"]["epsilon_spent"]
         lines.append(
             f"| {seed} | {100 * results[('initial', seed)]:.1f}% | {base:.1f}% | {fedsc:.1f}% | {dp:.1f}% "
-            f"(eps spent {eps:.2f}) | {fedsc - base:+.1f} | {ratio:.2f} |"
+            f"(eps spent {eps:.2f}) | {fedsc - base:+.1f} | {ratio} |"
         )
         lines.append(f"| {seed}, kNN | | {knn} (FedAvg+SC / FedSC / DP) | | | | |")
     mean_gain = sum(gains) / len(gains)
@@ -157,7 +157,8 @@ def main() -> None:
         "",
         f"Mean gain of FedSC over FedAvg+SC: {mean_gain:+.1f} points (target >= 2): "
         f"**{'met' if mean_gain >= 2 else 'not met'}**. With DP: {mean_dp:+.1f} points, "
-        f"{mean_dp / mean_gain if mean_gain else float('nan'):.0%} of the gain (target >= 50%): "
+        + (f"{mean_dp / mean_gain:.0%} of the gain" if mean_gain > 0 else "no gain to keep")
+        + " (target >= 50%): "
         f"**{'met' if mean_gain > 0 and mean_dp >= mean_gain / 2 else 'not met'}**.",
         "",
         "Seconds per round (seed "

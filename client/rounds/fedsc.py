@@ -5,9 +5,10 @@ Two messages per FedSC round:
 * ``query.correlation`` (:func:`correlation_reply`): the silo computes its correlation matrix with the current
   global model through DP-CalR (Algorithm 2: every representation normalized to norm sqrt(mu) by the model's
   representation layer and clipped to it, the mean of z z^T over V augmented views of every record, i.i.d. Gaussian
-  noise on every entry, added here, in the silo, before the matrix leaves). Its noise is calibrated once per run for the largest number of shares the run's schedule can ask
-  of it (`planned_shares`, sampling rate 1), and every share is charged to its ledger before anything is computed:
-  the ledger counts the shares that actually happened (with partial participation a silo shares less often).
+  noise on every entry, added here, in the silo, before the matrix leaves). Its noise is calibrated once per run for
+  the largest number of shares the run's schedule can ask of it (`planned_shares`, sampling rate 1), and every share
+  is charged to its ledger before anything is computed: the ledger counts the shares that actually happened (with
+  partial participation a silo shares less often).
 * ``train`` (:func:`train_round`): E local epochs on eq. 5 with the server's Rbar_{-j} (the others' aggregate,
   `others`) and this round's alpha_t; the trained weights go back. The weights are NOT protected by DP-CalR (as in
   the paper); the run's privacy report says so.
