@@ -229,6 +229,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--silos", default="1,10,100")
     parser.add_argument("--rhos", default="4,8,16")
+    parser.add_argument("--skip-non-private", action="store_true", help="no non-private (rho = inf) row")
     parser.add_argument("--trusts", default="untrusted,trusted", help="untrusted and/or trusted (Tables 1 and 2)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; cells report the mean over them")
     parser.add_argument(
@@ -252,7 +253,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--algorithms: unknown {sorted(unknown)}; choose from mu2fl, noisy-sgd")
     jobs = [(a, t, r, m) for a in args.algorithms for t in args.trusts for r in args.rhos for m in args.silos]
-    if "mu2fl" in args.algorithms:
+    if "mu2fl" in args.algorithms and not args.skip_non_private:
         jobs += [("mu2fl", "untrusted", math.inf, m) for m in args.silos]
     jobs = [(*job, s, p) for job in jobs for s in args.seeds for p in args.partitions]
     t0 = time.perf_counter()
