@@ -133,25 +133,35 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from server.engines import run_job
 
     config = config_from_args(args)
     result = run_job(config, engine=args.engine, progress=not args.no_progress)
-    final, privacy, timing = result["final"], result["privacy"], result["timing"]
-    if config.algorithm in SSL_ALGORITHMS:
-        return _print_ssl(config, result, args.engine)
+    final = result["final"]
+    if config.algorithm in SSL_ALGORITHMS:  # representation learning: the linear probe and the kNN monitor
+        metrics = {"linear probe acc.": final.get("accuracy"), "kNN acc.": final.get("knn_accuracy")}
+    else:
+        keys = {"accuracy": "accuracy", "loss": "loss", "DP viol.": "dp_violation", "EO viol.": "eo_violation"}
+        metrics = {label: final.get(key) for label, key in keys.items()}
+    _print_summary(config, result, args.engine, metrics)
+    return 0
+
+
+def _print_summary(config: RunConfig, result: dict, engine: str, metrics: dict[str, float | None]) -> None:
+    """One-row table: the run's final metrics, epsilon spent, delta, seconds per round; then where result.json is."""
+    from rich.console import Console
+    from rich.table import Table
+
+    privacy, timing = result["privacy"], result["timing"]
     table = Table(
         title=f"{config.algorithm} on {config.dataset}: {config.num_silos} silos, "
-        f"{result['federation']['rounds']} rounds, {args.engine} engine"
+        f"{result['federation']['rounds']} rounds, {engine} engine"
     )
-    for col in ("accuracy", "loss", "DP viol.", "EO viol.", "eps spent", "delta", "s/round"):
+    for col in (*metrics, "eps spent", "delta", "s/round"):
         table.add_column(col, justify="right")
     eps = privacy["epsilon_spent"]
     table.add_row(
-        *(f"{final[k]:.4f}" for k in ("accuracy", "loss", "dp_violation", "eo_violation")),
+        *("-" if value is None else f"{value:.4f}" for value in metrics.values()),
         eps if isinstance(eps, str) else f"{eps:.4f}",
         f"{privacy['delta']:.1e}",
         f"{timing['seconds_per_round']:.4f}",
@@ -159,31 +169,6 @@ def run_command(args: argparse.Namespace) -> int:
     console = Console()
     console.print(table)
     console.print(f"result: {Path(config.out_dir) / 'result.json'}")
-    return 0
-
-
-def _print_ssl(config: RunConfig, result: dict, engine: str) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    final, privacy, timing = result["final"], result["privacy"], result["timing"]
-    table = Table(
-        title=f"{config.algorithm} on {config.dataset}: {config.num_silos} silos, "
-        f"{result['federation']['rounds']} rounds, {engine} engine"
-    )
-    for col in ("linear probe acc.", "kNN acc.", "eps spent", "delta", "s/round"):
-        table.add_column(col, justify="right")
-    eps = privacy["epsilon_spent"]
-    table.add_row(
-        *("-" if final.get(k) is None else f"{final[k]:.4f}" for k in ("accuracy", "knn_accuracy")),
-        eps if isinstance(eps, str) else f"{eps:.4f}",
-        f"{privacy['delta']:.1e}",
-        f"{timing['seconds_per_round']:.2f}",
-    )
-    console = Console()
-    console.print(table)
-    console.print(f"result: {Path(config.out_dir) / 'result.json'}")
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
