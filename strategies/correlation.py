@@ -165,21 +165,22 @@ class CorrelationAggregation(SiloflStrategy):
             self.correlation_epsilon[silo_id] = report.epsilon_spent
             self.noise_std[silo_id] = report.noise_std
 
-    def others_for(self, silo_id: int) -> np.ndarray:
-        """Rbar_{-j} from the cache (q_j normalised over the silos in the cache, as `fedsc.aggregate` weighs them)."""
+    def others_for(self, silo_ids: list[int]) -> dict[int, np.ndarray]:
+        """Rbar_{-j} of each silo from the cache: one aggregate per round, q_j normalised over the silos in the cache
+        (as `fedsc.aggregate` weighs them)."""
         total = fedsc.aggregate(self.cache, self.weights)
-        q = fedsc.normalize_weights(self.weights, list(self.cache))[silo_id]
-        return fedsc.others(total, self.cache[silo_id], q)
+        q = fedsc.normalize_weights(self.weights, list(self.cache))
+        return {j: fedsc.others(total, self.cache[j], q[j]) for j in silo_ids}
 
     def train(self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry], alpha: float) -> Arrays:
         config = self._instruction(server_round, alpha).to_config_record()
         h = self.instruction.projection_dim
         messages = []
+        others = self.others_for([e.info.silo_id for e in silos]) if self.sharing and self.cache else {}
         for e in silos:
             records: dict[str, Any] = {msg.MODEL: arrays, msg.CONFIG: config}
             if self.sharing:
-                others = self.others_for(e.info.silo_id) if self.cache else np.zeros((h, h))
-                records[msg.OTHERS] = msg.arrays_record({"R": others})
+                records[msg.OTHERS] = msg.arrays_record({"R": others.get(e.info.silo_id, np.zeros((h, h)))})
             messages.append(Message(RecordDict(records), e.node_id, msg.TRAIN, group_id=str(server_round)))
         replies = grid.send_and_receive(messages, timeout=self.timeout)
         updates = []
