@@ -8,16 +8,17 @@ names the key and the allowed values, so a typo never silently falls back to a d
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc"]
+Algorithm = Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc", "tran"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: Algorithms whose silos add Gaussian noise and keep a privacy ledger.
-PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc"})
+PRIVATE_ALGORITHMS: frozenset[str] = frozenset({"dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "tran"})
 #: Federated self-supervised learning (spectral contrastive): FedSC and its baseline FedAvg+SC.
 SSL_ALGORITHMS: frozenset[str] = frozenset({"fedsc", "fedavg-sc"})
 #: Single-pass convex algorithms on logistic regression (DP-mu2-FL and its noisy-SGD baseline).
@@ -52,8 +53,13 @@ class ConfigError(ValueError):
 class RunConfig(BaseModel):
     """Everything needed to (re)run one federated job. Field names are the run-config keys with `-` for `_`."""
 
+    # allow_inf_nan=False: NaN and infinity are refused for every number except where a field allows them (epsilon)
     model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, alias_generator=lambda s: s.replace("_", "-")
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=lambda s: s.replace("_", "-"),
+        allow_inf_nan=False,
     )
 
     algorithm: Algorithm
@@ -81,9 +87,16 @@ class RunConfig(BaseModel):
     local_epochs: int = Field(default=1, ge=1, le=1000, description="fedavg: local passes per round")
     clip: float = Field(default=1.0, gt=0.0, description="per-sample gradient L2 clip norm C")
     fairness: Fairness = Field(default="dp", description="steffle: demographic parity, equalized odds, equal opp.")
-    lam: float = Field(default=1.0, ge=0.0, le=1e4, alias="lambda", description="steffle: weight of the ERMI term")
+    lam: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1e4,
+        alias="lambda",
+        description="steffle: weight of the ERMI term; tran: initial value of every Lagrange multiplier",
+    )
     w_radius: float = Field(default=2.0, gt=0.0, description="steffle: radius D of the ball W is projected onto")
     w_lr: float = Field(default=0.1, gt=0.0, le=1e4, description="steffle: ascent step size of W")
+    dual_lr: float = Field(default=0.01, ge=0.0, le=1e4, description="tran: dual ascent step s of the multipliers")
     counts_share: float = Field(
         default=0.1, gt=0.0, lt=1.0, description="steffle: share of each silo's epsilon spent on its group counts"
     )
@@ -123,19 +136,36 @@ class RunConfig(BaseModel):
     probe_epochs: int = Field(default=30, ge=1, le=10_000, description="fedsc: linear-probe epochs (Adam 3e-3)")
     knn_k: int = Field(default=200, ge=1, description="fedsc: neighbours of the kNN monitor")
     knn_tau: float = Field(default=0.1, gt=0.0, description="fedsc: temperature of the kNN monitor")
-    epsilon: float = Field(default=math.inf, gt=0.0, description="target epsilon per silo; inf: no noise")
+    epsilon: float = Field(
+        default=math.inf, gt=0.0, allow_inf_nan=True, description="target epsilon per silo; inf: no noise"
+    )
     delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="target delta; 0: 1/n^2 with n the training records")
     accountant: Accountant = "best"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     eval_every: int = Field(default=0, ge=0, description="rounds between federated evaluations; 0: about 20 in a run")
     round_timeout: float = Field(default=600.0, gt=0.0, description="seconds to wait for the silos' replies")
     out_dir: str = Field(default="", description="where result.json is written; empty: do not write")
+    checkpoint_every: int = Field(
+        default=0,
+        ge=0,
+        description="rounds between server checkpoints in out-dir; 0: after a round once 2 s have passed since the "
+        "last (server/checkpoint.py)",
+    )
+    resume: bool = Field(default=False, description="continue the run from the checkpoint in out-dir (same config)")
 
     @field_validator("epsilon", mode="before")
     @classmethod
     def _parse_infinity(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in {"inf", "infinity", "none"}:
             return math.inf
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1: `rounds = true` would silently run one round
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in (int, float):
+            raise ValueError("a boolean is not a number: give the value itself")
         return value
 
     @model_validator(mode="after")
@@ -195,6 +225,9 @@ class RunConfig(BaseModel):
     @classmethod
     def parse(cls, values: Mapping[str, Any]) -> RunConfig:
         """Validate a run config; raise :class:`ConfigError` naming each bad key and what it accepts."""
+        if not isinstance(values, Mapping):
+            kind = type(values).__name__
+            raise ConfigError(f"invalid run configuration: expected a table of key = value, got {kind}")
         try:
             return cls.model_validate(dict(values))
         except ValidationError as exc:
@@ -228,16 +261,26 @@ def _explain(exc: ValidationError) -> str:
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else ""
         if err["type"] == "extra_forbidden":
-            close = [k for k in known if _similar(k, key)]
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            close = _closest(key, known)
+            hint = f" (did you mean '{close}'?)" if close else ""
             lines.append(f"  - unknown key '{key}'{hint}; known keys: {', '.join(known)}")
         elif err["type"] == "missing":
             lines.append(f"  - missing key '{key}': give {allowed_values(key)}")
         elif not key:
             lines.append(f"  - {err['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  - key '{key}' = {err.get('input')!r}: {err['msg']}; allowed: {allowed_values(key)}")
+            problem = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  - key '{key}' = {err.get('input')!r}: {problem}; allowed: {allowed_values(key)}")
     return "\n".join(lines)
+
+
+def _closest(key: str, known: list[str]) -> str | None:
+    """The known key `key` is most likely a typo of: a close spelling (difflib), else one containing it."""
+    norm = key.lower().replace("_", "-")
+    close = difflib.get_close_matches(norm, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    return next((k for k in known if len(norm) > 3 and _similar(k, key)), None)
 
 
 def _similar(a: str, b: str) -> bool:

@@ -4,6 +4,9 @@ Every message is a Flower :class:`~flwr.app.RecordDict`. Its scalar parts are py
 ranges checked); its arrays are checked against the shapes both sides derive from the model (:func:`check_arrays`):
 names, shapes, dtypes and finite values. A message that fails any check raises :class:`MessageError`, whose text
 names the message, the field and what was expected, so that a bad message is refused before it touches any state.
+Scalars are validated strictly (a string, a bool or a float where the protocol has an integer is refused, not coerced)
+and must be finite except where infinity has a meaning (epsilon: no noise); arrays are checked from their declared
+metadata and their .npy header before a byte of their payload is decoded, so an oversized array costs no copy.
 
 Message types (Flower `message_type`):
 
@@ -22,13 +25,14 @@ Message types (Flower `message_type`):
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SETUP = "query.setup"
 GROUPS = "query.groups"
@@ -57,9 +61,20 @@ class MessageError(ValueError):
     """A message that does not follow the protocol. Nothing it carries has been applied."""
 
 
+#: Bounds a message may not exceed even when the schema has no natural one: each sizes something the receiver
+#: allocates (a model layer, a count table) before it can check the sender's arrays against it.
+MAX_FEATURES = 10_000_000
+MAX_CATEGORIES = 100_000  # labels or sensitive groups
+
+
 class _Schema(BaseModel):
+    # allow_inf_nan=False: a float is finite unless its field says otherwise (epsilon = inf means "no noise").
     model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, alias_generator=lambda s: s.replace("_", "-")
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=lambda s: s.replace("_", "-"),
+        allow_inf_nan=False,
     )
 
     def to_config_record(self) -> ConfigRecord:
@@ -86,13 +101,13 @@ class DataSpec(_Schema):
     target: str = ""
     sensitive: str = ""
     features: str = ""
-    num_silos: int = Field(ge=1)
+    num_silos: int = Field(ge=1, le=1000)
     partition: Literal["iid", "attribute", "classes", "dirichlet"] = "iid"
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)
     classes_per_silo: int = Field(default=2, ge=1)
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
     max_train_records: int = Field(default=0, ge=0)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
 
 class SiloInfo(_Schema):
@@ -100,46 +115,57 @@ class SiloInfo(_Schema):
 
     silo_id: int = Field(ge=0)
     dataset: str
-    num_features: int = Field(ge=1)
-    num_labels: int = Field(ge=2)
-    num_groups: int = Field(ge=1)
-    n_train: int = Field(ge=1)
-    n_test: int = Field(ge=0)
+    num_features: int = Field(ge=1, le=MAX_FEATURES)
+    num_labels: int = Field(ge=2, le=MAX_CATEGORIES)
+    num_groups: int = Field(ge=1, le=MAX_CATEGORIES)
+    n_train: int = Field(ge=1, lt=2**63)
+    n_test: int = Field(ge=0, lt=2**63)
     schema_hash: str = Field(min_length=1, description="hash of feature/label/group names: silos must agree")
     label_names: tuple[str, ...]
     group_names: tuple[str, ...]
+
+    @model_validator(mode="after")
+    def _names_match_counts(self) -> SiloInfo:
+        # the counts size the server's tables; the names are what a silo has to send to claim them
+        if len(self.label_names) != self.num_labels:
+            raise ValueError(f"'label-names' lists {len(self.label_names)} labels but 'num-labels' = {self.num_labels}")
+        if len(self.group_names) != self.num_groups:
+            raise ValueError(f"'group-names' lists {len(self.group_names)} groups but 'num-groups' = {self.num_groups}")
+        return self
 
 
 class TrainInstruction(_Schema):
     """Server -> silo, every training round."""
 
-    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc"]
+    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc", "tran"]
     server_round: int = Field(ge=1)
     total_rounds: int = Field(ge=1)
     model: Literal["logreg", "mlp", "cnn", "resnet20"] = "logreg"
-    hidden: int = Field(default=64, ge=1)
+    # Upper bounds as in protocols.config.RunConfig: the silo builds the model from these before it can check the
+    # message's arrays against it, so an absurd size must be refused here.
+    hidden: int = Field(default=64, ge=1, le=65536)
     batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0.0)
-    local_epochs: int = Field(default=1, ge=1)
+    lr: float = Field(gt=0.0, le=1e4)
+    local_epochs: int = Field(default=1, ge=1, le=1000)
     clip: float = Field(default=1.0, gt=0.0)
-    epsilon: float = Field(default=math.inf, gt=0.0)
+    epsilon: float = Field(default=math.inf, gt=0.0, allow_inf_nan=True, description="inf: no noise")
     delta: float = Field(default=0.0, ge=0.0, lt=1.0)
     accountant: Literal["rdp", "pld", "best"] = "best"
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
     fairness: Literal["dp", "eo", "eopp"] = "dp"
-    lam: float = Field(default=0.0, ge=0.0, alias="lambda")
+    lam: float = Field(default=0.0, ge=0.0, le=1e4, alias="lambda")
     counts_share: float = Field(default=0.1, gt=0.0, lt=1.0)
     trust: Literal["untrusted", "trusted"] = "untrusted"
     rho: float = Field(default=0.0, ge=0.0)
     domain_diameter: float = Field(default=0.1, gt=0.0)
     # fedsc / fedavg-sc (see protocols.config.RunConfig for their meaning)
-    projection_dim: int = Field(default=128, ge=1)
-    width: int = Field(default=1, ge=1)
+    projection_dim: int = Field(default=128, ge=1, le=8192)
+    width: int = Field(default=1, ge=1, le=64)
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(default=5e-4, ge=0.0)
     grad_clip: float = Field(default=3.0, gt=0.0)
     mu: float = Field(default=4.0, gt=0.0)
-    views: int = Field(default=2, ge=1)
+    views: int = Field(default=2, ge=1, le=64)
     alpha: float = Field(default=1.0, ge=0.0, le=1.0, description="fedsc: this round's alpha_t (eq. 80)")
     planned_shares: int = Field(default=0, ge=0, description="fedsc: correlation shares the schedule can ask for")
     calr_relation: Literal["replace_one", "add_remove"] = "replace_one"
@@ -152,7 +178,9 @@ class TrainReport(_Schema):
     silo_id: int = Field(ge=0)
     server_round: int = Field(ge=1)
     num_examples: int = Field(ge=0, description="fedavg: local records; private algorithms: n_j (public, from setup)")
-    epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after this answer (inf: no noise)")
+    epsilon_spent: float = Field(
+        ge=0.0, allow_inf_nan=True, description="the silo's ledger after this answer (inf: no noise)"
+    )
     noise_multiplier: float = Field(ge=0.0)
     sampling_rate: float = Field(ge=0.0, le=1.0)
 
@@ -161,7 +189,9 @@ class GroupsReport(_Schema):
     """Silo -> server with its (group, label) counts (array `counts`, noised unless the run is non-private)."""
 
     silo_id: int = Field(ge=0)
-    epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after the histogram (inf: no noise)")
+    epsilon_spent: float = Field(
+        ge=0.0, allow_inf_nan=True, description="the silo's ledger after the histogram (inf: no noise)"
+    )
 
 
 class CorrelationReport(_Schema):
@@ -170,7 +200,9 @@ class CorrelationReport(_Schema):
     silo_id: int = Field(ge=0)
     server_round: int = Field(ge=1)
     num_examples: int = Field(ge=1, description="n_j (public, from setup): the weight q_j = n_j / n")
-    epsilon_spent: float = Field(ge=0.0, description="the silo's ledger after this share (inf: no noise)")
+    epsilon_spent: float = Field(
+        ge=0.0, allow_inf_nan=True, description="the silo's ledger after this share (inf: no noise)"
+    )
     shares: int = Field(ge=1, description="correlation matrices this silo has released in the run, this one included")
     noise_std: float = Field(ge=0.0, description="sigma of the Gaussian noise on every entry")
 
@@ -180,7 +212,7 @@ class EvaluateInstruction(_Schema):
 
     server_round: int = Field(ge=0)
     model: Literal["logreg", "mlp", "cnn", "resnet20"] = "logreg"
-    hidden: int = Field(default=64, ge=1)
+    hidden: int = Field(default=64, ge=1, le=65536)
 
 
 class EvaluateReport(_Schema):
@@ -189,7 +221,7 @@ class EvaluateReport(_Schema):
     silo_id: int = Field(ge=0)
     server_round: int = Field(ge=0)
     num_examples: int = Field(ge=0)
-    loss_sum: float = Field(ge=0.0, allow_inf_nan=False)
+    loss_sum: float = Field(ge=0.0)
 
 
 def check_records(content: RecordDict, expected: set[str], *, what: str = "message") -> None:
@@ -204,14 +236,37 @@ def check_records(content: RecordDict, expected: set[str], *, what: str = "messa
 
 
 def read_config(content: RecordDict, schema: type[M], *, record: str = CONFIG, what: str = "message") -> M:
-    """Validate the ConfigRecord (or MetricRecord) `record` of `content` against `schema`."""
+    """Validate the ConfigRecord (or MetricRecord) `record` of `content` against `schema`.
+
+    Strict: a value of the wrong type is refused rather than coerced (the string "3", a bool or 3.0 is not the
+    integer 3; an integer is a valid float). Flower carries sequences as lists; they are read as tuples.
+    """
     if record not in content:
         raise MessageError(f"{what}: missing record '{record}' (has: {sorted(content.keys())})")
+    rec = content[record]
+    if not isinstance(rec, ConfigRecord | MetricRecord):
+        raise MessageError(
+            f"{what}: record '{record}' must be a ConfigRecord or MetricRecord with the {schema.__name__} fields, "
+            f"got {type(rec).__name__}"
+        )
+    values = {key: tuple(value) if isinstance(value, list) else value for key, value in rec.items()}
     try:
-        return schema.model_validate(dict(content[record]))
+        return schema.model_validate(values, strict=True)
     except ValidationError as exc:
-        problems = "; ".join(f"'{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(e) for e in exc.errors())
         raise MessageError(f"{what}: invalid {schema.__name__} in record '{record}': {problems}") from None
+
+
+def _problem(error: Any) -> str:
+    """One pydantic error as "'field': what is wrong (got value)"; a model-level check names its fields itself."""
+    where = ".".join(map(str, error["loc"]))
+    text = error["msg"].removeprefix("Value error, ")
+    if not where:
+        return text
+    if error["type"] == "missing":
+        return f"'{where}': {text}"
+    got = repr(error.get("input"))
+    return f"'{where}': {text} (got {got[:60] + '...' if len(got) > 60 else got})"
 
 
 def arrays_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
@@ -219,37 +274,85 @@ def arrays_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({name: _array(value) for name, value in arrays.items()})
 
 
-def _array(value: np.ndarray):
-
-    return Array(np.ascontiguousarray(value))
+def _array(value: np.ndarray) -> Array:
+    value = np.asarray(value)  # C order; np.ascontiguousarray alone would turn a 0-d array into shape (1,)
+    return Array(value if value.flags.c_contiguous else np.ascontiguousarray(value))
 
 
 def check_arrays(
     content: RecordDict, record: str, spec: ArraySpec, *, dtype: str = "float32", what: str = "message"
 ) -> dict[str, np.ndarray]:
-    """Return the arrays of `record`, after checking names, shapes, dtype and finite values against `spec`."""
+    """Return the arrays of `record`, after checking names, shapes, dtype and finite values against `spec`.
+
+    Each array's declared dtype and shape, then the dtype, shape and byte count in its .npy header, are checked
+    before its payload is decoded: an array larger than the spec, or a payload that is not a plain .npy array (a
+    zip archive, a pickle, a header that lies about the size), is refused without copying it.
+    """
     if record not in content:
         raise MessageError(f"{what}: missing array record '{record}' (has: {sorted(content.keys())})")
     rec = content[record]
     if not isinstance(rec, ArrayRecord):
         raise MessageError(f"{what}: record '{record}' must be an ArrayRecord, got {type(rec).__name__}")
     expected = [name for name, _ in spec]
-    if list(rec.keys()) != expected:
-        raise MessageError(f"{what}: arrays in '{record}' are {list(rec.keys())}, expected {expected} in that order")
+    names = list(rec.keys())
+    if names != expected:
+        missing = [n for n in expected if n not in names]
+        unexpected = [n for n in names if n not in expected]
+        raise MessageError(
+            f"{what}: arrays in '{record}' are {_listing(names)}, expected {_listing(expected)} in that order"
+            + (f"; missing {_listing(missing)}" if missing else "")
+            + (f"; unexpected {_listing(unexpected)}" if unexpected else "")
+        )
+    want = np.dtype(dtype)
     out: dict[str, np.ndarray] = {}
     for name, shape in spec:
+        where = f"{what}: array '{record}.{name}'"
         arr = rec[name]
-        if arr.dtype != np.dtype(dtype).str and arr.dtype != dtype:
-            raise MessageError(f"{what}: array '{record}.{name}' has dtype {arr.dtype}, expected {dtype}")
-        if tuple(arr.shape) != tuple(shape):
-            raise MessageError(f"{what}: array '{record}.{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
-        try:
-            value = arr.numpy()
-        except Exception as exc:  # corrupt payload: wrong byte count for the declared shape
-            raise MessageError(f"{what}: array '{record}.{name}' cannot be decoded: {exc}") from None
-        if value.shape != tuple(shape) or value.dtype != np.dtype(dtype):
-            raise MessageError(f"{what}: array '{record}.{name}' decodes to {value.dtype}{value.shape}")
+        shape = tuple(shape)
+        if arr.dtype != want.str and arr.dtype != dtype:
+            raise MessageError(f"{where} has dtype {arr.dtype}, expected {dtype}")
+        declared = arr.shape if isinstance(arr.shape, tuple) else None
+        if declared != shape:
+            raise MessageError(f"{where} has shape {arr.shape}, expected {shape}")
+        value = _decode(arr, shape, want, where)
         if value.dtype.kind == "f" and not np.isfinite(value).all():
-            raise MessageError(f"{what}: array '{record}.{name}' contains NaN or infinite values")
+            raise MessageError(f"{where} contains NaN or infinite values")
         out[name] = value
     return out
+
+
+def _listing(names: Sequence[str], limit: int = 20) -> str:
+    if len(names) <= limit:
+        return str(list(names))
+    return f"{list(names[:limit])} and {len(names) - limit} more"
+
+
+def _decode(arr: Array, shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
+    """The payload of `arr` as a writable C-ordered array, after checking its .npy header against (shape, dtype)."""
+    if arr.stype != "numpy.ndarray":
+        raise MessageError(f"{where} is serialized as {arr.stype!r}, expected 'numpy.ndarray' (.npy bytes)")
+    data = arr.data
+    if not isinstance(data, bytes):
+        raise MessageError(f"{where} has a payload of type {type(data).__name__}, expected bytes")
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            header = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            header = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f".npy format version {version} (expected 1.0 or 2.0)")
+    except Exception as exc:  # not .npy bytes: a zip archive (np.load would open it as .npz), a pickle, garbage
+        raise MessageError(f"{where} cannot be decoded: not a .npy array payload ({exc})") from None
+    header_shape, fortran_order, header_dtype = header
+    if header_dtype != dtype or tuple(header_shape) != shape:
+        raise MessageError(
+            f"{where} decodes to {header_dtype}{tuple(header_shape)} although it declares {dtype}{shape}"
+        )
+    offset = stream.tell()
+    size = math.prod(shape) * dtype.itemsize
+    if len(data) - offset != size:
+        raise MessageError(f"{where} holds {len(data) - offset} bytes of data, expected {size} for {dtype}{shape}")
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
+    return np.array(flat.reshape(shape, order="F" if fortran_order else "C"), order="C")
