@@ -7,6 +7,10 @@ correlation matrix through DP-CalR), ``train`` (one round of the run's algorithm
 fails its checks raises :class:`~protocols.messages.MessageError` before it touches the silo's state; Flower returns
 the error to the server, which stops the run naming the silo and the round.
 
+``groups``, ``correlation`` and ``train`` are answered once per round (:func:`_answer`): with a `state-dir` in its
+node config a silo keeps its job's state and its last answers on disk, replays an answer the server asks for again
+(a restarted server, a lost reply) and never pays for one answer twice (see :mod:`client.privacy_state`).
+
 Keep this module's import path light: a deployed ClientApp is a fresh process for every message (platform.md).
 """
 
@@ -14,19 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from client import privacy_state
 from client.data.tabular import SiloData
 from client.rounds import RoundFunction
 from client.silo_data import describe, load_silo_data
 from protocols import messages as msg
 from protocols.models import build_model, parameter_spec, set_parameters
 
-DATA_SPEC_KEY = "silofl.data-spec"
+DATA_SPEC_KEY = privacy_state.DATA_SPEC_KEY
 
 app = ClientApp()
 
@@ -44,9 +49,37 @@ def _single_thread() -> Iterator[None]:
 
 def _silo(context: Context) -> tuple[SiloData, msg.DataSpec]:
     if DATA_SPEC_KEY not in context.state:
-        raise msg.MessageError("this silo has not been set up for the run: the server must send 'query.setup' first")
+        saved = privacy_state.load_run_spec(context)  # a silo restarted mid-run, with a state-dir
+        if saved is None:
+            raise msg.MessageError(
+                "this silo holds no state for this run: the server must send 'query.setup' first, or the silo was "
+                f"restarted mid-run without a state-dir (node config '{privacy_state.STATE_DIR_KEY}'), which would "
+                "let it continue"
+            )
+        context.state[DATA_SPEC_KEY] = saved
     spec = msg.DataSpec.model_validate(dict(context.state[DATA_SPEC_KEY]))
     return load_silo_data(context, spec), spec
+
+
+def _answer(
+    kind: str,
+    message: Message,
+    context: Context,
+    silo: SiloData,
+    instr: msg.TrainInstruction,
+    compute: Callable[[], RecordDict],
+    what: str,
+) -> Message:
+    """Answer a checked request once (see `client.privacy_state`): bind the silo's job, replay a journaled answer to
+    the same request, else compute it and journal it before it is released."""
+    privacy_state.open_job(context, silo_id=silo.silo_id, instr=instr, what=what)
+    digest = privacy_state.request_digest(message.content) if privacy_state.persistent(context) else ""
+    cached = privacy_state.replay(context, kind, instr, digest, what=what)
+    if cached is not None:
+        return Message(cached, reply_to=message)
+    content = compute()
+    privacy_state.answered(context, kind, instr.server_round, digest, content)
+    return Message(content, reply_to=message)
 
 
 @functools.lru_cache(maxsize=8)
@@ -68,26 +101,32 @@ def setup(message: Message, context: Context) -> Message:
     """Load (or derive) the silo's data and describe it."""
     msg.check_records(message.content, {msg.CONFIG}, what="setup message")
     spec = msg.read_config(message.content, msg.DataSpec, what="setup message")
+    silo = load_silo_data(context, spec)  # a spec the silo refuses leaves its current setup as it was
     context.state[DATA_SPEC_KEY] = spec.to_config_record()
-    silo = load_silo_data(context, spec)
+    privacy_state.save_run_spec(context, context.state[DATA_SPEC_KEY])
     return Message(RecordDict({msg.REPORT: describe(silo).to_config_record()}), reply_to=message)
 
 
 @app.query("groups")
 def groups(message: Message, context: Context) -> Message:
     """SteFFLe's setup step: the silo's records by (sensitive group, label), through a DP histogram."""
-    from client.rounds.steffle import group_counts
-
     silo, _ = _silo(context)
     what = f"groups message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
-    if instr.algorithm != "steffle":
-        raise msg.MessageError(f"{what}: group counts are part of SteFFLe only, not {instr.algorithm!r}")
-    counts, spent = group_counts(silo, instr, context)
-    report = msg.GroupsReport(silo_id=silo.silo_id, epsilon_spent=spent)
-    content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
-    return Message(content, reply_to=message)
+    if instr.algorithm == "steffle":
+        from client.rounds.steffle import group_counts
+    elif instr.algorithm == "tran":
+        from client.rounds.tran import group_counts
+    else:
+        raise msg.MessageError(f"{what}: group counts are part of SteFFLe and Tran only, not {instr.algorithm!r}")
+
+    def compute() -> RecordDict:
+        counts, spent = group_counts(silo, instr, context)
+        report = msg.GroupsReport(silo_id=silo.silo_id, epsilon_spent=spent)
+        return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
+
+    return _answer("groups", message, context, silo, instr, compute, what)
 
 
 @app.query("correlation")
@@ -99,12 +138,15 @@ def correlation(message: Message, context: Context) -> Message:
     what = f"correlation query to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
-    with _single_thread():
-        matrix, report = correlation_reply(silo, instr, context, message)
-    content = RecordDict(
-        {msg.CORRELATION_MATRIX: msg.arrays_record({"R": matrix}), msg.REPORT: report.to_metric_record()}
-    )
-    return Message(content, reply_to=message)
+
+    def compute() -> RecordDict:
+        with _single_thread():
+            matrix, report = correlation_reply(silo, instr, context, message)
+        return RecordDict(
+            {msg.CORRELATION_MATRIX: msg.arrays_record({"R": matrix}), msg.REPORT: report.to_metric_record()}
+        )
+
+    return _answer("correlation", message, context, silo, instr, compute, what)
 
 
 @app.train()
@@ -115,13 +157,18 @@ def train(message: Message, context: Context) -> Message:
     instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
     round_fn = _round_function(instr.algorithm)
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG, *round_fn.extra_records}, what=what)
-    with _single_thread():
-        model = _model_from_message(message, silo, instr.model, instr.hidden, what) if round_fn.needs_model else None
-        arrays, report = round_fn(model, silo, instr, context, message)
-    content = RecordDict(
-        {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
-    )
-    return Message(content, reply_to=message)
+
+    def compute() -> RecordDict:
+        with _single_thread():
+            model = None
+            if round_fn.needs_model:
+                model = _model_from_message(message, silo, instr.model, instr.hidden, what)
+            arrays, report = round_fn(model, silo, instr, context, message)
+        return RecordDict(
+            {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
+        )
+
+    return _answer("train", message, context, silo, instr, compute, what)
 
 
 def _round_function(algorithm: str) -> RoundFunction:
@@ -132,6 +179,8 @@ def _round_function(algorithm: str) -> RoundFunction:
         from client.rounds.dp_fedsgd import train_round
     elif algorithm == "steffle":
         from client.rounds.steffle import train_round
+    elif algorithm == "tran":
+        from client.rounds.tran import train_round
     elif algorithm in ("mu2fl", "noisy-sgd"):
         from client.rounds.mu2fl import train_round
     elif algorithm == "fedsc":

@@ -8,25 +8,60 @@ charges its ledger, which refuses (and charges nothing) once the answer would ex
 smaller of the run's epsilon and the silo's own cap (`epsilon-budget` in its node config), so a silo operator can bound
 what any server may ask of it.
 
-Both live in `context.state`, a RecordDict that Flower keeps between the messages of a run.
+Both live in `context.state`, a RecordDict that Flower keeps between the messages of a run. Flower forgets it when the
+silo's SuperNode restarts, and a server that restarts from its checkpoint starts a new Flower run (a fresh
+`context.state`). A silo whose node config names a `state-dir` therefore also keeps, per job, everything its state
+holds (ledger, calibration, DP-mu2-FL's momentum and record order, FedSC's share count) in a file there
+(:func:`open_job`, :func:`persist`), written atomically:
+
+* when it charges its ledger, BEFORE it computes or releases the answer (the charge is marked pending);
+* when it has computed the answer, BEFORE it releases it: the answer itself is kept (the journal, one answer per
+  message kind) and the pending mark cleared.
+
+So after any crash the silo knows what it spent. A round asked again is answered once: if its answer was journaled it
+is replayed byte for byte (a second copy of one release costs no privacy), if the round was charged but its answer
+never left the silo it is computed now without a second charge, and a different request for an answered round is
+refused (a second answer would be a second release). A silo without `state-dir` keeps nothing on disk; it refuses to
+join a private job after its first round (its ledger would start from zero and forget what it spent).
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
+import json
 import math
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flwr.app import ConfigRecord, Context
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 
-from protocols.messages import MessageError
-from protocols.privacy.accountant import calibrate_noise, epsilon_spent
-from protocols.privacy.ledger import PrivacyLedger
+from protocols.messages import MessageError, TrainInstruction
+
+if TYPE_CHECKING:  # the accountants (dp-accounting) are imported when a silo first calibrates or charges: a deployed
+    # ClientApp is a fresh process per message, and setup, evaluate and non-private rounds need neither
+    from protocols.privacy.ledger import PrivacyLedger
 
 STATE_KEY = "silofl.privacy"
 LEDGER_KEY = "silofl.ledger"
 SPENT_KEY = "silofl.spent"
 BUDGET_KEY = "epsilon-budget"
+STATE_DIR_KEY = "state-dir"
+#: The data spec of the run (set by `query.setup`): kept per Flower run, not per job.
+DATA_SPEC_KEY = "silofl.data-spec"
+#: Which job this context serves and where its file is (never written to the file itself).
+JOB_KEY = "silofl.job"
+#: A charged answer that has not been released yet (the silo went down in between, or the round failed after it).
+PENDING_KEY = "silofl.pending"
+#: The last answer of each message kind: `silofl.journal.<kind>` (round, request digest, record names) and
+#: `silofl.journal.<kind>/<record>` (the reply's records).
+JOURNAL_KEY = "silofl.journal"
+STATE_FORMAT = 1
+_TRANSIENT = frozenset({DATA_SPEC_KEY, JOB_KEY})
 
 
 @dataclass(frozen=True)
@@ -43,6 +78,12 @@ class NoisePlan:
     epsilon_accountant: float  # what the accountant gives back for noise_multiplier (<= epsilon)
     relation: str = "add_remove"
     one_off: float = 0.0  # noise multiplier of a one-off unsampled release before the rounds (0: none)
+
+
+def _accountant():
+    from protocols.privacy import accountant
+
+    return accountant
 
 
 def silo_budget(context: Context, run_epsilon: float) -> float:
@@ -108,7 +149,9 @@ def noise_plan(
     if noise_multiplier is not None:
         multiplier = noise_multiplier
         eps_back = (
-            epsilon_spent(multiplier, sampling_rate, steps, delta, releases=releases, accountant=accountant)
+            _accountant().epsilon_spent(
+                multiplier, sampling_rate, steps, delta, releases=releases, accountant=accountant
+            )
             if multiplier > 0
             else math.inf
         )
@@ -139,7 +182,7 @@ def _calibrate(
 ):
     """`calibrate_noise` is a pure function of its arguments (0.2-1 s); simulated silos of equal size share it."""
     prior = [(one_off, 1.0, 1)] if one_off > 0 else []
-    return calibrate_noise(
+    return _accountant().calibrate_noise(
         epsilon, delta, sampling_rate, steps, releases=releases, accountant=accountant, relation=relation, prior=prior
     )
 
@@ -161,6 +204,8 @@ def _plan_from(rec: ConfigRecord) -> NoisePlan:
 
 def load_ledger(context: Context, plan: NoisePlan) -> PrivacyLedger:
     """The silo's ledger for this run (a fresh one on its first private answer)."""
+    from protocols.privacy.ledger import PrivacyLedger
+
     if LEDGER_KEY in context.state:
         return PrivacyLedger.from_dict(dict(context.state[LEDGER_KEY]))
     return PrivacyLedger(
@@ -169,37 +214,52 @@ def load_ledger(context: Context, plan: NoisePlan) -> PrivacyLedger:
 
 
 def save_ledger(context: Context, ledger: PrivacyLedger, spent: float) -> None:
-    """Persist the ledger, and the epsilon it reported for its last charge (read back by :func:`spent`)."""
+    """Persist the ledger, and the epsilon it reported for its last charge (read back by :func:`spent`); with a
+    `state-dir`, also on disk before this returns (so before the answer it pays for is computed)."""
     context.state[LEDGER_KEY] = ConfigRecord(ledger.to_dict())
     context.state[SPENT_KEY] = ConfigRecord({"epsilon": spent})
+    persist(context)
 
 
 def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -> float:
     """Charge one answer to the silo's ledger (raises BudgetExceededError, charging nothing, past the budget).
 
     Returns the epsilon spent after it: an upper bound during the run (see `PrivacyLedger.charge`), exact on the
-    run's last round.
+    run's last round. A round charged before but never released (the silo went down before answering) is not
+    charged again: this answer is the one it paid for.
     """
     ledger = load_ledger(context, plan)
-    spent = ledger.charge(
-        round=server_round,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=plan.sampling_rate,
-        releases=plan.releases,
-        silo=silo,
-    )
+    if _pending_round(context) == server_round and ledger.last_round == server_round:
+        return spent(context)
+    try:
+        spent_now = ledger.charge(
+            round=server_round,
+            noise_multiplier=plan.noise_multiplier,
+            sampling_rate=plan.sampling_rate,
+            releases=plan.releases,
+            silo=silo,
+        )
+    except ValueError as exc:
+        raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
     if server_round >= plan.steps:
-        spent = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
-    save_ledger(context, ledger, spent)
-    return spent
+        spent_now = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
+    context.state[PENDING_KEY] = ConfigRecord({"round": server_round})
+    save_ledger(context, ledger, spent_now)
+    return spent_now
 
 
 def charge_one_off(context: Context, plan: NoisePlan, *, silo: str) -> float:
     """Charge the one-off unsampled release (round 0, before any training round); returns the epsilon spent."""
     ledger = load_ledger(context, plan)
-    spent = ledger.charge(round=0, noise_multiplier=plan.one_off, sampling_rate=1.0, releases=1, silo=silo)
-    save_ledger(context, ledger, spent)
-    return spent
+    if _pending_round(context) == 0 and ledger.last_round == 0:
+        return spent(context)
+    try:
+        spent_now = ledger.charge(round=0, noise_multiplier=plan.one_off, sampling_rate=1.0, releases=1, silo=silo)
+    except ValueError as exc:
+        raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
+    context.state[PENDING_KEY] = ConfigRecord({"round": 0})
+    save_ledger(context, ledger, spent_now)
+    return spent_now
 
 
 def spent(context: Context) -> float:
@@ -208,3 +268,270 @@ def spent(context: Context) -> float:
     if SPENT_KEY not in context.state:
         return 0.0
     return float(context.state[SPENT_KEY]["epsilon"])
+
+
+# -- persistence across restarts (node config `state-dir`) ----------------------------------------------------------
+
+
+def state_dir(context: Context) -> Path | None:
+    """The silo's state folder from its node config (`state-dir`), or None: nothing is kept on disk."""
+    value = context.node_config.get(STATE_DIR_KEY)
+    if value is None or str(value) == "":
+        return None
+    return Path(str(value)).expanduser()
+
+
+def persistent(context: Context) -> bool:
+    """Whether this context's job is kept on disk (a `state-dir` and a job bound by :func:`open_job`)."""
+    return JOB_KEY in context.state and bool(context.state[JOB_KEY]["path"])
+
+
+def job_fingerprint(instr: TrainInstruction) -> str:
+    """What identifies a job to a silo across Flower runs: every instruction field but the per-round ones.
+
+    A resumed run sends the same instruction (its run config is checked against the checkpoint's), so it finds the
+    silo's file; a different job (another seed, epsilon, number of rounds, ...) gets a file of its own. Two jobs with
+    identical instructions are one job to the silo: the second one's rounds are refused as already answered (give
+    it another seed).
+    """
+    fields = instr.model_dump(by_alias=True, exclude={"server_round", "lr", "alpha"})
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _private(instr: TrainInstruction) -> bool:
+    return math.isfinite(instr.epsilon) or instr.rho > 0
+
+
+def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: str) -> None:
+    """Bind this context to the job of `instr` on its first message, loading the silo's saved state for the job.
+
+    A context serves one job: later messages with other parameters are refused by :func:`noise_plan`. A silo with no
+    state for a private job refuses to start it after round 1: its ledger would start from zero and forget the
+    rounds it answered before it was restarted (without `state-dir`) or before the server resumed the run.
+    """
+    if JOB_KEY in context.state:
+        return
+    fingerprint = job_fingerprint(instr)
+    directory = state_dir(context)
+    path = directory / f"silo{silo_id}-job-{fingerprint}.json" if directory is not None else None
+    if path is not None and path.is_file():
+        _load_job(context, path, silo_id, fingerprint)
+    elif _private(instr) and instr.server_round > 1:
+        where = (
+            f"no state for this job in its state-dir {directory}"
+            if directory is not None
+            else "no state-dir in its node config, so nothing survived"
+        )
+        raise MessageError(
+            f"{what}: silo {silo_id} has no record of rounds 1..{instr.server_round - 1} of this private job "
+            f"({where}): it was restarted, or the server resumed the run on silos that kept no state. Answering "
+            "would start its privacy ledger from zero and forget what it spent; it refuses. Give every silo a "
+            f"state-dir (node config '{STATE_DIR_KEY}') so that its ledger survives restarts"
+        )
+    context.state[JOB_KEY] = ConfigRecord(
+        {"fingerprint": fingerprint, "silo": silo_id, "path": "" if path is None else str(path)}
+    )
+
+
+def persist(context: Context) -> None:
+    """Write the job's state (every record but the transient ones) to its file, atomically; no-op without one."""
+    if not persistent(context):
+        return
+    job = context.state[JOB_KEY]
+    records = {name: encode_record(rec) for name, rec in context.state.items() if name not in _TRANSIENT}
+    document = {
+        "format": STATE_FORMAT,
+        "silo": int(job["silo"]),
+        "fingerprint": str(job["fingerprint"]),
+        "written_at": time.time(),
+        "records": records,
+    }
+    _atomic_write(Path(str(job["path"])), json.dumps(document).encode())
+
+
+def _load_job(context: Context, path: Path, silo_id: int, fingerprint: str) -> None:
+    try:
+        document = json.loads(path.read_text())
+        if document.get("format") != STATE_FORMAT:
+            raise ValueError(f"format {document.get('format')!r}, expected {STATE_FORMAT}")
+        if document.get("silo") != silo_id or document.get("fingerprint") != fingerprint:
+            raise ValueError(f"it belongs to silo {document.get('silo')}, job {document.get('fingerprint')}")
+        records = {name: decode_record(rec) for name, rec in document["records"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise MessageError(
+            f"silo {silo_id}: its saved state {path} is unreadable ({exc}); it refuses to answer, since it cannot "
+            "tell what it has spent. Restore the file, or delete it deliberately (that forgets the budget it spent)"
+        ) from None
+    for name, record in records.items():
+        context.state[name] = record
+
+
+def request_digest(content: RecordDict) -> str:
+    """SHA-256 of a request's records (names, array bytes, config values): what a replayed answer must match."""
+    h = hashlib.sha256()
+    for name in sorted(content.keys()):
+        record = content[name]
+        h.update(f"\x00{name}\x00{type(record).__name__}\x00".encode())
+        if isinstance(record, ArrayRecord):
+            for key, array in record.items():
+                h.update(f"{key}\x00{array.dtype}\x00{tuple(array.shape)}\x00".encode())
+                h.update(array.data)
+        else:
+            h.update(json.dumps({k: _encode_value(v) for k, v in record.items()}, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def replay(context: Context, kind: str, instr: TrainInstruction, digest: str, *, what: str) -> RecordDict | None:
+    """The journaled answer to this very request, if the silo already answered it (None: compute it).
+
+    A different request for a round the silo answered is refused in a private job (a second answer would be a
+    second release of its data); in a non-private one the answer is simply computed again.
+    """
+    name = f"{JOURNAL_KEY}.{kind}"
+    if not persistent(context) or name not in context.state:
+        return None
+    meta = context.state[name]
+    if int(meta["round"]) != instr.server_round:
+        return None
+    if meta["digest"] != digest:
+        if not _private(instr):
+            return None
+        raise MessageError(
+            f"{what}: this silo already answered round {instr.server_round} ({kind}) of this job, to a different "
+            "request; a second answer would be a second release of its data, so it refuses (a resumed server "
+            "sends the same request again; a new job needs another seed)"
+        )
+    return RecordDict({rec: _copy_record(context.state[f"{name}/{rec}"]) for rec in meta["records"]})
+
+
+def answered(context: Context, kind: str, server_round: int, digest: str, content: RecordDict) -> None:
+    """The answer is computed and about to be released: clear the pending charge; with a state-dir, journal the
+    answer and write everything to disk first."""
+    if PENDING_KEY in context.state:
+        del context.state[PENDING_KEY]
+    if not persistent(context):
+        return
+    name = f"{JOURNAL_KEY}.{kind}"
+    for old in [key for key in context.state if key.startswith(name + "/")]:
+        del context.state[old]
+    for rec, record in content.items():
+        context.state[f"{name}/{rec}"] = _copy_record(record)
+    context.state[name] = ConfigRecord({"round": server_round, "digest": digest, "records": list(content.keys())})
+    persist(context)
+
+
+def _pending_round(context: Context) -> int | None:
+    return int(context.state[PENDING_KEY]["round"]) if PENDING_KEY in context.state else None
+
+
+def _already_hint(context: Context, exc: ValueError) -> str:
+    """What to do about a round the ledger refuses as already charged (or out of order); '' for other errors."""
+    if "already charged" not in str(exc) and "before the last charged round" not in str(exc):
+        return ""
+    where = f" (its ledger is in {context.state[JOB_KEY]['path']})" if persistent(context) else ""
+    return (
+        f"{where}. This silo answers each round of a job once: a resumed server continues after its checkpoint, "
+        "and a new job with the same parameters needs another seed"
+    )
+
+
+def save_run_spec(context: Context, record: ConfigRecord) -> None:
+    """Keep the run's data spec (from `query.setup`) on disk, so that a silo restarted mid-run can continue it."""
+    directory = state_dir(context)
+    if directory is None:
+        return
+    document = {"format": STATE_FORMAT, "run_id": context.run_id, "record": encode_record(record)}
+    _atomic_write(directory / f"run-{context.run_id}.json", json.dumps(document).encode())
+
+
+def load_run_spec(context: Context) -> ConfigRecord | None:
+    """The run's data spec saved by :func:`save_run_spec`, or None."""
+    directory = state_dir(context)
+    path = directory / f"run-{context.run_id}.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        record = decode_record(json.loads(path.read_text())["record"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise MessageError(f"the silo's saved run spec {path} is unreadable ({exc})") from None
+    return record if isinstance(record, ConfigRecord) else None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write-to-temporary, flush to disk, rename: a crash leaves the old file or the new one, never a mix.
+
+    Owner-only permissions (0600 files, 0700 new folders): the state holds a silo's ledger and, for DP-mu2-FL, its
+    un-noised momentum, which must not be readable by other users of the machine.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _encode_value(value: object) -> object:
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode()}
+    if isinstance(value, list):
+        return [_encode_value(v) for v in value]
+    return value
+
+
+def _decode_value(value: object) -> object:
+    if isinstance(value, dict):
+        return base64.b64decode(value["b64"])
+    if isinstance(value, list):
+        return [_decode_value(v) for v in value]
+    return value
+
+
+def encode_record(record: ConfigRecord | MetricRecord | ArrayRecord) -> dict[str, object]:
+    """A Flower record as JSON-able data, exactly (array bytes in base64); :func:`decode_record` reads it back."""
+    if isinstance(record, ArrayRecord):
+        return {
+            "type": "array",
+            "arrays": {
+                key: {
+                    "dtype": a.dtype,
+                    "shape": list(a.shape),
+                    "stype": a.stype,
+                    "data": base64.b64encode(a.data).decode(),
+                }
+                for key, a in record.items()
+            },
+        }
+    kind = "metric" if isinstance(record, MetricRecord) else "config"
+    return {"type": kind, "values": {k: _encode_value(v) for k, v in record.items()}}
+
+
+def decode_record(data: dict) -> ConfigRecord | MetricRecord | ArrayRecord:
+    """The record :func:`encode_record` encoded."""
+    if data["type"] == "array":
+        return ArrayRecord(
+            {
+                key: Array(a["dtype"], tuple(a["shape"]), a["stype"], base64.b64decode(a["data"]))
+                for key, a in data["arrays"].items()
+            }
+        )
+    values = {k: _decode_value(v) for k, v in data["values"].items()}
+    if data["type"] == "metric":
+        return MetricRecord(values)
+    if data["type"] == "config":
+        return ConfigRecord(values)
+    raise ValueError(f"unknown record type {data['type']!r}")
+
+
+def _copy_record(record: ConfigRecord | MetricRecord | ArrayRecord) -> ConfigRecord | MetricRecord | ArrayRecord:
+    """A copy sharing nothing mutable (array payloads are immutable bytes)."""
+    if isinstance(record, ArrayRecord):
+        return ArrayRecord({key: Array(a.dtype, tuple(a.shape), a.stype, a.data) for key, a in record.items()})
+    values = {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
+    return MetricRecord(values) if isinstance(record, MetricRecord) else ConfigRecord(values)

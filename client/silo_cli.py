@@ -1,7 +1,8 @@
 """`silofl silo start`: how one site joins a deployed federation by hand.
 
     silofl silo start --data DIR --superlink HOST:PORT [--root-certificates CA.crt --auth-key silo_k.key | --insecure]
-        [--epsilon-budget E] [--deterministic-noise] [--clientapp-port N] [--dry-run]
+        [--epsilon-budget E] [--state-dir DIR] [--allow-trusted-server] [--deterministic-noise] [--clientapp-port N]
+        [--dry-run]
 
 It loads the silo folder (written by `silofl data split`) once, so that a bad folder fails here with the file named
 instead of at the first message of a run, prints the exact `flower-supernode` command and replaces itself with it
@@ -13,8 +14,9 @@ site's OpenSSH ECDSA private key, `--auth-key`; its public key must be registere
 deprecates `--auth-supernode-public-key`, so only the private key is passed. `--insecure` (plain gRPC, no
 authentication) must be asked for explicitly and excludes both.
 
-The node config carries the settings the ClientApp reads: `data-path` (:mod:`client.silo_data`), `epsilon-budget`
-(:mod:`client.privacy_state`), `deterministic-noise` (:mod:`client.randomness`).
+The node config carries the settings the ClientApp reads: `data-path` (:mod:`client.silo_data`), `epsilon-budget` and
+`state-dir` (:mod:`client.privacy_state`: the folder where the silo keeps its ledger and answers across restarts,
+docs/FAULTS.md), `allow-trusted-server` (:mod:`client.rounds.mu2fl`), `deterministic-noise` (:mod:`client.randomness`).
 """
 
 from __future__ import annotations
@@ -68,21 +70,37 @@ def _existing_file(path: Path | None, flag: str, what: str) -> Path:
     return path
 
 
-def node_config_string(data: Path, epsilon_budget: float | None = None, deterministic_noise: bool = False) -> str:
+def _literal_path(path: Path, flag: str) -> str:
+    """An absolute path as a TOML literal string (single quotes, no escapes)."""
+    text = str(Path(path).expanduser().resolve())
+    if "'" in text or "\n" in text:
+        raise SiloStartError(f"{flag} {text!r}: Flower's --node-config cannot carry a path with a quote or newline")
+    return f"'{text}'"
+
+
+def node_config_string(
+    data: Path,
+    epsilon_budget: float | None = None,
+    deterministic_noise: bool = False,
+    *,
+    state_dir: Path | None = None,
+    allow_trusted_server: bool = False,
+) -> str:
     """The `--node-config` value: `data-path='...'` (absolute), and the optional privacy settings.
 
     Flower parses it as space-separated `key=value` pairs whose values are TOML; the path is a TOML literal string
     (single quotes, no escapes), so it may contain spaces but not a single quote.
     """
-    path = str(Path(data).expanduser().resolve())
-    if "'" in path or "\n" in path:
-        raise SiloStartError(f"--data {path!r}: Flower's --node-config cannot carry a path with a quote or newline")
-    parts = [f"data-path='{path}'"]
+    parts = [f"data-path={_literal_path(data, '--data')}"]
     if epsilon_budget is not None:
         if not (epsilon_budget > 0) or math.isnan(epsilon_budget):
             raise SiloStartError(f"--epsilon-budget must be a positive number, got {epsilon_budget}")
         if math.isfinite(epsilon_budget):  # inf caps nothing: leave the key out rather than write a non-TOML value
             parts.append(f"epsilon-budget={float(epsilon_budget)!r}")
+    if state_dir is not None:
+        parts.append(f"state-dir={_literal_path(state_dir, '--state-dir')}")
+    if allow_trusted_server:
+        parts.append("allow-trusted-server=true")
     if deterministic_noise:
         parts.append("deterministic-noise=true")
     return " ".join(parts)
@@ -111,7 +129,16 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
         if not 0 < int(args.clientapp_port) < 65536:
             raise SiloStartError(f"--clientapp-port must be a TCP port (1-65535), got {args.clientapp_port}")
         command += ["--port", str(int(args.clientapp_port))]
-    command += ["--node-config", node_config_string(args.data, args.epsilon_budget, args.deterministic_noise)]
+    command += [
+        "--node-config",
+        node_config_string(
+            args.data,
+            args.epsilon_budget,
+            args.deterministic_noise,
+            state_dir=getattr(args, "state_dir", None),
+            allow_trusted_server=getattr(args, "allow_trusted_server", False),
+        ),
+    ]
     return command
 
 
@@ -174,6 +201,17 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--auth-key", type=Path, metavar="FILE", help="this silo's OpenSSH ECDSA private key")
     start.add_argument("--insecure", action="store_true", help="no TLS, no authentication (trusted networks only)")
     start.add_argument("--epsilon-budget", type=float, metavar="E", help="cap this silo's epsilon below any run's")
+    start.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the silo's privacy ledger and answers here, so a restarted silo continues (recommended)",
+    )
+    start.add_argument(
+        "--allow-trusted-server",
+        action="store_true",
+        help="DP-mu2-FL: let a trusted-server run receive this silo's un-noised momentum",
+    )
     start.add_argument(
         "--deterministic-noise", action="store_true", help="seed noise from the run seed (reproducible, weaker)"
     )

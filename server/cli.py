@@ -3,6 +3,8 @@
     silofl run ALGORITHM [--dataset NAME|FILE] [--silos N] ...   run a federated job on one machine
     silofl data split DATASET --silos N --out DIR                 prepare one data folder per silo
     silofl privacy calibrate --epsilon E --delta D ...            noise multiplier for a privacy target
+    silofl sweep FILE.toml [--workers 2]                           a grid of runs, resumable (server/sweep.py)
+    silofl plot fairness|privacy|mu2|fedsc RUN_DIR...             figures from run folders (server/plots.py)
 
 Every `run` flag is a run-config key (`--batch-size` is `batch-size`), validated by :class:`protocols.config.RunConfig`.
 """
@@ -77,6 +79,7 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     fair.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the ERMI fairness term")
     fair.add_argument("--w-radius", type=float, default=2.0, help="radius D of the ball W is projected onto")
     fair.add_argument("--w-lr", type=float, default=0.1, help="ascent step size of W")
+    fair.add_argument("--dual-lr", type=float, default=0.01, help="tran: dual ascent step s of the multipliers")
     fair.add_argument(
         "--counts-share", type=float, default=0.1, help="share of each silo's epsilon spent on its group counts"
     )
@@ -114,6 +117,13 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--round-timeout", type=float, default=600.0)
     p.add_argument("--engine", default="inprocess", choices=["inprocess", "ray"])
     p.add_argument("--out", dest="out_dir", default="", help="output folder (default: runs/<time>-<algorithm>)")
+    p.add_argument(
+        "--resume",
+        dest="resume_dir",
+        default="",
+        metavar="DIR",
+        help="continue the stopped run in DIR from its checkpoint (give the same flags as the run)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(func=run_command)
 
@@ -136,6 +146,10 @@ def run_command(args: argparse.Namespace) -> int:
     from server.engines import run_job
 
     config = config_from_args(args)
+    if getattr(args, "resume_dir", ""):
+        from server.checkpoint import resume_config
+
+        config = resume_config(config, args.resume_dir, out_given=bool(args.out_dir))
     result = run_job(config, engine=args.engine, progress=not args.no_progress)
     final = result["final"]
     if config.algorithm in SSL_ALGORITHMS:  # representation learning: the linear probe and the kNN monitor
@@ -176,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     from client.silo_cli import add_silo_parser
     from protocols.privacy.calibrate_cli import add_privacy_parser
     from server.deploy.cli import add_deploy_parser
+    from server.plots import add_plot_parser
+    from server.sweep import add_sweep_parser
 
     parser = argparse.ArgumentParser(
         prog="silofl", description="Cross-silo federated learning with differential privacy and fairness, on Flower."
@@ -186,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_privacy_parser(subparsers)
     add_deploy_parser(subparsers)
     add_silo_parser(subparsers)
+    add_sweep_parser(subparsers)
+    add_plot_parser(subparsers)
     return parser
 
 

@@ -12,12 +12,21 @@ Fidelity choices:
 * an exception in the ClientApp becomes an error reply (`Message(Error(...), reply_to=...)`), as in Flower's engines;
 * the run identity (`TaskIdentity`) is set the way `run_simulation` sets it, because Flower 1.39's strategies and the
   `Message` constructor read it.
+
+Faults (tests/test_faults.py): :meth:`InProcessGrid.restart_silo` gives a silo a fresh Context, as a restarted
+SuperNode has (Flower keeps `context.state` in the SuperNode's memory); with `enforce_timeout=True`,
+`send_and_receive` delivers each message in a worker thread and gives up on a silo that has not answered within the
+round's `timeout`, as Flower's engines do (a stalled silo's reply is then missing; its thread finishes in the
+background and its late reply is dropped). Silos still run one after the other (they share cached model shells), so
+each gets the whole timeout from the moment its message is delivered, as parallel silos would. Off by default: silos
+then run on the server's thread, which keeps runs bit for bit reproducible and free of thread overhead.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import threading
 import traceback
 from collections.abc import Iterable, Mapping
 from uuid import uuid4
@@ -44,6 +53,7 @@ class InProcessGrid(Grid):
         node_configs: Iterable[Mapping[str, str | int | float | bool]] | None = None,
         run_id: int = 1,
         copy_messages: bool = True,
+        enforce_timeout: bool = False,
     ) -> None:
         if num_silos < 1:
             raise ValueError(f"num_silos must be >= 1, got {num_silos}")
@@ -53,15 +63,16 @@ class InProcessGrid(Grid):
         configs = list(node_configs) if node_configs is not None else [{} for _ in range(num_silos)]
         if len(configs) != num_silos:
             raise ValueError(f"got {len(configs)} node configs for {num_silos} silos")
+        self._run_id = run_id
         self._contexts: dict[int, Context] = {}
         for partition_id, extra in enumerate(configs):
             node_id = 1000 + partition_id  # stable ids, distinct from the SuperLink's
             node_config = {"partition-id": partition_id, "num-partitions": num_silos, **extra}
-            self._contexts[node_id] = Context(
-                run_id=run_id, node_id=node_id, node_config=node_config, state=RecordDict(), run_config={}
-            )
+            self._contexts[node_id] = self._fresh_context(node_id, node_config)
         self._replies: dict[str, Message] = {}
         self._copy = copy_messages
+        self._enforce_timeout = enforce_timeout
+        self._timeout: float | None = None
         self._counter = itertools.count()
         TaskIdentity.task_id = 1
         TaskIdentity.run_id = run_id
@@ -87,6 +98,39 @@ class InProcessGrid(Grid):
         """The persistent Context of one simulated silo (for tests and inspection)."""
         return self._contexts[node_id]
 
+    def restart_silo(self, node_id: int) -> None:
+        """Restart one simulated silo: same node id and node config, an empty `context.state` (what a SuperNode
+        restart leaves: Flower keeps the state in memory). What the silo kept in its `state-dir` survives."""
+        old = self._contexts[node_id]
+        self._contexts[node_id] = self._fresh_context(node_id, dict(old.node_config))
+
+    def silo_states(self) -> dict[int, dict[str, object]]:
+        """What each simulated silo without a `state-dir` holds in `context.state` (its ledger, calibration, ...),
+        by partition id, for the server's checkpoint (:mod:`server.checkpoint`); the data spec is left out.
+
+        In simulation the server and the silos are one process and die together: a snapshot of both after the same
+        round is a consistent state of the whole federation, from which a restarted process continues. The records
+        are referenced, not copied: silofl replaces a state record, it never changes one in place."""
+        from client.privacy_state import DATA_SPEC_KEY, STATE_DIR_KEY
+
+        return {
+            int(ctx.node_config["partition-id"]): {k: v for k, v in ctx.state.items() if k != DATA_SPEC_KEY}
+            for ctx in self._contexts.values()
+            if not ctx.node_config.get(STATE_DIR_KEY)
+        }
+
+    def restore_silo_states(self, states: Mapping[int, Mapping[str, object]]) -> None:
+        """Put back :meth:`silo_states` of a checkpoint into the silos of a restarted process."""
+        by_partition = {int(ctx.node_config["partition-id"]): ctx for ctx in self._contexts.values()}
+        for partition_id, records in states.items():
+            if partition_id not in by_partition:
+                raise ValueError(f"the checkpoint holds the state of silo partition {partition_id}, not in this grid")
+            for name, record in records.items():
+                by_partition[partition_id].state[name] = record
+
+    def _fresh_context(self, node_id: int, node_config: dict) -> Context:
+        return Context(run_id=self._run_id, node_id=node_id, node_config=node_config, state=RecordDict(), run_config={})
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
@@ -103,7 +147,13 @@ class InProcessGrid(Grid):
                 group_id=msg.metadata.group_id,
             )
             incoming.metadata.__dict__["_message_id"] = msg_id
-            reply = deliver(self._client_app, incoming, self._contexts[node_id])
+            if self._timeout is not None:
+                reply = self._deliver_within(incoming, self._contexts[node_id], self._timeout)
+                if reply is None:  # the silo did not answer in time: no reply, as on Flower's engines
+                    ids.append(msg_id)
+                    continue
+            else:
+                reply = deliver(self._client_app, incoming, self._contexts[node_id])
             if self._copy and reply.has_content():
                 reply = Message(copy_content(reply.content), reply_to=incoming)
             self._replies[msg_id] = reply
@@ -114,7 +164,22 @@ class InProcessGrid(Grid):
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self.pull_messages(list(self.push_messages(messages)))
+        if self._enforce_timeout and timeout is not None:
+            self._timeout = timeout
+        try:
+            return self.pull_messages(list(self.push_messages(messages)))
+        finally:
+            self._timeout = None
+
+    def _deliver_within(self, message: Message, context: Context, timeout: float) -> Message | None:
+        """Run the ClientApp in a worker thread; its reply, or None if it is not done within `timeout` seconds."""
+        box: list[Message] = []
+        worker = threading.Thread(
+            target=lambda: box.append(deliver(self._client_app, message, context)), name="silo", daemon=True
+        )
+        worker.start()
+        worker.join(timeout)
+        return box[0] if box else None
 
 
 def copy_content(content: RecordDict) -> RecordDict:

@@ -8,6 +8,11 @@
    silo j, so the default is conservative for each of them);
 4. the strategy for the algorithm, started from a model initialised by the seed;
 5. the result (`result.json`): config, per-round metrics, final metrics, privacy report, timing.
+
+With an `out-dir` the server checkpoints its state after completed rounds (:mod:`server.checkpoint`); with `resume` it
+continues from that checkpoint instead of starting at round 1. A run that stops (a silo fails, stalls past
+`round-timeout`, or sends something invalid) writes result.json with the state after its last completed round and
+`status.state = "stopped"`, then raises a RoundError naming the silo and the round.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from strategies.base import (
     Federation,
     ProgressCallback,
     RoundError,
+    RoundRecord,
     RunHistory,
     SiloEntry,
     SiloflStrategy,
@@ -65,8 +71,14 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
     ]
     replies = list(grid.send_and_receive(messages, timeout=SETUP_TIMEOUT))
     entries = []
+    asked, seen = set(nodes), set()
     for reply in replies:
         node = reply.metadata.src_node_id
+        if node not in asked:
+            raise RoundError(f"setup round: a reply came from node {node}, which was not asked ({sorted(asked)})")
+        if node in seen:
+            raise RoundError(f"setup round: node {node} answered the setup round twice")
+        seen.add(node)
         if reply.has_error():
             raise RoundError(f"node {node} failed to set up its data: {reply.error.reason}")
         what = f"setup reply from node {node}"
@@ -223,6 +235,22 @@ def build_strategy(
         decay_epochs=config.lr_decay_epochs,
         rounds_per_epoch=mean_n / config.batch_size,
     )
+    if config.algorithm == "tran":
+        from protocols.ermi import GroupPrior
+        from strategies.lagrangian import LagrangianDual
+
+        if group_counts is None:
+            raise ValueError("tran needs the silos' group counts (groups_round) to build its prior")
+        prior = GroupPrior.from_counts(config.fairness, group_counts, floor=PRIOR_FLOOR)
+        return LagrangianDual(
+            federation,
+            spec,
+            schedule=schedule,
+            prior=prior,
+            initial_multiplier=config.lam,
+            dual_lr=config.dual_lr,
+            **common,
+        )
     if config.algorithm == "steffle":
         from protocols.ermi import GroupPrior, w_shape
         from strategies.noisy_aggregation import NoisyAggregation
@@ -277,49 +305,128 @@ def run_federation(
     grid: Grid, config: RunConfig, *, on_start=None, on_round: ProgressCallback | None = None, engine: str = ""
 ) -> dict[str, Any]:
     """Run one job on `grid` and return (and, with `out_dir`, write) its result."""
+    from server import checkpoint
+
     t_start = time.perf_counter()
+    resumed = _resume_point(config)
     federation = setup_round(grid, config)
     rounds = resolve_rounds(config, federation)
     delta = resolve_delta(config, federation)
+    if resumed is not None:
+        resumed.check_federation(federation)
+        resumed.check_run(rounds, delta)
+        restore = getattr(grid, "restore_silo_states", None)  # simulated silos (in-process engine)
+        if resumed.silo_states and restore is not None:
+            restore(resumed.silo_states)
     counts = None
-    if config.algorithm == "steffle":
-        counts = groups_round(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
+    if config.algorithm in ("steffle", "tran"):
+        # On resume the silos are not asked again: they spent budget on their counts once (the sum is public).
+        counts = (
+            resumed.group_counts
+            if resumed is not None
+            else groups_round(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
+        )
     strategy = build_strategy(config, federation, rounds, delta, group_counts=counts, engine=engine)
     info = federation.info
-    initial = strategy.initial_arrays() or msg.arrays_record(
-        get_parameters(
-            build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
+    history: RunHistory | None = None
+    if resumed is not None:
+        strategy.restore_state_arrays(resumed.strategy)
+        strategy.silo_reports = dict(resumed.silo_reports)
+        history = resumed.history()
+        initial = history.arrays
+    else:
+        initial = strategy.initial_arrays() or msg.arrays_record(
+            get_parameters(
+                build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
+            )
         )
-    )
+    writer = None
+    if config.out_dir and checkpoint.resumable(config.algorithm):
+        writer = checkpoint.CheckpointWriter(
+            Path(config.out_dir),
+            config,
+            federation,
+            rounds,
+            delta,
+            group_counts=counts,
+            elapsed_before=resumed.elapsed_seconds if resumed is not None else 0.0,
+            resumed_from=resumed.completed if resumed is not None else 0,
+            silo_states=getattr(grid, "silo_states", None),
+        )
     eval_every = config.eval_every or max(1, rounds // 20)
     if on_start is not None:
         on_start(rounds, federation)
+
+    def after_round(record: RoundRecord) -> None:
+        if writer is not None and strategy.history is not None:
+            writer.after_round(strategy, strategy.history)
+        if on_round is not None:
+            on_round(record)
+
     t_rounds = time.perf_counter()
     error: Exception | None = None
+    # Only a resumed run continues a history (FedSC's strategy runs its own loop and is never resumed).
+    resume_from = {"first_round": resumed.completed + 1, "history": history} if resumed is not None else {}
     try:
-        history = strategy.start(grid, initial, num_rounds=rounds, eval_every=eval_every, on_round=on_round)
+        history = strategy.start(
+            grid, initial, num_rounds=rounds, eval_every=eval_every, on_round=after_round, **resume_from
+        )
     except (RoundError, msg.MessageError) as exc:
-        # Keep the server's state as of the last completed round (the model, W, the rounds and the silos' privacy
-        # reports so far) with the reason the run stopped; then stop loudly.
+        # Keep the server's state as of the last completed round (the model, W, the rounds) with the reason the run
+        # stopped; then stop loudly. The privacy block reports the latest answers the silos sent, even from the
+        # round that failed: what they spent is never under-reported.
         history, error = strategy.history or RunHistory(arrays=initial), exc
+        history.silo_reports = {**history.silo_reports, **strategy.silo_reports}
+    checkpoint_path = writer.write() if writer is not None else None
     t_end = time.perf_counter()
     result = build_result(
-        config,
+        config.model_copy(update={"resume": False}),
         federation,
         history,
         rounds=rounds,
         delta=delta,
         engine=engine,
-        total_seconds=t_end - t_start,
+        total_seconds=t_end - t_start + (resumed.elapsed_seconds if resumed is not None else 0.0),
         round_seconds=t_end - t_rounds,
     )
     completed = len(history.rounds)
-    result["status"] = {"completed": error is None, "rounds_completed": completed, "error": error and str(error)}
+    result["status"] = {
+        "completed": error is None,
+        "state": "completed" if error is None else "stopped",
+        "rounds_completed": completed,
+        "error": error and str(error),
+        "resumed_from": resumed.completed if resumed is not None else None,
+        "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
+    }
     path = write_result(result, Path(config.out_dir)) if config.out_dir else None
     if path is not None and config.algorithm in SSL_ALGORITHMS:
         np.savez(path.parent / "model.npz", **{name: a.numpy() for name, a in history.arrays.items()})
     if error is not None:
         if path is not None:
-            raise RoundError(f"{error}\n(the state after round {completed} is in {path})") from error
+            how = f"; continue it with resume=true (silofl run ... --resume {config.out_dir})" if writer else ""
+            raise RoundError(f"{error}\n(the state after round {completed} is in {path}{how})") from error
         raise error
     return result
+
+
+def _resume_point(config: RunConfig):
+    """The checkpoint a `resume` run continues from (None for a fresh run); refuses what cannot be resumed."""
+    from protocols.config import ConfigError
+    from server import checkpoint
+
+    if not config.resume:
+        return None
+    if not checkpoint.resumable(config.algorithm):
+        raise ConfigError(
+            f"'resume' is not supported for {config.algorithm} yet (its strategy runs its own round loop); drop "
+            "'resume' to run it afresh"
+        )
+    if not config.out_dir:
+        raise ConfigError("'resume' continues the run in 'out-dir': give the out-dir of the run to continue")
+    resumed = checkpoint.load(config.out_dir)
+    resumed.check_config(config)
+    if resumed.completed >= resumed.rounds:
+        raise checkpoint.CheckpointError(
+            f"the run in {config.out_dir} already completed its {resumed.rounds} rounds; nothing to resume"
+        )
+    return resumed

@@ -43,6 +43,8 @@ def build_result(
     privacy_extra: dict[str, Any] = {}
     if config.algorithm == "steffle":
         privacy_extra = _steffle_privacy(config, history, rounds, delta)
+    elif config.algorithm == "tran":
+        privacy_extra = {"relation": "replace_one (the sensitive attribute of one record)"}
     elif config.algorithm == "fedsc":
         privacy_extra = _fedsc_privacy(config, history, delta)
     elif config.algorithm in ("mu2fl", "noisy-sgd") and history.server_state:
@@ -191,6 +193,17 @@ def _mechanism(config: RunConfig) -> str:
             "s-dependent W-gradients (radius 2/sqrt(rho)), both noised at one multiplier sigma (two releases, one "
             "composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come from "
             "the non-sensitive division's own sample and are sent in the clear (they do not depend on s)"
+        )
+    if config.algorithm == "tran":
+        return (
+            "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its "
+            "(group, label) counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson "
+            "sample q = m/n_j drawn by the sensitive division: the per-sample gradients of the Lagrangian's "
+            "constraint term sum_c lambda_c sign(nu_c) nu_c clipped to C, and each record's soft predictions in its "
+            "group's row of the group mass (radius 1), both noised at one multiplier sigma (two releases, one "
+            "composed mechanism, PLD); the server estimates the violations nu from the noised group mass for the "
+            "dual step; the loss gradient g comes from the non-sensitive division's own sample and is sent in the "
+            "clear (it does not depend on s)"
         )
     if config.algorithm == "mu2fl":
         return (

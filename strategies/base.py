@@ -6,7 +6,10 @@ round, the shapes, dtypes and finite values) and refuses the round, naming the s
 bad round is applied, so the server's state stays that of the last good round.
 
 `start` runs the rounds like Flower's own loop, but evaluates on a schedule (every `eval_every` rounds and at the end,
-since a federated evaluation costs a full round trip) and reports progress through a callback.
+since a federated evaluation costs a full round trip) and reports progress through a callback. It can also continue a
+run from a server checkpoint (`first_round`, `history`; see :mod:`server.checkpoint`): the strategy's own state is
+whatever numpy arrays it holds as attributes (:meth:`SiloflStrategy.state_arrays`), so that a restored strategy
+continues bit for bit.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ def collect_replies(
     missing = [e.name for e in federation.silos if e.node_id not in got]
     if missing:
         raise RoundError(
-            f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {timeout:.0f} s; the "
+            f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {timeout:g} s; the "
             "server's model is kept as of the previous round"
         )
     return [(e, got[e.node_id]) for e in federation.silos]
@@ -245,7 +248,18 @@ class SiloflStrategy(Strategy):
                 for name, spec in specs.items()
             }
             updates.append((entry, arrays, report))
+        # silofl's strategies replace their state arrays in `combine`, never change them in place: references suffice.
+        before = self._state_refs()
         new = self.combine(server_round, self._current, updates)
+        bad = [name for name, value in new.items() if not np.isfinite(value).all()]
+        bad += [name for name, value in self._state_refs().items() if not np.isfinite(value).all()]
+        if bad:
+            for name, value in before.items():  # nothing of a refused round is applied
+                setattr(self, name, value)
+            raise RoundError(
+                f"round {server_round}: the aggregate of the silos' replies is not finite ({', '.join(bad)}); the "
+                "round is refused and the server's state kept as of the previous round (lower the learning rate?)"
+            )
         for entry, _, report in updates:
             self.silo_reports[entry.info.silo_id] = report
         spent = max((r.epsilon_spent for _, _, r in updates), default=0.0)
@@ -273,7 +287,8 @@ class SiloflStrategy(Strategy):
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
             counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)
             c = counts["counts"]
-            if (c < 0).any() or int(c.sum()) != report.num_examples:
+            # Each count is at most num-examples, so the int64 sum cannot wrap around.
+            if (c < 0).any() or (c > report.num_examples).any() or int(c.sum()) != report.num_examples:
                 raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
             total += c
             loss_sum += report.loss_sum
@@ -300,6 +315,35 @@ class SiloflStrategy(Strategy):
             sum(int(np.prod(s)) for _, s in self.param_spec),
         )
 
+    # -- server state (checkpoints) ---------------------------------------------------------------------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The strategy's own state beyond the model, for a checkpoint: copies of its numpy-array attributes.
+
+        SteFFLe's W and prior, DP-mu2-FL's w_t, x_t, x_{t-1}, the FedSGD weights: every silofl strategy keeps its
+        round-to-round state in numpy arrays (everything else is derived from the run config and the federation).
+        A strategy with other mutable state must override this and :meth:`restore_state_arrays`.
+        """
+        return {name: value.copy() for name, value in self._state_refs().items()}
+
+    def _state_refs(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray) and not k.startswith("_")}
+
+    def restore_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Put back :meth:`state_arrays` of a checkpoint; refuse arrays that do not fit this strategy."""
+        mine = self.state_arrays()
+        if set(arrays) != set(mine):
+            raise RoundError(
+                f"the checkpoint holds strategy state {sorted(arrays)}, but {type(self).__name__} keeps "
+                f"{sorted(mine)}: it was written by another algorithm or version"
+            )
+        for name, value in arrays.items():
+            if value.shape != mine[name].shape or value.dtype != mine[name].dtype:
+                raise RoundError(
+                    f"checkpoint: strategy array '{name}' is {value.dtype}{value.shape}, expected "
+                    f"{mine[name].dtype}{mine[name].shape}"
+                )
+            setattr(self, name, value.copy())
+
     # -- run loop ---------------------------------------------------------------------------------------------------
     def start(  # type: ignore[override]
         self,
@@ -313,15 +357,26 @@ class SiloflStrategy(Strategy):
         *,
         eval_every: int = 1,
         on_round: ProgressCallback | None = None,
+        first_round: int = 1,
+        history: RunHistory | None = None,
     ) -> RunHistory:
-        """Run `num_rounds` rounds; evaluate every `eval_every` rounds and after the last one."""
+        """Run rounds `first_round`..`num_rounds`; evaluate every `eval_every` rounds and after the last one.
+
+        A fresh run starts at round 1. A resumed run passes the checkpoint's model as `initial_arrays`, its rounds
+        in `history` and `first_round` = the checkpoint's round + 1 (the strategy's state restored beforehand).
+        `history` is updated only when a round has completed (train and, if due, evaluation): if a round fails, it
+        holds the state after the last completed round.
+        """
         timeout = self.timeout if timeout is None else timeout
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
-        history = RunHistory(arrays=initial_arrays)
+        if history is None:
+            history = RunHistory(arrays=initial_arrays)
+        if first_round != len(history.rounds) + 1:
+            raise RoundError(f"cannot start at round {first_round} with {len(history.rounds)} rounds of history")
         self.history = history  # kept up to the last completed round if a round fails
         arrays = initial_arrays
-        for server_round in range(1, num_rounds + 1):
+        for server_round in range(first_round, num_rounds + 1):
             t0 = time.perf_counter()
             replies = grid.send_and_receive(
                 self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
@@ -329,7 +384,6 @@ class SiloflStrategy(Strategy):
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             if new_arrays is not None:
                 arrays = new_arrays
-                history.arrays = arrays
             record = RoundRecord(server_round=server_round, seconds=0.0, lr=self.round_lr(server_round))
             if metrics is not None and "epsilon-spent" in metrics:
                 record.epsilon_spent = float(metrics["epsilon-spent"])
@@ -340,6 +394,7 @@ class SiloflStrategy(Strategy):
                 ev = self.aggregate_evaluate(server_round, ev_replies)
                 record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
             record.seconds = time.perf_counter() - t0
+            history.arrays = arrays
             history.rounds.append(record)
             history.silo_reports = dict(self.silo_reports)
             history.server_state = self.result_state()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import messages as msg
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
+from strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, weighted_sum
 
 
 class FedAvg(SiloflStrategy):
@@ -14,6 +14,8 @@ class FedAvg(SiloflStrategy):
     def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
         weights = np.array([report.num_examples for _, _, report in updates], dtype=np.float64)
         if weights.sum() <= 0:
-            raise ValueError(f"round {server_round}: the silos reported no training records")
+            raise RoundError(
+                f"round {server_round}: the silos reported no training records (num-examples = 0 from every silo)"
+            )
         weights /= weights.sum()
         return {name: weighted_sum(weights, updates, msg.UPDATE, name).astype(np.float32) for name in current}

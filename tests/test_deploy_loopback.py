@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -90,6 +91,23 @@ def test_supernode_command_requires_tls_and_key_unless_insecure(silo_dir: Path, 
     with pytest.raises(SiloStartError, match="positive"):
         node_config_string(silo_dir, epsilon_budget=0.0)
     assert "epsilon-budget" not in node_config_string(silo_dir, epsilon_budget=float("inf"))
+
+
+def test_silo_start_passes_state_dir_and_trusted_server_consent(silo_dir: Path, tmp_path: Path) -> None:
+    import tomllib
+
+    base = ["--data", str(silo_dir), "--superlink", "127.0.0.1:9092", "--insecure"]
+    plain = supernode_command(_silo_args(base))
+    config = plain[plain.index("--node-config") + 1]
+    assert "state-dir" not in config and "allow-trusted-server" not in config
+    command = supernode_command(_silo_args([*base, "--state-dir", str(tmp_path / "state"), "--allow-trusted-server"]))
+    # Flower reads key=value pairs whose values are TOML (paths are literal strings and may hold spaces)
+    text = command[command.index("--node-config") + 1]
+    pairs = {key: tomllib.loads(f"v = {value}")["v"] for key, value in re.findall(r"([\w-]+)=('[^']*'|\S+)", text)}
+    assert pairs["state-dir"] == str((tmp_path / "state").resolve())
+    assert pairs["allow-trusted-server"] is True
+    with pytest.raises(SiloStartError, match="--state-dir"):
+        node_config_string(silo_dir, state_dir=tmp_path / "it's")
 
 
 def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, capsys) -> None:
