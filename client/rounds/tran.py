@@ -1,0 +1,158 @@
+"""Tran et al. 2021 (PF-LD) on a silo: the SteFFLe paper's Lagrangian-dual baseline with the noise added in each silo.
+
+What leaves the silo, and what depends on the sensitive attribute s (SteFFLe's threat model: DP of the sensitive
+attributes, replace-one neighbours; features and labels are not protected, as for `steffle`):
+
+- setup, ``query.groups``: the silo's (group, label) counts. Depend on s: released through a Gaussian histogram
+  (radius sqrt(2)/2) that spends `counts-share` of the silo's epsilon, as in SteFFLe. The server builds the prior p.
+- every round, the non-sensitive division, on its own Poisson sample (rate q = m / n_j): the loss gradient g_j. It
+  never reads s and does not depend on it: sent as is.
+- every round, the sensitive division, on an independent Poisson sample (so that g_j reveals nothing about who it
+  sampled, which amplification by sampling needs):
+
+  1. ``h_j``: the gradient of the constraint term ``sum c (.) nu`` of the Lagrangian, c the signed multipliers the
+     server sent (`protocols.tran`). Record i's gradient ``J_F(x_i)^T a_i`` depends on s_i through ``a_i``: clipped to
+     norm C (`clip`) as a whole, summed, Gaussian noise sigma * C added;
+  2. the group mass: ``sum_i [b_i = b] [s_i = a] F(x_i)``, from which the server estimates the violations nu for the
+     dual step and the next signs. Depends on s: record i's contribution has norm ``||F(x_i)||_2 <= 1``; Gaussian noise
+     sigma * 1 added.
+
+  Both are sums over the same Poisson sample of per-record contributions in a ball around 0 (what an unsampled record
+  contributes) whatever s_i: two releases of one Poisson-subsampled Gaussian step under the replace-one relation,
+  accounted as ONE composed mechanism (noise multiplier sigma / sqrt(2), `protocols.privacy.accountant`), after the
+  histogram, by PLD. The silo calibrates sigma for its budget over the announced rounds and charges its ledger before
+  it computes anything. When every signed multiplier is 0 (the first round, or lambda = 0), h_j is exactly 0 whatever
+  the data and is sent without noise (a constant needs none); the round is charged in full all the same.
+
+Nothing else the silo sends (its number of records, its report) depends on s. The primal and dual steps are the
+server's (`strategies.lagrangian`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import Context, Message
+from torch import nn
+
+from client import privacy_state, randomness
+from client.algorithms.dp_fedsgd import poisson_sample
+from client.data.tabular import SiloData
+from client.gradients import mean_gradient, unflatten
+from client.rounds import RoundResult, with_records
+from client.rounds import steffle as steffle_round
+from protocols import messages as msg
+from protocols import tran
+from protocols.ermi import GroupPrior
+from protocols.models import parameter_spec
+from protocols.privacy.gaussian import GaussianMechanism
+
+RELEASES_PER_ROUND = steffle_round.RELEASES_PER_ROUND  # here: the constraint gradient h and the group mass
+MASS_RADIUS = 1.0  # ||F(x_i)||_2 <= ||F(x_i)||_1 = 1: the ball record i's group-mass contribution lies in
+MASS = "mass"  # name of the group mass in the fair-update record
+
+
+# The silo's calibrated mechanism (two releases per round after the one-off group-count histogram) and its group
+# counts are SteFFLe's: the same accounting, one composed mechanism per run.
+plan_for = steffle_round.plan_for
+group_counts = steffle_round.group_counts
+
+
+def fairness_release(
+    model: nn.Module,
+    silo: SiloData,
+    *,
+    c: torch.Tensor,
+    prior: GroupPrior,
+    rate: float,
+    clip: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sensitive division's noised ``(h, group mass)``, each a sum over its own Poisson sample / (q n_j)."""
+    data, sensitive = silo.train.nonsensitive, silo.train.sensitive
+    idx = poisson_sample(len(sensitive.groups), rate, rng)
+    x = torch.from_numpy(data.features[idx])
+    y = torch.from_numpy(data.labels[idx])
+    s = torch.from_numpy(sensitive.groups[idx])
+    with torch.no_grad():
+        probs = torch.softmax(model(x), dim=1) if len(idx) else torch.zeros(0, silo.info.num_labels)
+    mass = tran.group_mass_sum(probs, s, prior, labels=y)
+    active = bool(c.abs().sum() > 0)
+    if active:
+        h = tran.clipped_constraint_gradient_sum(model, x, s, c, prior, clip, labels=y)
+    else:  # sum c (.) nu with c = 0: exactly 0 whatever the data, released as is
+        h = torch.zeros(sum(p.numel() for p in model.parameters()))
+    if noise_multiplier > 0:
+        mass = GaussianMechanism(sensitivity=MASS_RADIUS, noise_multiplier=noise_multiplier).release(mass, generator)
+        if active:
+            h = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(h, generator)
+    expected = rate * len(sensitive.groups)
+    return h / expected, mass / expected
+
+
+@with_records(msg.FAIRNESS)
+def train_round(
+    model: nn.Module, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
+) -> RoundResult:
+    what = f"train message to silo {silo.silo_id}"
+    info = silo.info
+    prior_shape = (info.num_groups,) if instr.fairness == "dp" else (info.num_labels, info.num_groups)
+    c_shape = (
+        (info.num_labels, info.num_groups, info.num_labels)
+        if instr.fairness == "eo"
+        else (info.num_groups, info.num_labels)
+    )
+    fair = msg.check_arrays(
+        message.content, msg.FAIRNESS, [("multipliers", c_shape), ("prior", prior_shape)], what=what
+    )
+    try:
+        prior = GroupPrior(instr.fairness, fair["prior"].astype(np.float64), num_labels=info.num_labels)
+    except ValueError as exc:
+        raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
+    rate = min(1.0, instr.batch_size / len(silo.train))
+    plan = plan_for(context, silo, instr)
+    spent = math.inf
+    if math.isfinite(plan.epsilon):
+        # Charged BEFORE anything is computed or released: a refused answer releases nothing.
+        spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
+    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+
+    # Non-sensitive division: the loss gradient on its own Poisson sample (never reads s), in the clear.
+    data = silo.train.nonsensitive
+    idx = poisson_sample(len(data.labels), rate, randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys))
+    if len(idx):
+        g = mean_gradient(model, torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx]))
+    else:
+        g = torch.zeros(sum(p.numel() for p in model.parameters()))
+    # Sensitive division: an independent Poisson sample; the clipped, noised constraint gradient and group mass.
+    h, mass = fairness_release(
+        model,
+        silo,
+        c=torch.from_numpy(fair["multipliers"]),
+        prior=prior,
+        rate=rate,
+        clip=instr.clip,
+        noise_multiplier=plan.noise_multiplier,
+        rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
+        generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+    )
+    spec = parameter_spec(model)
+    fair_arrays = _named(h, spec)
+    fair_arrays[MASS] = mass.detach().numpy().astype(np.float32)
+    report = msg.TrainReport(
+        silo_id=silo.silo_id,
+        server_round=instr.server_round,
+        num_examples=len(silo.train),
+        epsilon_spent=spent,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=rate,
+    )
+    return {msg.UPDATE: _named(g, spec), msg.FAIR_UPDATE: fair_arrays}, report
+
+
+def _named(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    return {name: t.detach().numpy().astype(np.float32) for name, t in unflatten(vector, spec).items()}
