@@ -13,6 +13,7 @@ the silos know the run seed and could otherwise subtract it from the released x_
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import numpy as np
@@ -78,9 +79,9 @@ class AnytimeAveraging(SiloflStrategy):
 
     def result_state(self) -> dict[str, object]:
         cal = self.calibration
-        return {
-            "rho": cal.rho,
-            "epsilon_closed_form": cal.epsilon,
+        return {  # a non-private run has rho = epsilon = inf: strings, since result.json is strict JSON
+            "rho": "inf" if math.isinf(cal.rho) else cal.rho,
+            "epsilon_closed_form": "inf" if math.isinf(cal.epsilon) else cal.epsilon,
             "sigma": cal.sigma,
             "eta": cal.eta,
             "trust": "trusted" if cal.trusted else "untrusted",

@@ -2,9 +2,14 @@
 
 The silo samples its minibatch by Poisson sampling with rate q = m / n_j (the accountant's assumption; a shuffled
 epoch is not covered), clips every per-sample gradient to L2 norm C (vectorized, `torch.func`), sums, adds
-N(0, (sigma C)^2 I) inside the silo and divides by the expected batch size m = q n_j. Under add/remove-one-record
-neighbours the clipped sum has L2 sensitivity C, so the release is the Gaussian mechanism with noise multiplier sigma;
-the batch size itself is never released.
+N(0, (sigma C)^2 I) inside the silo and divides by the run's batch size m, a public constant. Under add/remove-one-
+record neighbours the clipped sum has L2 sensitivity C, so the release is the Gaussian mechanism with noise multiplier
+sigma; the batch size itself is never released.
+
+The divisor must not depend on the data: dividing by the silo's own record count (q n_j, which is n_j when m >= n_j
+and q = 1) lets one added record move the release by up to 2C / n_j, twice what the noise covers
+(`docs/PRIVACY_AUDIT.md` measured epsilon lower bounds above the claim for that variant). With m >= n_j the release
+is sum / m, a mean scaled by n_j / m: a small silo's step is shorter, never less private.
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ def noisy_gradient(
     data: NonSensitiveDivision,
     *,
     sampling_rate: float,
+    batch_size: int,
     clip: float,
     noise_multiplier: float,
     sample_rng: np.random.Generator,
     noise_generator: torch.Generator,
 ) -> torch.Tensor:
-    """The private release: (sum of clipped per-sample gradients + Gaussian noise) / (q n), flattened."""
+    """The private release: (sum of clipped per-sample gradients + Gaussian noise) / m, flattened (m = batch_size)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     n = len(data.labels)
     idx = poisson_sample(n, sampling_rate, sample_rng)
     x = torch.from_numpy(data.features[idx])
@@ -41,4 +49,4 @@ def noisy_gradient(
     total = clipped_gradient_sum(model, x, y, clip)
     mechanism = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier)
     released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total
-    return released / (sampling_rate * n)
+    return released / batch_size

@@ -36,6 +36,7 @@ def train_round(
         model,
         silo.train.nonsensitive,
         sampling_rate=rate,
+        batch_size=instr.batch_size,
         clip=instr.clip,
         noise_multiplier=plan.noise_multiplier,
         sample_rng=randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys),

@@ -30,6 +30,7 @@ from client.algorithms.fedsc import local_sc_training
 from client.augment import ssl_augmentation
 from client.data.tabular import SiloData
 from client.rounds import RoundResult, with_records
+from client.silo_data import is_deployed
 from protocols import messages as msg
 from protocols.fedsc import normalize_rows
 from protocols.models import get_parameters, parameter_spec, set_parameters
@@ -82,6 +83,12 @@ def correlation_reply(
     what = f"correlation query to silo {silo.silo_id}"
     if instr.algorithm != "fedsc":
         raise msg.MessageError(f"{what}: only FedSC shares correlation matrices, not {instr.algorithm!r}")
+    if instr.calr_relation == "add_remove" and is_deployed(context):
+        raise msg.MessageError(
+            f"{what}: calr-relation 'add_remove' uses the paper's sensitivity mu / n, which does not bound the mean "
+            "DP-CalR computes (protocols/privacy/calr.py); a deployed silo answers only with 'replace_one' (the "
+            "default). The paper's setting is for simulations that reproduce its tables"
+        )
     if instr.planned_shares < 1:
         raise msg.MessageError(f"{what}: 'planned_shares' must be >= 1 in a FedSC run (the schedule's shares)")
     t = instr.server_round
@@ -94,8 +101,11 @@ def correlation_reply(
             f"{what}: this silo has shared {shares} times, all the run's schedule announced ({instr.planned_shares})"
         )
     n = len(silo.train)
+    # The model is checked before the ledger is charged: a malformed query releases nothing and costs nothing.
+    model = model_from_message(message, silo, instr, what)
     sigma, spent = 0.0, math.inf
-    if math.isfinite(instr.epsilon):
+    # The silo's own cap (`epsilon-budget` in its node config) applies even when the run asks for no noise.
+    if math.isfinite(privacy_state.silo_budget(context, instr.epsilon)):
         plan = privacy_state.noise_plan(
             context,
             epsilon=instr.epsilon,
@@ -110,7 +120,6 @@ def correlation_reply(
         sigma = plan.noise_multiplier * calr_sensitivity(instr.mu, n, instr.calr_relation)
         # Charged before anything is computed or released: a refused share releases nothing.
         spent = privacy_state.charge(context, plan, server_round=t, silo=f"silo {silo.silo_id}")
-    model = model_from_message(message, silo, instr, what)
     shape = image_shape(silo.info.num_features)
     generator = torch.Generator().manual_seed(
         randomness.round_seed(context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=CALR_STREAM)
@@ -170,7 +179,9 @@ def _train(
         silo_id=silo.silo_id,
         server_round=instr.server_round,
         num_examples=len(silo.train),
-        epsilon_spent=privacy_state.spent(context) if math.isfinite(instr.epsilon) else math.inf,
+        epsilon_spent=privacy_state.spent(context)
+        if math.isfinite(privacy_state.silo_budget(context, instr.epsilon))
+        else math.inf,
         noise_multiplier=0.0,
         sampling_rate=1.0,
     )

@@ -78,9 +78,20 @@ def train_round(
     last = int(context.state[ROUND_KEY]["round"]) if ROUND_KEY in context.state else 0
     if t != last + 1:
         raise msg.MessageError(f"{what}: round {t} after round {last}; a silo answers rounds once each, in order")
+    # Round t uses records (t-1) b .. t b - 1 of the pass: with b pinned at round 1 no record is used twice.
+    pinned = int(context.state[ROUND_KEY]["batch"]) if ROUND_KEY in context.state else b
+    if b != pinned:
+        raise msg.MessageError(
+            f"{what}: batch size {b} in round {t}, but the run started with {pinned}; the single pass (and its privacy "
+            "accounting: one use per record) needs the same batch size in every round"
+        )
     constants = constants_for(silo, instr.domain_diameter)
+    if t == 1:  # the silo's records are fixed for the run: checked once (a full scan costs ~10 ms per round)
+        check_features(silo, what)
+    if not sgd_algorithm(instr) and t > 1:
+        check_query_step(x_t, x_prev, t, instr.domain_diameter, what)
     rho = mu2.resolve_rho(instr.rho, instr.epsilon, instr.delta)
-    sgd = instr.algorithm == "noisy-sgd"
+    sgd = sgd_algorithm(instr)
     calibrate = mu2.calibrate_noisy_sgd if sgd else mu2.calibrate
     cal = calibrate(
         constants, num_rounds=instr.total_rounds, num_silos=1, rho=rho, trusted=False, batch_size=b, delta=instr.delta
@@ -115,7 +126,7 @@ def train_round(
     g = mu2.logreg_grad(x_t, features, labels, classes)
     if sgd:
         q = g
-        context.state[ROUND_KEY] = ConfigRecord({"round": t})
+        context.state[ROUND_KEY] = ConfigRecord({"round": t, "batch": b})
         if sigma > 0:
             q = q + sigma * _noise(context, instr, silo, t).standard_normal(q.shape[0])
         return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
@@ -128,10 +139,43 @@ def train_round(
         g_prev = mu2.logreg_grad(x_prev, features, labels, classes)
     d, q = mu2.silo_step(d_prev, g, g_prev, t)
     context.state[D_KEY] = ArrayRecord({"d": Array(d)})
-    context.state[ROUND_KEY] = ConfigRecord({"round": t})
+    context.state[ROUND_KEY] = ConfigRecord({"round": t, "batch": b})
     if sigma > 0:
         q = q + sigma * _noise(context, instr, silo, t).standard_normal(q.shape[0])
     return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
+
+
+def sgd_algorithm(instr: msg.TrainInstruction) -> bool:
+    return instr.algorithm == "noisy-sgd"
+
+
+def check_query_step(x_t: np.ndarray, x_prev: np.ndarray, t: int, diameter: float, what: str) -> None:
+    """Refuse query points that break Lemma 4.2's bound (t - 1) ||x_t - x_{t-1}|| <= 2D (`protocols.mu2`, eq. 18).
+
+    The sensitivity S = G + 2LD the silo's noise is calibrated for holds only for query points an honest server
+    produces (anytime averages of points of K). An untrusted server could otherwise send far-apart points and read the
+    increment s_t = g_t + (t-1)(g_t - g_prev) of this round's record through noise too small for it
+    (`docs/PRIVACY_AUDIT.md`). A relative slack of 1e-9 absorbs float64 rounding of the server's update.
+    """
+    step = (t - 1) * float(np.linalg.norm(x_t - x_prev))
+    if not step <= 2.0 * diameter * (1.0 + 1e-9):
+        raise msg.MessageError(
+            f"{what}: round {t}'s query points are too far apart: (t - 1) ||x_t - x_(t-1)|| = {step:.6g} > 2 D = "
+            f"{2.0 * diameter:.6g} (domain-diameter {diameter}); the silo's noise covers only query points of the "
+            "anytime average over the domain K (Lemma 4.2), so it refuses this round"
+        )
+
+
+def check_features(silo: SiloData, what: str) -> None:
+    """The gradient and smoothness bounds G, L (`Mu2Constants.for_logreg`) need every feature in [0, 1]."""
+    features = silo.train.nonsensitive.features
+    if features.size and not (float(features.min()) >= 0.0 and float(features.max()) <= 1.0):
+        raise msg.MessageError(
+            f"{what}: DP-mu2-FL calibrates its noise for features in [0, 1] (the Lipschitz and smoothness bounds of "
+            f"logistic regression), but this silo's features range over [{float(features.min()):.4g}, "
+            f"{float(features.max()):.4g}]; scale them to [0, 1] (e.g. min-max with public bounds) or use an image "
+            "dataset (mnist, fashion-mnist: pixels in [0, 1])"
+        )
 
 
 def _noise(context: Context, instr: msg.TrainInstruction, silo: SiloData, t: int) -> np.random.Generator:
