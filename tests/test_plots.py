@@ -1,0 +1,309 @@
+"""`silofl plot`: figures from real run folders (small sweeps on the synthetic and digits datasets), checked on the
+matplotlib Figure objects (curves, points, bars, error bars against the result.json files) and on the files."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.container import BarContainer, ErrorbarContainer
+
+from server.cli import main
+from server.plots import (
+    RunRecord,
+    build_figures,
+    default_method,
+    fairness_figures,
+    filter_runs,
+    load_runs,
+    mean_sd,
+    save_figures,
+)
+from server.sweep import load_sweep, run_sweep
+
+TABULAR = """
+[base]
+dataset = "synthetic"
+rounds = 10
+eval-every = 10
+batch-size = 64
+fairness = "dp"
+
+[grid]
+seed = [0, 1]
+
+[[methods]]
+name = "steffle"
+algorithm = "steffle"
+[methods.grid]
+lambda = [0, 2]
+epsilon = [1, 3]
+
+[[methods]]
+name = "dp-fermi"
+algorithm = "steffle"
+num-silos = 1
+epsilon = 3
+[methods.grid]
+lambda = [0, 2]
+
+[[methods]]
+name = "fedavg"
+algorithm = "fedavg"
+"""
+
+MU2 = """
+[base]
+algorithm = "mu2fl"
+dataset = "digits"
+epochs = 1
+batch-size = 16
+eval-every = 10000000
+
+[grid]
+num-silos = [1, 2]
+
+[[methods]]
+name = "mu2fl"
+algorithm = "mu2fl"
+[methods.grid]
+trust = ["untrusted", "trusted"]
+rho = [4, 8]
+"""
+
+FEDSC = """
+[base]
+dataset = "digits"
+model = "cnn"
+num-silos = 2
+max-train-records = 24
+rounds = 2
+batch-size = 12
+projection-dim = 16
+probe-epochs = 2
+knn-k = 5
+
+[grid]
+seed = [0, 1]
+
+[[methods]]
+name = "fedavg-sc"
+algorithm = "fedavg-sc"
+
+[[methods]]
+name = "fedsc"
+algorithm = "fedsc"
+"""
+
+
+def _sweep(tmp_path_factory: pytest.TempPathFactory, name: str, text: str) -> Path:
+    folder = tmp_path_factory.mktemp(name)
+    path = folder / f"{name}.toml"
+    path.write_text(textwrap.dedent(text))
+    out = folder / "runs"
+    report = run_sweep(load_sweep(path, out=out), workers=1, progress=False)
+    assert report.ok, report.failed
+    return out
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """14 real runs: SteFFLe (lambda 0, 2 x epsilon 1, 3), DP-FERMI (one silo, epsilon 3), FedAvg; seeds 0 and 1."""
+    return _sweep(tmp_path_factory, "tabular", TABULAR)
+
+
+def _finals(out: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text())["final"] for p in out.glob("*/result.json")}
+
+
+def _curves(ax) -> dict[str, ErrorbarContainer]:
+    return {c.get_label(): c for c in ax.containers if isinstance(c, ErrorbarContainer)}
+
+
+def _xy(container: ErrorbarContainer) -> tuple[np.ndarray, np.ndarray]:
+    line = container.lines[0]
+    return np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+
+
+def _half_widths(container: ErrorbarContainer, axis: int) -> list[float]:
+    """Half-lengths of a curve's error bars along x (axis 0: drawn first) or y (axis 1)."""
+    return [abs(seg[1][axis] - seg[0][axis]) / 2 for seg in container.lines[2][axis].get_segments()]
+
+
+def test_fairness_figure_has_one_curve_per_method_traced_by_lambda_with_seed_means(tabular: Path) -> None:
+    runs, incomplete = load_runs([tabular])
+    assert (len(runs), incomplete) == (14, 0)
+    figures = build_figures("fairness", runs)
+    assert [stem for stem, _ in figures] == ["fairness-synthetic-dp"]
+    fig = figures[0][1]
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["epsilon = 1, h = 0", "epsilon = 3, h = 0"]
+    for ax in axes:
+        assert ax.get_xlabel() == "test error"
+        assert ax.get_ylabel() == "demographic parity violation"
+    # FedAvg is non-private: in both columns; DP-FERMI ran at epsilon 3 only
+    assert sorted(_curves(axes[0])) == ["fedavg", "steffle"]
+    assert sorted(_curves(axes[1])) == ["dp-fermi", "fedavg", "steffle"]
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["dp-fermi", "fedavg", "steffle"]
+    finals = _finals(tabular)
+    for ax, eps in zip(axes, (1, 3), strict=True):
+        curve = _curves(ax)["steffle"]
+        x, y = _xy(curve)
+        assert len(x) == 2  # lambda 0 then lambda 2, each the mean over seeds 0 and 1
+        for i, lam in enumerate((0, 2)):
+            point = [finals[f"steffle__lambda={lam}_epsilon={eps}_seed={s}"] for s in (0, 1)]
+            errors = [f["error"] for f in point]
+            violations = [f["dp_violation"] for f in point]
+            assert x[i] == pytest.approx(mean_sd(errors)[0])
+            assert y[i] == pytest.approx(mean_sd(violations)[0])
+        assert sorted(_half_widths(curve, 0)) == pytest.approx(
+            sorted(
+                mean_sd([finals[f"steffle__lambda={lam}_epsilon={eps}_seed={s}"]["error"] for s in (0, 1)])[1]
+                for lam in (0, 2)
+            )
+        )
+        fedavg_x, _ = _xy(_curves(ax)["fedavg"])
+        assert fedavg_x == pytest.approx([np.mean([finals[f"fedavg__seed={s}"]["error"] for s in (0, 1)])])
+    # the fairness term works in these real runs: lambda 2 lowers the violation at epsilon 3
+    _, y = _xy(_curves(axes[1])["steffle"])
+    assert y[1] < y[0]
+
+
+def test_privacy_figure_has_one_curve_per_method_and_lambda_and_lines_for_non_private_runs(tabular: Path) -> None:
+    runs, _ = load_runs([tabular])
+    ((stem, fig),) = build_figures("privacy", runs)
+    assert stem == "privacy-synthetic-dp-error"
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "epsilon (per silo)" and ax.get_ylabel() == "test error"
+    curves = _curves(ax)
+    assert sorted(curves) == ["dp-fermi (lambda 0)", "dp-fermi (lambda 2)", "steffle (lambda 0)", "steffle (lambda 2)"]
+    x, y = _xy(curves["steffle (lambda 2)"])
+    assert list(x) == [1.0, 3.0]
+    finals = _finals(tabular)
+    assert y[0] == pytest.approx(np.mean([finals[f"steffle__lambda=2_epsilon=1_seed={s}"]["error"] for s in (0, 1)]))
+    assert len(_xy(curves["dp-fermi (lambda 0)"])[0]) == 1
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_label() for line in dashed] == ["fedavg, non-private"]
+    # a slice: lambda = 2 keeps FedAvg (it has no lambda) and leaves one curve per method
+    sliced = filter_runs(runs, {"lambda": "2"})
+    assert len(sliced) == 4 + 2 + 2
+    ((_, fig2),) = build_figures("privacy", sliced, note="lambda = 2")
+    assert sorted(_curves(fig2.axes[0])) == ["dp-fermi", "steffle"]
+    assert fig2.get_suptitle().endswith("; lambda = 2")
+
+
+def test_plot_command_writes_png_and_svg(tabular: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "figures"
+    assert main(["plot", "fairness", str(tabular), "--out", str(out)]) == 0
+    png, svg = out / "fairness-synthetic-dp.png", out / "fairness-synthetic-dp.svg"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    text = svg.read_text()
+    assert "<svg" in text and "test error" in text and "steffle" in text
+    assert main(["plot", "privacy", str(tabular), "--out", str(out), "--where", "lambda=0"]) == 0
+    assert (out / "privacy-synthetic-dp-error.png").stat().st_size > 10_000
+    capsys.readouterr()
+    # no mu2 runs here: a clear error, no file
+    assert main(["plot", "mu2", str(tabular), "--out", str(out)]) == 2
+    assert "none of the 14 runs fits a mu2 figure" in capsys.readouterr().err
+    assert main(["plot", "fairness", str(tmp_path / "nothing")]) == 2
+
+
+def test_runs_without_a_sweep_get_the_papers_names_and_incomplete_runs_are_skipped(
+    tabular: Path, tmp_path: Path
+) -> None:
+    src = tabular / "dp-fermi__lambda=2_seed=0" / "result.json"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    shutil.copy(src, plain / "result.json")  # as `silofl run --out plain` leaves it: no run.json
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    result = json.loads(src.read_text())
+    result["status"]["completed"] = False
+    (stopped / "result.json").write_text(json.dumps(result))
+    runs, incomplete = load_runs([plain, stopped])
+    assert incomplete == 1
+    assert [run.method for run in runs] == ["dp-fermi"]
+    assert default_method({"algorithm": "steffle", "num-silos": 1, "epsilon": "inf"}) == "fermi"
+    assert default_method({"algorithm": "steffle", "num-silos": 3, "epsilon": 1.0}) == "steffle"
+
+
+def test_one_silo_runs_appear_in_every_heterogeneity_row() -> None:
+    """Layout rule, on records built in memory: rows by h for federated runs, a one-silo run in every row."""
+
+    def record(method: str, silos: int, h: float, lam: float, seed: int, error: float) -> RunRecord:
+        config = {
+            "algorithm": "steffle",
+            "dataset": "synthetic",
+            "fairness": "eo",
+            "num-silos": silos,
+            "heterogeneity": h,
+            "epsilon": 1.0,
+            "lambda": lam,
+            "seed": seed,
+        }
+        return RunRecord(Path("."), method, config, {"error": error, "eo_violation": 0.1 - lam / 40})
+
+    runs = [
+        record("steffle", 3, h, lam, seed, 0.2 + lam / 100 + seed / 1000)
+        for h in (0.0, 0.75)
+        for lam in (0.0, 1.0, 2.0)
+        for seed in (0, 1, 2)
+    ]
+    runs += [record("dp-fermi", 1, 0.0, lam, seed, 0.21) for lam in (0.0, 2.0) for seed in (0, 1, 2)]
+    ((stem, fig),) = fairness_figures(runs)
+    assert stem == "fairness-synthetic-eo"
+    assert [ax.get_title() for ax in fig.axes] == ["epsilon = 1, h = 0", "epsilon = 1, h = 0.75"]
+    for ax in fig.axes:
+        curves = _curves(ax)
+        assert sorted(curves) == ["dp-fermi", "steffle"]
+        assert len(_xy(curves["steffle"])[0]) == 3 and len(_xy(curves["dp-fermi"])[0]) == 2
+        assert ax.get_ylabel() == "equalized odds violation"
+        x, _ = _xy(curves["steffle"])
+        assert x == pytest.approx([0.201, 0.211, 0.221])  # ordered by lambda, mean over seeds (0, 1, 2)/1000
+    assert "3 seeds" in fig.get_suptitle()
+
+
+def test_mu2_figure_groups_bars_by_rho_with_one_bar_per_number_of_silos(tmp_path_factory, tmp_path: Path) -> None:
+    out = _sweep(tmp_path_factory, "mu2", MU2)
+    runs, _ = load_runs([out])
+    assert len(runs) == 8
+    ((stem, fig),) = build_figures("mu2", runs)
+    assert stem == "mu2-digits-iid"
+    assert [ax.get_title() for ax in fig.axes] == ["untrusted server", "trusted server"]
+    finals = _finals(out)
+    for ax, trust in zip(fig.axes, ("untrusted", "trusted"), strict=True):
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["rho 4", "rho 8"]
+        assert ax.get_ylabel() == "test accuracy (%)"
+        bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert [c.get_label() for c in bars] == ["mu2fl, M = 1", "mu2fl, M = 2"]
+        for container, silos in zip(bars, (1, 2), strict=True):
+            heights = [patch.get_height() for patch in container.patches]
+            expected = [100 * finals[f"mu2fl__trust={trust}_rho={rho}_num-silos={silos}"]["accuracy"] for rho in (4, 8)]
+            assert heights == pytest.approx(expected)
+    paths = save_figures([(stem, fig)], tmp_path)
+    assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 5_000 for p in paths)
+
+
+def test_fedsc_figure_has_one_bar_per_method_with_the_seed_spread(tmp_path_factory) -> None:
+    out = _sweep(tmp_path_factory, "fedsc", FEDSC)
+    runs, _ = load_runs([out])
+    ((stem, fig),) = build_figures("fedsc", runs)
+    assert stem == "fedsc-digits-accuracy"
+    (ax,) = fig.axes
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert [c.get_label() for c in bars] == ["fedavg-sc", "fedsc"]
+    finals = _finals(out)
+    for container in bars:
+        method = container.get_label()
+        accuracies = [100 * finals[f"{method}__seed={s}"]["accuracy"] for s in (0, 1)]
+        (patch,) = container.patches
+        assert patch.get_height() == pytest.approx(np.mean(accuracies))
+        err = container.errorbar.lines[2][0].get_segments()[0]
+        assert abs(err[1][1] - err[0][1]) / 2 == pytest.approx(mean_sd(accuracies)[1])
+    assert ax.get_ylabel() == "linear-probe accuracy (%)"
+    assert not math.isnan(patch.get_height())
