@@ -253,8 +253,10 @@ def _seeds_text(counts: Iterable[int]) -> str:
     counts = sorted(set(counts))
     if not counts:
         return ""
+    if counts == [1]:
+        return "one seed (no error bars)"
     n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    return f"mean ± sd over {n} seed{'s' if counts[-1] > 1 else ''}"
+    return f"mean ± sd over {n} seeds"
 
 
 def _dataset_title(config: Mapping[str, Any]) -> str:
@@ -473,7 +475,8 @@ def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> lis
             mean, sd = mean_sd([r.final[metric] * (100 if percent else 1) for r in cell])
             counts.append(len(cell))
             heights.append(mean)
-            container = ax.bar([i], [mean], yerr=[sd], capsize=3, color=colors.style[label][0], label=label)
+            error = [sd] if len(cell) > 1 else None
+            container = ax.bar([i], [mean], yerr=error, capsize=3, color=colors.style[label][0], label=label)
             ax.bar_label(container, fmt="%.1f" if percent else "%.3f", fontsize=8, padding=2)
         ax.set_xticks(range(len(curves)), [label for label, _ in curves], rotation=20, ha="right")
         ax.set_xlabel("method")
@@ -481,8 +484,7 @@ def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> lis
         ax.set_ylabel(name + (" (%)" if percent else ""))
         if percent and heights:
             ax.set_ylim(bottom=max(0.0, min(heights) - 10))
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)  # the x tick labels name the bars: no legend to cover them
         fig.suptitle(f"{_dataset_title(group[0].config)}: FedSC, {name}\n{_seeds_text(counts)}", fontsize=11)
         figures.append((f"fedsc-{_slug(dataset, metric)}", fig))
     return figures

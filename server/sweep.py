@@ -399,8 +399,11 @@ def execute_run(config_json: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
         error_path.write_text(text)
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
     # CPU seconds next to wall seconds: on a shared machine the wall time says more about the neighbours
-    cpu = time.process_time() - cpu0
-    return {"ok": True, "final": result.get("final", {}), "seconds": time.perf_counter() - t0, "cpu_seconds": cpu}
+    cpu, seconds = time.process_time() - cpu0, time.perf_counter() - t0
+    (folder / RUN_FILE).write_text(
+        json.dumps({**meta, "config": config_json, "seconds": seconds, "cpu_seconds": cpu}, indent=2)
+    )
+    return {"ok": True, "final": result.get("final", {}), "seconds": seconds, "cpu_seconds": cpu}
 
 
 @dataclass

@@ -121,7 +121,7 @@ def test_committed_sweeps_are_valid() -> None:
     adult_dp = load_sweep(SWEEPS / "steffle_adult_dp.toml")
     methods = {run.method for run in adult_dp.runs}
     assert methods == {"steffle", "dp-fermi", "fermi", "tran", "fedavg", "dp-fedsgd"}
-    assert len(adult_dp.runs) == 228
+    assert len(adult_dp.runs) == 258
     assert f"{len(adult_dp.runs)} runs" in (SWEEPS / "steffle_adult_dp.toml").read_text()
     assert {run.config.num_silos for run in adult_dp.runs if run.method in ("dp-fermi", "fermi")} == {1}
     assert {format_value(run.config.epsilon) for run in adult_dp.runs if run.method == "steffle"} == {"1", "3", "9"}

@@ -1,0 +1,326 @@
+"""benchmarks/results.py: the reduction in fairness violation at matched test error (against hand-computed numbers),
+and docs/RESULTS.md generated from run folders: synthetic result.json files with known numbers, and a tiny real
+sweep (SteFFLe, Tran et al. and FedAvg on the synthetic dataset) run through `silofl sweep`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("silofl_results", PROJECT_ROOT / "benchmarks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+results = _load()
+
+# SteFFLe's points (test error, violation): the front is (0.15, 0.20), (0.16, 0.10), (0.18, 0.04); (0.17, 0.12) and
+# (0.20, 0.06) are dominated; the error range is [0.15, 0.20].
+STEFFLE = [(0.15, 0.20), (0.16, 0.10), (0.17, 0.12), (0.18, 0.04), (0.20, 0.06)]
+
+
+def test_pareto_front_drops_dominated_points():
+    assert results.pareto_front(STEFFLE) == [(0.15, 0.20), (0.16, 0.10), (0.18, 0.04)]
+    assert results.pareto_front([(0.1, 0.3), (0.1, 0.2), (0.2, 0.2)]) == [(0.1, 0.2)]  # ties: the lower, once
+
+
+def test_lower_envelope_interpolates_the_front_and_stays_flat_after_it():
+    assert results.lower_envelope(STEFFLE, 0.15) == pytest.approx(0.20)
+    assert results.lower_envelope(STEFFLE, 0.155) == pytest.approx(0.15)  # halfway between 0.20 and 0.10
+    assert results.lower_envelope(STEFFLE, 0.17) == pytest.approx(0.07)  # front, not the dominated 0.12
+    assert results.lower_envelope(STEFFLE, 0.19) == pytest.approx(0.04)  # after the front: its lowest violation
+    assert results.lower_envelope(STEFFLE, 0.149) is None  # below the range: no extrapolation
+    assert results.lower_envelope(STEFFLE, 0.201) is None
+    assert results.lower_envelope([], 0.1) is None
+
+
+def test_matched_error_reduction_hand_computed():
+    # baseline points: 0.14 is below SteFFLe's range, 0.21 above; 0.16 has zero violation
+    baseline = [(0.155, 0.25), (0.17, 0.14), (0.19, 0.05), (0.14, 0.30), (0.21, 0.01), (0.16, 0.0)]
+    red = results.matched_error_reduction(STEFFLE, baseline)
+    # 1 - 0.15/0.25 = 0.4; 1 - 0.07/0.14 = 0.5; 1 - 0.04/0.05 = 0.2; mean 1.1 / 3
+    assert [p.reduction for p in red.matched] == pytest.approx([0.4, 0.5, 0.2])
+    assert red.mean == pytest.approx(1.1 / 3)
+    assert (len(red.matched), red.total, red.below, red.above, red.zero) == (3, 6, 1, 1, 1)
+    assert red.text() == "36.7% (3/6)"
+
+
+def test_matched_error_reduction_negative_when_steffle_is_worse_and_na_without_overlap():
+    red = results.matched_error_reduction([(0.1, 0.2), (0.2, 0.1)], [(0.15, 0.10)])
+    assert red.mean == pytest.approx(1 - 0.15 / 0.10)  # SteFFLe 0.15 at error 0.15: 50% more violation
+    none = results.matched_error_reduction([(0.1, 0.2), (0.2, 0.1)], [(0.05, 0.3), (0.3, 0.3)])
+    assert none.mean is None
+    assert none.text() == "n/a (0/2: 1 below SteFFLe's error range, 1 above SteFFLe's error range)"
+
+
+# -- documents from synthetic run folders with known numbers ----------------------------------------------------------
+
+#: (method, algorithm, trace key, trace value) -> (test error, dp violation), each the mean of two seeds (+-0.01).
+KNOWN = {
+    ("steffle", "steffle", "lambda", 0): (0.15, 0.20),
+    ("steffle", "steffle", "lambda", 1): (0.16, 0.10),
+    ("steffle", "steffle", "lambda", 0.5): (0.17, 0.12),
+    ("steffle", "steffle", "lambda", 2): (0.18, 0.04),
+    ("steffle", "steffle", "lambda", 0.25): (0.20, 0.06),
+    ("tran", "tran", "dual-lr", 0.01): (0.155, 0.25),
+    ("tran", "tran", "dual-lr", 0.05): (0.17, 0.14),
+    ("tran", "tran", "dual-lr", 0.002): (0.14, 0.30),
+    ("fedavg", "fedavg", None, None): (0.19, 0.05),
+}
+
+
+def _write_run(folder: Path, method: str, config: dict, final: dict, seconds: float) -> None:
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"method": method, "config": config}))
+    result = {
+        "config": config,
+        "final": final,
+        "privacy": {"epsilon_spent": 1.0},
+        "timing": {"total_seconds": seconds, "seconds_per_round": seconds / 10},
+        "status": {"completed": True},
+    }
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def _fake_sweep(root: Path) -> Path:
+    """runs/sweeps/steffle_adult_dp with KNOWN's points (h 0, epsilon 1, seeds 0 and 1), 10 s per run."""
+    out = root / "sweeps" / "steffle_adult_dp"
+    for (method, algorithm, key, value), (error, violation) in KNOWN.items():
+        for seed, sign in ((0, -1), (1, 1)):
+            config = {
+                "algorithm": algorithm,
+                "dataset": "adult",
+                "fairness": "dp",
+                "num-silos": 3,
+                "heterogeneity": 0.0,
+                "epsilon": "inf" if algorithm == "fedavg" else 1.0,
+                "seed": seed,
+                "epochs": 40,
+            }
+            if key:
+                config[key] = value
+            name = f"{method}__{key}={value}_seed={seed}" if key else f"{method}__seed={seed}"
+            config["out-dir"] = str(out / name)
+            final = {"error": error + sign * 0.01, "dp_violation": violation + sign * 0.005, "accuracy": 1 - error}
+            _write_run(out / name, method, config, final, 10.0)
+    return out
+
+
+def _build(root: Path, sweep_files: Path | None = None, **kwargs):
+    return results.build_document(
+        sweeps=root / "sweeps",
+        sweep_files=sweep_files or root / "no-sweep-files",
+        out=root / "docs" / "RESULTS.md",
+        figures=root / "docs" / "figures",
+        mu2_cache=kwargs.get("mu2_cache", root / "no-mu2"),
+        fedsc_runs=root / "no-fedsc",
+    )
+
+
+def _table_row(text: str, h: str, eps: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"| {h} | {eps} | "))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_document_from_known_result_files(tmp_path: Path):
+    _fake_sweep(tmp_path)
+    text, sweeps = _build(tmp_path)
+    # the reduction table: columns h, epsilon, vs tran, vs fedavg (no other baseline has runs)
+    assert "| h | epsilon | vs tran | vs fedavg |" in text
+    # tran: 1 - 0.15/0.25 = 0.4 and 1 - 0.07/0.14 = 0.5 -> 45.0%, 2 of 3 points; fedavg: 1 - 0.04/0.05 = 20%
+    assert _table_row(text, "0", "1") == ["0", "1", "45.0% (2/3)", "20.0% (1/1)"]
+    assert "| demographic parity | tran | 45.0% | 1 / 1 | Adult | 75.47% |" in text
+    assert "FedFDP (Ling et al. 2024) | not implemented in silofl" in text
+    # header: 18 runs, 10 s each, CPU time not recorded
+    assert "Runs read: 18 (steffle_adult_dp 18)" in text
+    assert "wall time summed over the runs: 3.0 min" in text
+    # the figure exists, is a PNG, and the link is relative to the document
+    link = re.search(r"!\[Adult, demographic parity[^\]]*\]\(([^)]+)\)", text)
+    assert link and not Path(link.group(1)).is_absolute()
+    png = tmp_path / "docs" / link.group(1)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # missing sections say so and name the command
+    for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo"):
+        assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
+    assert text.count("Not generated yet: run `") == 5  # three SteFFLe sweeps, mu2, FedSC
+    assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
+
+
+def test_cpu_seconds_are_summed_when_recorded(tmp_path: Path):
+    out = _fake_sweep(tmp_path)
+    for i, folder in enumerate(sorted(out.iterdir())):
+        meta = json.loads((folder / "run.json").read_text())
+        (folder / "run.json").write_text(json.dumps({**meta, "cpu_seconds": 5.0 if i % 2 else 7.0}))
+    text, _ = _build(tmp_path)
+    assert "total CPU time 1.8 min" in text  # 9 x 5 s + 9 x 7 s = 108 s
+
+
+def test_mu2_section_from_cached_cells(tmp_path: Path):
+    cache = tmp_path / "mu2"
+    cache.mkdir()
+    cells = {
+        "mu2fl-untrusted-rho4-M1-b1-s0.json": (0.692, 2.2562),
+        "mu2fl-untrusted-rho4-M1-b1-s1.json": (0.702, 2.2560),
+        "mu2fl-untrusted-rho4-M10-b1-s0-classes-2.json": (0.1, 2.3),  # label skew: not in the tables
+        "noisy-sgd-trusted-rho4-M1-b1-s0.json": (0.395, 2.298),
+    }
+    for name, (acc, loss) in cells.items():
+        algorithm = "noisy-sgd" if name.startswith("noisy") else "mu2fl"
+        trust = "trusted" if "-trusted-" in name else "untrusted"
+        cell = {"algorithm": algorithm, "trust": trust, "rho": 4.0, "silos": int(re.search(r"-M(\d+)-", name)[1])}
+        (cache / name).write_text(json.dumps({**cell, "loss": loss, "accuracy": acc, "epsilon": 24.4, "seconds": 60}))
+    text, _ = _build(tmp_path, mu2_cache=cache)
+    # mean of the two seeds: 69.7%, sd 0.7; the paper's cell 2.256 / 69.9%
+    assert "| 4 | 2.256 / 69.7% (sd 0.7, 69.2-70.2, 2 seeds); paper 2.256 / 69.9%; +0.000, -0.2; eps 24.4 |" in text
+    assert "| noisy SGD, 4 | 2.298 / 39.5% |" in text
+    assert "within the target of the paper's: 1 of 1" in text  # Table 2's DP-mu2-FL cell is absent
+    assert "Runs read: 3 (mu2 3)" in text
+    assert (tmp_path / "docs" / "figures" / "mu2-mnist-iid.png").is_file()
+
+
+# -- a tiny real sweep ------------------------------------------------------------------------------------------------
+
+SWEEP = """
+out = "unused"
+[base]
+dataset = "synthetic"
+num-silos = 3
+partition = "attribute"
+fairness = "dp"
+rounds = 8
+eval-every = 8
+batch-size = 64
+lr = 0.5
+
+[grid]
+heterogeneity = [0, 0.75]
+seed = [0, 1]
+
+[[methods]]
+name = "steffle"
+algorithm = "steffle"
+epsilon = 3
+[methods.grid]
+lambda = [0, 1, 4]
+
+[[methods]]
+name = "tran"
+algorithm = "tran"
+epsilon = 3
+lambda = 0
+[methods.grid]
+dual-lr = [0.01, 0.5]
+
+[[methods]]
+name = "fedavg"
+algorithm = "fedavg"
+"""
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 real runs (SteFFLe x 3 lambdas, Tran x 2 dual steps, FedAvg; h 0 and 0.75; seeds 0, 1) as the
+    steffle_adult_dp sweep of a temporary project."""
+    from server.sweep import load_sweep, run_sweep
+
+    root = tmp_path_factory.mktemp("results")
+    files = root / "sweep-files"
+    files.mkdir()
+    (files / "steffle_adult_dp.toml").write_text(textwrap.dedent(SWEEP))
+    sweep = load_sweep(files / "steffle_adult_dp.toml", out=root / "sweeps" / "steffle_adult_dp")
+    report = run_sweep(sweep, workers=1, progress=False)
+    assert report.ok, report.failed
+    return root
+
+
+def test_document_from_a_real_sweep(real_sweep: Path):
+    text, sweeps = _build(real_sweep, sweep_files=real_sweep / "sweep-files")
+    result = sweeps[0]
+    assert (result.expected, result.finished, len(result.records)) == (24, 24, 24)
+    assert "the sweep file has 24 runs, 24 finished" in text
+    assert "Runs read: 24 (steffle_adult_dp 24)" in text
+    # recompute each panel's numbers from the result.json files directly
+    finals: dict[tuple, list[dict]] = {}
+    for path in (real_sweep / "sweeps" / "steffle_adult_dp").glob("*/result.json"):
+        result_json = json.loads(path.read_text())
+        config = result_json["config"]
+        key = (config["algorithm"], config["heterogeneity"], config["lambda"], config["dual-lr"])
+        finals.setdefault(key, []).append(result_json["final"])
+
+    def points(algorithm: str, h: float) -> list[tuple[float, float]]:
+        """One point per (lambda, dual-lr): the mean over the two seeds."""
+        out = []
+        for (alg, hh, _lam, _dual), runs in sorted(finals.items()):
+            if alg == algorithm and hh == h:
+                assert len(runs) == 2  # seeds 0 and 1
+                out.append((sum(r["error"] for r in runs) / 2, sum(r["dp_violation"] for r in runs) / 2))
+        return out
+
+    assert [(p.h, p.epsilon) for p in result.panels] == [(0.0, 3.0), (0.75, 3.0)]
+    for panel in result.panels:
+        steffle = points("steffle", panel.h)
+        assert len(steffle) == 3
+        for baseline in ("tran", "fedavg"):
+            expected = results.matched_error_reduction(steffle, points(baseline, panel.h))
+            got = panel.reductions[baseline]
+            assert (got.total, len(got.matched), got.below, got.above) == (
+                expected.total,
+                len(expected.matched),
+                expected.below,
+                expected.above,
+            )
+            if expected.mean is None:
+                assert got.mean is None
+            else:
+                assert got.mean == pytest.approx(expected.mean)
+            assert got.text() in _table_row(text, results._fmt(panel.h), "3")
+    png = real_sweep / "docs" / "figures" / "fairness-synthetic-dp.png"
+    assert png.stat().st_size > 10_000
+
+
+def test_main_writes_the_document(real_sweep: Path, tmp_path: Path):
+    out = tmp_path / "RESULTS.md"
+    code = results.main(
+        [
+            "--sweeps",
+            str(real_sweep / "sweeps"),
+            "--sweep-files",
+            str(real_sweep / "sweep-files"),
+            "--out",
+            str(out),
+            "--mu2-cells",
+            str(tmp_path / "none"),
+            "--fedsc-runs",
+            str(tmp_path / "none"),
+        ]
+    )
+    assert code == 0
+    text = out.read_text()
+    assert text.startswith("# silofl results")
+    assert "(figures/fairness-synthetic-dp.png)" in text
+    assert (tmp_path / "figures" / "fairness-synthetic-dp.png").is_file()
+    assert "Runs read: 24 (steffle_adult_dp 24)" in text
+
+
+def test_sweep_with_only_steffle_runs_says_there_is_no_reduction_yet(tmp_path: Path):
+    out = _fake_sweep(tmp_path)
+    for folder in out.iterdir():
+        if not folder.name.startswith("steffle"):
+            shutil.rmtree(folder)
+    text, sweeps = _build(tmp_path)
+    assert "No baseline runs in this sweep yet: no reduction to compute." in text
+    assert sweeps[0].panels[0].reductions == {}
+    assert "| 0 | 1 | steffle | lambda 2 | 2 | 0.1800 ± 0.0141 | 0.0400 ± 0.0071 | front |  |" in text
