@@ -156,6 +156,8 @@ def run_command(args: argparse.Namespace) -> int:
         metrics = {"linear probe acc.": final.get("accuracy"), "kNN acc.": final.get("knn_accuracy")}
     else:
         keys = {"accuracy": "accuracy", "loss": "loss", "DP viol.": "dp_violation", "EO viol.": "eo_violation"}
+        if result["federation"].get("num_groups", 2) < 2:  # one group (e.g. MNIST): no fairness to measure
+            keys = {"accuracy": "accuracy", "loss": "loss"}
         metrics = {label: final.get(key) for label, key in keys.items()}
     _print_summary(config, result, args.engine, metrics)
     return 0
