@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import typing
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocols.config import ConfigError, RunConfig
+from tests import fuzz_cases
 
 FIELDS = RunConfig.model_fields
 ALIASES = {name: field.alias or name for name, field in FIELDS.items()}
@@ -93,28 +95,20 @@ def fuzz(max_examples: int) -> settings:
     )
 
 
-class _CaseSummary:
-    """A pytest plugin object that prints the module's case count in the terminal summary (any capture mode)."""
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_line(
-            f"fuzz config: {CASES.total()} cases: {CASES['rejected']} bad run configs rejected with a ConfigError "
-            f"naming the key, {CASES['accepted']} valid ones parsed and round-tripped"
-        )
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _report_cases(request: pytest.FixtureRequest) -> None:
-    name = "silofl-fuzz-config-summary"
-    if not request.config.pluginmanager.has_plugin(name):
-        request.config.pluginmanager.register(_CaseSummary(), name)
+    fuzz_cases.report(
+        request,
+        "silofl-fuzz-config-summary",
+        lambda: (
+            f"fuzz config: {CASES.total()} cases: {CASES['rejected']} bad run configs rejected with a ConfigError "
+            f"naming the key, {CASES['accepted']} valid ones parsed and round-tripped"
+        ),
+    )
 
 
-def _ran(test: Any, planned: int) -> None:
-    before = CASES.total()
-    test()
-    ran = CASES.total() - before
-    assert ran >= planned // 2, f"{test.__name__} ran {ran} cases, planned {planned}"
+def _ran(test: Callable[[], None], planned: int) -> None:
+    fuzz_cases.run_counted(CASES, test, planned)
 
 
 def _bounds(name: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pickle
 import tracemalloc
 import typing
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from hypothesis.extra import numpy as hnp
 from pydantic import BaseModel
 
 from protocols import messages as msg
+from tests import fuzz_cases
 
 #: Every schema a message is read with, and the record kind it travels in (reports are MetricRecords).
 SCHEMAS: dict[type[BaseModel], str] = {
@@ -60,29 +62,20 @@ def fuzz(max_examples: int) -> settings:
 CASES: Counter[str] = Counter()
 
 
-class _CaseSummary:
-    """A pytest plugin object that prints the module's case count in the terminal summary (any capture mode)."""
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_line(
-            f"fuzz messages: {CASES.total()} cases: {CASES['rejected']} malformed messages rejected with a "
-            f"MessageError naming the field, {CASES['accepted']} valid ones accepted and round-tripped"
-        )
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _report_cases(request: pytest.FixtureRequest) -> None:
-    name = "silofl-fuzz-messages-summary"
-    if not request.config.pluginmanager.has_plugin(name):
-        request.config.pluginmanager.register(_CaseSummary(), name)
+    fuzz_cases.report(
+        request,
+        "silofl-fuzz-messages-summary",
+        lambda: (
+            f"fuzz messages: {CASES.total()} cases: {CASES['rejected']} malformed messages rejected with a "
+            f"MessageError naming the field, {CASES['accepted']} valid ones accepted and round-tripped"
+        ),
+    )
 
 
-def _ran(test: Any, planned: int) -> None:
-    """Run the hypothesis function `test` and check it generated at least half its planned cases."""
-    before = CASES.total()
-    test()
-    ran = CASES.total() - before
-    assert ran >= planned // 2, f"{test.__name__} ran {ran} cases, planned {planned}"
+def _ran(test: Callable[[], None], planned: int) -> None:
+    fuzz_cases.run_counted(CASES, test, planned)
 
 
 # -- schema fields ------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from strategies.correlation import CorrelationAggregation
 from strategies.fedavg import FedAvg
 from strategies.gradient_step import GradientStep, StepSchedule
 from strategies.noisy_aggregation import NoisyAggregation
+from tests import fuzz_cases
 
 SPEC = [("head.weight", (2, 3)), ("head.bias", (2,))]
 NODES = (10, 11, 12)
@@ -66,22 +67,17 @@ def fuzz(max_examples: int) -> settings:
     )
 
 
-class _CaseSummary:
-    """A pytest plugin object that prints the module's case count in the terminal summary (any capture mode)."""
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_line(
+@pytest.fixture(scope="module", autouse=True)
+def _report_cases(request: pytest.FixtureRequest) -> None:
+    fuzz_cases.report(
+        request,
+        "silofl-fuzz-replies-summary",
+        lambda: (
             f"fuzz replies: {CASES.total()} cases: {CASES['server-rejected']} forged replies refused by the server "
             f"with its state unchanged, {CASES['silo-rejected']} malformed messages refused by a silo with nothing "
             f"charged, {CASES['accepted']} valid exchanges accepted"
-        )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_cases(request: pytest.FixtureRequest) -> None:
-    name = "silofl-fuzz-replies-summary"
-    if not request.config.pluginmanager.has_plugin(name):
-        request.config.pluginmanager.register(_CaseSummary(), name)
+        ),
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -91,10 +87,7 @@ def _task_identity() -> None:
 
 
 def _ran(test: Callable[[], None], planned: int) -> None:
-    before = CASES.total()
-    test()
-    ran = CASES.total() - before
-    assert ran >= planned // 2, f"{test.__name__} ran {ran} cases, planned {planned}"
+    fuzz_cases.run_counted(CASES, test, planned)
 
 
 # -- state fingerprints -------------------------------------------------------------------------------------------

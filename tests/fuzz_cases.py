@@ -1,0 +1,33 @@
+"""Case counting shared by the fuzz tests (`tests/test_fuzz_*.py`).
+
+Each fuzz module counts the cases hypothesis generated in a `Counter` and prints one summary line at the end of the
+session ("the test reports how many cases it ran"), whatever pytest's capture mode: a plugin object registered once
+writes it in the terminal summary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def report(request: pytest.FixtureRequest, name: str, line: Callable[[], str]) -> None:
+    """Register (once per session, under `name`) a plugin that prints `line()` in the terminal summary."""
+
+    class _Summary:
+        def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+            terminalreporter.write_line(line())
+
+    if not request.config.pluginmanager.has_plugin(name):
+        request.config.pluginmanager.register(_Summary(), name)
+
+
+def run_counted(cases: Counter[str], test: Callable[[], None], planned: int) -> None:
+    """Run the hypothesis function `test` and check it generated at least half its planned cases."""
+    before = cases.total()
+    test()
+    ran = cases.total() - before
+    assert ran >= planned // 2, f"{test.__name__} ran {ran} cases, planned {planned}"
