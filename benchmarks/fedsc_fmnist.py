@@ -49,6 +49,7 @@ def base_values(args: argparse.Namespace, seed: int) -> dict:
         "batch-size": args.batch_size,
         "lr": args.lr,
         "projection-dim": args.projection_dim,
+        "alpha-start": args.alpha_start,
         "alpha-end": args.alpha_end,
         "eval-every": args.eval_every,
         "probe-epochs": args.probe_epochs,
@@ -93,6 +94,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--projection-dim", type=int, default=128)
+    parser.add_argument("--alpha-start", type=float, default=1.0, help="alpha at the first share (eq. 6: 0.1)")
     parser.add_argument("--alpha-end", type=float, default=0.2)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--probe-epochs", type=int, default=30)
@@ -101,7 +103,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     tag = (
         f"r{args.rounds}-e{args.local_epochs}-n{args.records}-b{args.batch_size}-lr{args.lr:g}"
-        f"-h{args.projection_dim}-a{args.alpha_end:g}"
+        f"-h{args.projection_dim}-a{args.alpha_end:g}" + ("" if args.alpha_start == 1.0 else f"-as{args.alpha_start:g}")
     )
     t0 = time.perf_counter()
     jobs = {}
@@ -128,8 +130,8 @@ def main() -> None:
         f"Configuration: small CNN (GroupNorm, 128 features) + projector to H = {args.projection_dim}; "
         f"{args.records} training images per silo (10 silos, one class each); {args.rounds} rounds, all silos, "
         f"{args.local_epochs} local epochs, batch {args.batch_size}, SGD lr {args.lr} (cosine), momentum 0.9, "
-        "weight decay 5e-4, gradient clip 3, mu = 4; FedSC shares every round, alpha from 1 to "
-        f"{args.alpha_end} (eq. 80), DP-CalR with 2 views. "
+        "weight decay 5e-4, gradient clip 3, mu = 4; FedSC shares every round, alpha from "
+        f"{args.alpha_start:g} to {args.alpha_end:g} (eq. 80), DP-CalR with 2 views. "
         "Evaluation: linear probe (Adam 3e-3, "
         f"{args.probe_epochs} epochs) on the frozen backbone's features of all 60,000 training images, accuracy on "
         "the 10,000 test images; kNN (k = 200, tau = 0.1) on the same features.",

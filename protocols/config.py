@@ -114,8 +114,15 @@ class RunConfig(BaseModel):
     grad_clip: float = Field(default=3.0, gt=0.0, description="fedsc: local gradient-norm clip (not a DP clip)")
     mu: float = Field(default=4.0, gt=0.0, description="fedsc: representations are clipped to norm sqrt(mu)")
     views: int = Field(default=2, ge=1, le=64, description="fedsc: augmented views per record in DP-CalR")
+    alpha_start: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="fedsc: alpha at the first share (paper eq. 80: 1; q_j = 1/num-silos for equal silos is eq. 6's "
+        "exact weight)",
+    )
     alpha_end: float = Field(
-        default=0.2, ge=0.0, le=1.0, description="fedsc: alpha decays linearly from 1 to this (paper eq. 80)"
+        default=0.2, ge=0.0, le=1.0, description="fedsc: alpha decays linearly from alpha-start to this (eq. 80)"
     )
     share_start: int = Field(default=1, ge=1, description="fedsc: first round the silos share correlation matrices")
     share_every: int = Field(default=1, ge=1, description="fedsc: rounds between two shares")

@@ -91,7 +91,10 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     ssl.add_argument("--grad-clip", type=float, default=3.0, help="local gradient-norm clip (not a DP clip)")
     ssl.add_argument("--mu", type=float, default=4.0, help="representations clipped to norm sqrt(mu)")
     ssl.add_argument("--views", type=int, default=2, help="augmented views per record in DP-CalR")
-    ssl.add_argument("--alpha-end", type=float, default=0.2, help="alpha decays linearly from 1 to this (eq. 80)")
+    ssl.add_argument(
+        "--alpha-start", type=float, default=1.0, help="alpha at the first share (eq. 80: 1; eq. 6: q_j = 1/num-silos)"
+    )
+    ssl.add_argument("--alpha-end", type=float, default=0.2, help="alpha decays linearly to this (eq. 80)")
     ssl.add_argument("--share-start", type=int, default=1, help="first round of correlation sharing")
     ssl.add_argument("--share-every", type=int, default=1, help="rounds between two shares")
     ssl.add_argument("--participation", type=float, default=1.0, help="fraction of silos per round (all in round 1)")

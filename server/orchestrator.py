@@ -294,6 +294,7 @@ def _ssl_strategy(config: RunConfig, federation: Federation, common: dict[str, A
         initial=get_parameters(model),
         share_start=config.share_start,
         share_every=config.share_every,
+        alpha_start=config.alpha_start,
         alpha_end=config.alpha_end,
         participation=config.participation,
         evaluator=evaluator,

@@ -9,9 +9,9 @@ Each round t:
 2. if t is a sharing round (t >= share_start and (t - share_start) % share_every == 0): ``query.correlation`` to the
    participants; each returns its DP correlation matrix R~_j (noised in the silo). The cache keeps every silo's
    latest R~_j; silos not sampled keep their stale entry;
-3. ``train`` to the participants with this round's alpha_t (1 before the first share, then eq. 80's linear decay from
-   1 to alpha_end) and Rbar_{-j} = (R~ - q_j R~_j) / (1 - q_j), R~ = sum_j q_j R~_j over the cache with
-   q_j = n_j / n: a silo's own noise cancels from what it receives;
+3. ``train`` to the participants with this round's alpha_t (1 before the first share, then eq. 80's linear decay
+   from alpha_start (the paper: 1) to alpha_end) and Rbar_{-j} = (R~ - q_j R~_j) / (1 - q_j), R~ = sum_j q_j R~_j
+   over the cache with q_j = n_j / n: a silo's own noise cancels from what it receives;
 4. the new model is the n_j-weighted mean of the participants' weights (FedAvg over J_t).
 
 The local learning rate follows a cosine over the rounds (the paper's "lr 0.03 cosine"). Evaluation is central
@@ -77,6 +77,7 @@ class CorrelationAggregation(SiloflStrategy):
         initial: Arrays,
         share_start: int,
         share_every: int,
+        alpha_start: float = 1.0,
         alpha_end: float,
         participation: float,
         evaluator: Evaluator | None,
@@ -88,6 +89,7 @@ class CorrelationAggregation(SiloflStrategy):
         self.initial = initial
         self.sharing = instruction.algorithm == "fedsc"
         self.share_rounds = set(sharing_rounds(instruction.total_rounds, share_start, share_every))
+        self.alpha_start = alpha_start
         self.alpha_end = alpha_end
         self.participation = participation
         self.evaluator = evaluator
@@ -117,7 +119,8 @@ class CorrelationAggregation(SiloflStrategy):
     def alpha(self, server_round: int) -> float:
         if not self.sharing or not self.cache:
             return 1.0
-        return fedsc.alpha_schedule(server_round, self.instruction.total_rounds, start=1.0, end=self.alpha_end)
+        total = self.instruction.total_rounds
+        return fedsc.alpha_schedule(server_round, total, start=self.alpha_start, end=self.alpha_end)
 
     def round_lr(self, server_round: int) -> float:
         return cosine_lr(self.instruction.lr, server_round, self.instruction.total_rounds)

@@ -149,6 +149,14 @@ def test_fedavg_sc_shares_nothing_and_share_schedule_delays_sharing() -> None:
     assert result["server_state"]["alphas"][1] < 1.0
 
 
+def test_alpha_start_sets_the_schedule_from_the_first_share_and_reaches_the_silos() -> None:
+    """alpha_start = alpha_end = q_j (eq. 6's exact weight for equal silos): alpha is constant once shared."""
+    result, grid = _run(_config(rounds=3, share_start=2, alpha_start=0.1, alpha_end=0.1))
+    assert result["server_state"]["alphas"] == pytest.approx([1.0, 0.1, 0.1])
+    sent = [msg.read_config(m.content, msg.TrainInstruction).alpha for m in grid.exchanges(msg.TRAIN)[2][0]]
+    assert sent == pytest.approx([0.1] * 10)
+
+
 def test_fedsc_run_is_reproducible_and_the_probe_is_the_final_accuracy(tmp_path) -> None:
     config = _config(rounds=2, eval_data="central", probe_epochs=5, knn_k=20, out_dir=str(tmp_path))
     first, _ = _run(config)

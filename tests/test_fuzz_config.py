@@ -53,6 +53,7 @@ FREE = [
     "grad_clip",
     "mu",
     "views",
+    "alpha_start",
     "alpha_end",
     "share_start",
     "share_every",
