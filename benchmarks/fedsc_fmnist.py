@@ -84,7 +84,22 @@ def initial_probe(values: dict) -> float:
     return evaluator.final(get_parameters(model))["accuracy"]
 
 
-def main() -> None:
+#: RunConfig key -> this script's flag, for the flags that shape a run (benchmarks/results.py rebuilds the command).
+RUN_FLAGS = {
+    "rounds": "--rounds",
+    "max-train-records": "--records",
+    "local-epochs": "--local-epochs",
+    "batch-size": "--batch-size",
+    "lr": "--lr",
+    "projection-dim": "--projection-dim",
+    "alpha-start": "--alpha-start",
+    "alpha-end": "--alpha-end",
+    "eval-every": "--eval-every",
+    "probe-epochs": "--probe-epochs",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/fedsc_fmnist.md")
     parser.add_argument("--seeds", default="0")
@@ -99,7 +114,11 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--probe-epochs", type=int, default=30)
     parser.add_argument("--workers", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     tag = (
         f"r{args.rounds}-e{args.local_epochs}-n{args.records}-b{args.batch_size}-lr{args.lr:g}"

@@ -888,6 +888,34 @@ def fedsc_records(sweeps: Path, fallback: Path) -> tuple[list[plots.RunRecord], 
     return out, fallback, False
 
 
+def fedsc_configurations(records: Sequence[plots.RunRecord]) -> dict[tuple, list[plots.RunRecord]]:
+    """The runs grouped by the benchmark flags that shape them (benchmarks/fedsc_fmnist.py's RUN_FLAGS)."""
+    bench = _load_module("silofl_fedsc_fmnist", ROOT / "benchmarks" / "fedsc_fmnist.py")
+    defaults = vars(bench.build_parser().parse_args([]))
+    groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
+    for r in records:
+        key = []
+        for name, flag in bench.RUN_FLAGS.items():
+            default = defaults[flag.lstrip("-").replace("-", "_")]
+            value = r.get(name)
+            key.append((flag, default if value is None else type(default)(value), default))
+        groups[tuple(key)].append(r)
+    return dict(sorted(groups.items(), key=lambda item: [v for _, v, _ in item[0]]))
+
+
+def _fedsc_command(key: tuple) -> str:
+    flags = " ".join(f"{flag} {value:g}" for flag, value, default in key if value != default)
+    return f"{DATA_ENV} python benchmarks/fedsc_fmnist.py" + (f" {flags}" if flags else "")
+
+
+def _fedsc_label(key: tuple) -> str:
+    v = {flag: value for flag, value, _ in key}
+    return (
+        f"{v['--rounds']:g} rounds x {v['--local-epochs']:g} epochs, {v['--records']:g} img/silo, "
+        f"batch {v['--batch-size']:g}, alpha {v['--alpha-start']:g} -> {v['--alpha-end']:g}"
+    )
+
+
 def fedsc_section(
     sweeps: Path, fallback: Path, figures: Path, doc_dir: Path, sweep_files: Path
 ) -> tuple[list[str], RunFiles]:
@@ -902,14 +930,8 @@ def fedsc_section(
             "",
         ], RunFiles()
     files = _records_files(records)
-    if is_sweep:
-        commands = [sweep_command]
-    else:
-        rounds_found = sorted({int(r.get("rounds")) for r in records})
-        commands = [
-            f"{DATA_ENV} python benchmarks/fedsc_fmnist.py" + ("" if n == 20 else f" --rounds {n}")
-            for n in rounds_found
-        ]
+    configurations = fedsc_configurations(records)
+    commands = [sweep_command] if is_sweep else [_fedsc_command(key) for key in configurations]
     lines += ["Commands:", "", "```bash", *commands, "python benchmarks/results.py", "```", ""]
     lines += [
         f"Source: {len(records)} completed runs in `{_rel(folder)}`"
@@ -920,15 +942,12 @@ def fedsc_section(
         "ResNet-20, 10 clients x 1 class, 200 rounds): FedAvg+SC 77.82%, FedSC 80.06% (+2.24), FedSC with DP at "
         "epsilon 6: 79.42% (+1.60); the spec asks for the ordering at CPU scale.",
         "",
-        "| rounds | method | seeds | linear probe | kNN | epsilon spent | gain over FedAvg+SC | s / round "
+        "| configuration | method | seeds | linear probe | kNN | epsilon spent | gain over FedAvg+SC | s / round "
         "| paper (CIFAR-10) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     names = {"fedavg-sc": "FedAvg+SC", "fedsc": "FedSC", "fedsc-dp": "FedSC, DP-CalR"}
-    by_rounds = defaultdict(list)
-    for r in records:
-        by_rounds[int(r.get("rounds"))].append(r)
-    for rounds, group in sorted(by_rounds.items()):
+    for key, group in configurations.items():
         methods = defaultdict(list)
         for r in group:
             methods[r.method].append(r)
@@ -947,7 +966,7 @@ def fedsc_section(
             per_round = [t["seconds_per_round"] for t in timings if "seconds_per_round" in t]
             gain = "" if base_acc is None or method == "fedavg-sc" else f"{acc - base_acc:+.1f}"
             lines.append(
-                f"| {rounds} | {names.get(method, method)} | {len(runs)} | {acc_text} | {knn_text} | "
+                f"| {_fedsc_label(key)} | {names.get(method, method)} | {len(runs)} | {acc_text} | {knn_text} | "
                 f"{eps_text} | {gain} | {sum(per_round) / max(len(per_round), 1):.1f} | "
                 f"{FEDSC_PAPER.get(method, '-')}% |"
             )

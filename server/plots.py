@@ -105,6 +105,24 @@ def default_method(config: Mapping[str, Any]) -> str:
     return algorithm
 
 
+def config_defaults() -> dict[str, Any]:
+    """Every RunConfig key (kebab-case, as in result.json) with its default, in result.json's form.
+
+    A run folder written before a key existed ran with that key's default (new keys are added with the old behaviour
+    as default), so filling it in keeps old and new run folders of the same configuration on one curve."""
+    from pydantic_core import PydanticUndefined
+
+    from protocols.config import RunConfig
+
+    out: dict[str, Any] = {}
+    for name, field in RunConfig.model_fields.items():
+        if field.default is PydanticUndefined:
+            continue
+        value = field.default
+        out[field.alias or name] = "inf" if isinstance(value, float) and math.isinf(value) else value
+    return out
+
+
 def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
     """The completed runs under `paths` (run folders or folders of run folders) and the number of incomplete ones."""
     records, incomplete, seen = [], 0, set()
@@ -125,7 +143,7 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
             if not (result.get("status") or {}).get("completed", True):
                 incomplete += 1
                 continue
-            config = dict(result.get("config") or {})
+            config = {**config_defaults(), **(result.get("config") or {})}
             meta_path = path.parent / "run.json"
             method = None
             if meta_path.is_file():

@@ -23,6 +23,7 @@ from server.plots import (
     load_runs,
     mean_sd,
     save_figures,
+    varied_keys,
 )
 from server.sweep import load_sweep, run_sweep
 
@@ -230,6 +231,26 @@ def test_runs_without_a_sweep_get_the_papers_names_and_incomplete_runs_are_skipp
     assert [run.method for run in runs] == ["dp-fermi"]
     assert default_method({"algorithm": "steffle", "num-silos": 1, "epsilon": "inf"}) == "fermi"
     assert default_method({"algorithm": "steffle", "num-silos": 3, "epsilon": 1.0}) == "steffle"
+
+
+def test_a_run_folder_older_than_a_config_key_reads_as_that_keys_default(tabular: Path, tmp_path: Path) -> None:
+    """A key added later (e.g. alpha-start) is missing from older result.json files: it must not split a curve."""
+    src = json.loads((tabular / "dp-fermi__lambda=2_seed=0" / "result.json").read_text())
+    for name, drop in (("old", True), ("new", False)):
+        result = json.loads(json.dumps(src))
+        if drop:
+            del result["config"]["alpha-start"]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps(result))
+    runs, _ = load_runs([tmp_path / "old", tmp_path / "new"])
+    assert [run.config["alpha-start"] for run in runs] == [1.0, 1.0]
+    assert varied_keys(runs) == {"dp-fermi": []}
+    newer = json.loads(json.dumps(src))
+    newer["config"]["alpha-start"] = 0.5  # a real difference still shows
+    (tmp_path / "changed").mkdir()
+    (tmp_path / "changed" / "result.json").write_text(json.dumps(newer))
+    runs, _ = load_runs([tmp_path / "old", tmp_path / "changed"])
+    assert varied_keys(runs) == {"dp-fermi": ["alpha-start"]}
 
 
 def test_one_silo_runs_appear_in_every_heterogeneity_row() -> None:

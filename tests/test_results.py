@@ -324,3 +324,26 @@ def test_sweep_with_only_steffle_runs_says_there_is_no_reduction_yet(tmp_path: P
     assert "No baseline runs in this sweep yet: no reduction to compute." in text
     assert sweeps[0].panels[0].reductions == {}
     assert "| 0 | 1 | steffle | lambda 2 | 2 | 0.1800 ± 0.0141 | 0.0400 ± 0.0071 | front |  |" in text
+
+
+def test_fedsc_benchmark_runs_are_grouped_by_configuration_with_the_command_that_made_them():
+    from server.plots import RunRecord
+
+    paper = {"rounds": 20, "max-train-records": 500, "local-epochs": 5, "batch-size": 128, "alpha-end": 0.2}
+    exact = {"rounds": 60, "max-train-records": 300, "local-epochs": 1, "batch-size": 100}
+    exact |= {"alpha-start": 0.1, "alpha-end": 0.1, "eval-every": 20}
+    records = [
+        RunRecord(Path(f"{m}-{i}"), m, {"algorithm": m.removesuffix("-dp"), "lr": 0.05, **config}, {})
+        for i, config in enumerate([paper, exact])
+        for m in ("fedavg-sc", "fedsc", "fedsc-dp")
+    ]
+    groups = results.fedsc_configurations(records)
+    assert [len(g) for g in groups.values()] == [3, 3]
+    commands = [results._fedsc_command(key) for key in groups]
+    assert commands[0] == "SILOFL_DATA_DIR=../shared/data python benchmarks/fedsc_fmnist.py"  # all defaults
+    assert commands[1].endswith(
+        "fedsc_fmnist.py --rounds 60 --records 300 --local-epochs 1 --batch-size 100 --alpha-start 0.1 "
+        "--alpha-end 0.1 --eval-every 20"
+    )
+    labels = [results._fedsc_label(key) for key in groups]
+    assert labels[1] == "60 rounds x 1 epochs, 300 img/silo, batch 100, alpha 0.1 -> 0.1"
