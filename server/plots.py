@@ -474,35 +474,65 @@ def mu2_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[
     return figures
 
 
+#: Keys that change how often a run is evaluated, not what it trains: they never make a FedSC configuration.
+_EVALUATION_ONLY_KEYS = frozenset({"eval-every"})
+
+
+def _config_order(item: tuple[tuple, Any]) -> tuple:
+    """Sort key of a (configuration values, runs) pair: numbers numerically, anything else as text, never mixed."""
+    numeric = (int, float)
+    return tuple(
+        (0, float(v), "") if isinstance(v, numeric) and not isinstance(v, bool) else (1, 0.0, str(v)) for v in item[0]
+    )
+
+
 def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[tuple[str, Figure]]:
-    """FedSC: bars of the linear-probe accuracy per method (mean ± sd over seeds); one figure per dataset."""
+    """FedSC: bars of the linear-probe accuracy (mean ± sd over seeds), one figure per dataset.
+
+    The bars are grouped by configuration (the settings besides method and seed that differ between the runs, e.g.
+    rounds and local epochs), one colour per method, so several configurations stay readable side by side."""
     _check_metric(metric)
     runs = [r for r in runs if r.get("algorithm") in ("fedsc", "fedavg-sc") and _has(r, metric)]
-    varied = varied_keys(runs)
     percent = metric in ("accuracy", "knn_accuracy")
+    method_keys = {"algorithm", "epsilon", "delta", "seed", "dataset"} | _IGNORED_KEYS | _EVALUATION_ONLY_KEYS
     figures = []
     for dataset, group in sorted(_group(runs, lambda r: r.get("dataset")).items()):
-        curves = sorted(
-            _group(group, lambda r: _curve_label(r, _split(varied[r.method], {"dataset", "seed"}, ()))).items()
-        )
-        fig, axes = _new_figure(1, 1, width=max(4.5, 1.2 * len(curves)))
+        keys = [
+            k
+            for k in dict.fromkeys(k for r in group for k in r.config)
+            if k not in method_keys and len({json.dumps(r.get(k)) for r in group}) > 1
+        ]
+        configs = sorted(_group(group, lambda r, keys=keys: tuple(r.get(k) for k in keys)).items(), key=_config_order)
+        methods = sorted({r.method for r in group})
+        width = 0.8 / len(methods)
+        fig, axes = _new_figure(1, 1, width=max(4.5, 0.45 * len(methods) * len(configs) + 1.5), height=3.8)
         ax = axes[0][0]
-        colors = _Colors(label for label, _ in curves)
+        colors = _Colors(methods)
         counts, heights = [], []
-        for i, (label, cell) in enumerate(curves):
-            mean, sd = mean_sd([r.final[metric] * (100 if percent else 1) for r in cell])
-            counts.append(len(cell))
-            heights.append(mean)
-            error = [sd] if len(cell) > 1 else None
-            container = ax.bar([i], [mean], yerr=error, capsize=3, color=colors.style[label][0], label=label)
-            ax.bar_label(container, fmt="%.1f" if percent else "%.3f", fontsize=8, padding=2)
-        ax.set_xticks(range(len(curves)), [label for label, _ in curves], rotation=20, ha="right")
-        ax.set_xlabel("method")
+        for m_index, method in enumerate(methods):
+            xs, means, sds = [], [], []
+            for c_index, (_, cell) in enumerate(configs):
+                values = [r.final[metric] * (100 if percent else 1) for r in cell if r.method == method]
+                if not values:
+                    continue
+                mean, sd = mean_sd(values)
+                xs.append(c_index + (m_index - (len(methods) - 1) / 2) * width)
+                means.append(mean)
+                sds.append(sd if len(values) > 1 else math.nan)
+                counts.append(len(values))
+            heights += means
+            error = sds if any(not math.isnan(sd) for sd in sds) else None
+            container = ax.bar(xs, means, width, yerr=error, capsize=3, color=colors.style[method][0], label=method)
+            ax.bar_label(container, fmt="%.1f" if percent else "%.3f", fontsize=7, padding=2)
+        ticks = ["\n".join(f"{k} {_fmt(v)}" for k, v in zip(keys, config, strict=True)) for config, _ in configs]
+        ax.set_xticks(range(len(configs)), ticks, fontsize=8)
+        ax.set_xlabel("configuration" if keys else "")
         name = "linear-probe accuracy" if metric == "accuracy" else METRIC_LABELS[metric]
         ax.set_ylabel(name + (" (%)" if percent else ""))
         if percent and heights:
-            ax.set_ylim(bottom=max(0.0, min(heights) - 10))
-        ax.grid(axis="y", alpha=0.3)  # the x tick labels name the bars: no legend to cover them
+            ax.set_ylim(bottom=max(0.0, min(heights) - 10), top=min(100.0, max(heights) + 3))
+        ax.grid(axis="y", alpha=0.3)
+        fig.legend(loc="outside lower center", ncols=len(methods), fontsize=9)
         fig.suptitle(f"{_dataset_title(group[0].config)}: FedSC, {name}\n{_seeds_text(counts)}", fontsize=11)
         figures.append((f"fedsc-{_slug(dataset, metric)}", fig))
     return figures

@@ -328,3 +328,25 @@ def test_fedsc_figure_has_one_bar_per_method_with_the_seed_spread(tmp_path_facto
         assert abs(err[1][1] - err[0][1]) / 2 == pytest.approx(mean_sd(accuracies)[1])
     assert ax.get_ylabel() == "linear-probe accuracy (%)"
     assert not math.isnan(patch.get_height())
+
+
+def test_fedsc_figure_groups_bars_by_configuration() -> None:
+    """Runs of two configurations (rounds 20 and 60): one bar per method and configuration, ticks naming them."""
+    runs = [
+        RunRecord(
+            Path(f"{method}-{rounds}-{seed}"),
+            method,
+            {"algorithm": method.removesuffix("-dp"), "dataset": "digits", "rounds": rounds, "seed": seed},
+            {"accuracy": accuracy + 0.01 * seed},
+        )
+        for rounds, offset in ((20, 0.0), (60, 0.05))
+        for method, accuracy in (("fedavg-sc", 0.70 + offset), ("fedsc", 0.72 + offset))
+        for seed in (0, 1)
+    ]
+    ((_, fig),) = build_figures("fedsc", runs)
+    (ax,) = fig.axes
+    bars = {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
+    assert sorted(bars) == ["fedavg-sc", "fedsc"]
+    assert [p.get_height() for p in bars["fedsc"].patches] == pytest.approx([72.5, 77.5])
+    assert [p.get_height() for p in bars["fedavg-sc"].patches] == pytest.approx([70.5, 75.5])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["rounds 20", "rounds 60"]
