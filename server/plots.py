@@ -126,6 +126,7 @@ def config_defaults() -> dict[str, Any]:
 def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
     """The completed runs under `paths` (run folders or folders of run folders) and the number of incomplete ones."""
     records, incomplete, seen = [], 0, set()
+    defaults = config_defaults()
     for root in map(Path, paths):
         if not root.exists():
             raise PlotError(f"{root} does not exist")
@@ -143,7 +144,7 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
             if not (result.get("status") or {}).get("completed", True):
                 incomplete += 1
                 continue
-            config = {**config_defaults(), **(result.get("config") or {})}
+            config = {**defaults, **(result.get("config") or {})}
             meta_path = path.parent / "run.json"
             method = None
             if meta_path.is_file():
