@@ -46,11 +46,15 @@ def base_values(args: argparse.Namespace, seed: int) -> dict:
         "max-train-records": args.records,
         "rounds": args.rounds,
         "local-epochs": args.local_epochs,
+        "local-steps": args.local_steps,
         "batch-size": args.batch_size,
         "lr": args.lr,
         "projection-dim": args.projection_dim,
         "alpha-start": args.alpha_start,
         "alpha-end": args.alpha_end,
+        "server-optimizer": args.server_optimizer,
+        "server-lr": args.server_lr,
+        "calr-sampling-rate": args.calr_sampling_rate,
         "eval-every": args.eval_every,
         "probe-epochs": args.probe_epochs,
         "seed": seed,
@@ -89,11 +93,15 @@ RUN_FLAGS = {
     "rounds": "--rounds",
     "max-train-records": "--records",
     "local-epochs": "--local-epochs",
+    "local-steps": "--local-steps",
     "batch-size": "--batch-size",
     "lr": "--lr",
     "projection-dim": "--projection-dim",
     "alpha-start": "--alpha-start",
     "alpha-end": "--alpha-end",
+    "server-optimizer": "--server-optimizer",
+    "server-lr": "--server-lr",
+    "calr-sampling-rate": "--calr-sampling-rate",
     "eval-every": "--eval-every",
     "probe-epochs": "--probe-epochs",
 }
@@ -106,11 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--records", type=int, default=500, help="training images per silo")
     parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--local-steps", type=int, default=0, help="steps per round instead of epochs (0: epochs)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--projection-dim", type=int, default=128)
     parser.add_argument("--alpha-start", type=float, default=1.0, help="alpha at the first share (eq. 6: 0.1)")
     parser.add_argument("--alpha-end", type=float, default=0.2)
+    parser.add_argument("--server-optimizer", default="avg", choices=["avg", "adam"])
+    parser.add_argument("--server-lr", type=float, default=1e-3)
+    parser.add_argument("--calr-sampling-rate", type=float, default=1.0, help="Poisson rate of DP-CalR's records")
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--probe-epochs", type=int, default=30)
     parser.add_argument("--workers", type=int, default=3)
@@ -122,7 +134,11 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     tag = (
         f"r{args.rounds}-e{args.local_epochs}-n{args.records}-b{args.batch_size}-lr{args.lr:g}"
-        f"-h{args.projection_dim}-a{args.alpha_end:g}" + ("" if args.alpha_start == 1.0 else f"-as{args.alpha_start:g}")
+        f"-h{args.projection_dim}-a{args.alpha_end:g}"
+        + ("" if args.alpha_start == 1.0 else f"-as{args.alpha_start:g}")
+        + ("" if not args.local_steps else f"-k{args.local_steps}")
+        + ("" if args.server_optimizer == "avg" else f"-{args.server_optimizer}{args.server_lr:g}")
+        + ("" if args.calr_sampling_rate == 1.0 else f"-q{args.calr_sampling_rate:g}")
     )
     t0 = time.perf_counter()
     jobs = {}
@@ -148,9 +164,21 @@ def main() -> None:
         "",
         f"Configuration: small CNN (GroupNorm, 128 features) + projector to H = {args.projection_dim}; "
         f"{args.records} training images per silo (10 silos, one class each); {args.rounds} rounds, all silos, "
-        f"{args.local_epochs} local epochs, batch {args.batch_size}, SGD lr {args.lr} (cosine), momentum 0.9, "
-        "weight decay 5e-4, gradient clip 3, mu = 4; FedSC shares every round, alpha from "
-        f"{args.alpha_start:g} to {args.alpha_end:g} (eq. 80), DP-CalR with 2 views. "
+        + (f"{args.local_steps} local steps" if args.local_steps else f"{args.local_epochs} local epochs")
+        + f" of batch {args.batch_size}, "
+        + (
+            f"SGD lr {args.lr} (cosine)"
+            if args.server_optimizer == "avg"
+            else f"SGD lr {args.lr} at the silos, Adam lr {args.server_lr:g} (cosine) at the server (FedAdam)"
+        )
+        + ", momentum 0.9, weight decay 5e-4, gradient clip 3, mu = 4; FedSC shares every round, alpha from "
+        f"{args.alpha_start:g} to {args.alpha_end:g} (eq. 80), DP-CalR with 2 views"
+        + (
+            f" of a Poisson sample of the records (rate {args.calr_sampling_rate:g}). "
+            if args.calr_sampling_rate < 1
+            else " of every record. "
+        )
+        + "Evaluation: linear probe (Adam 3e-3, "
         "Evaluation: linear probe (Adam 3e-3, "
         f"{args.probe_epochs} epochs) on the frozen backbone's features of all 60,000 training images, accuracy on "
         "the 10,000 test images; kNN (k = 200, tau = 0.1) on the same features.",
@@ -173,7 +201,9 @@ def main() -> None:
         lines.append(f"| {seed}, kNN | | {knn} (FedAvg+SC / FedSC / DP) | | | | |")
     mean_gain = sum(gains) / len(gains)
     mean_dp = sum(dp_gains) / len(dp_gains)
-    seconds = {m: results[(m, seeds[0])]["timing"]["seconds_per_round"] for m in ("fedavg-sc", "fedsc", "fedsc-dp")}
+    methods = ("fedavg-sc", "fedsc", "fedsc-dp")
+    seconds = {m: results[(m, seeds[0])]["timing"]["seconds_per_round"] for m in methods}
+    run_minutes = {m: max(results[(m, s)]["timing"]["total_seconds"] for s in seeds) / 60 for m in methods}
     lines += [
         "",
         f"Mean gain of FedSC over FedAvg+SC: {mean_gain:+.1f} points (target >= 2): "
@@ -186,6 +216,8 @@ def main() -> None:
         + str(seeds[0])
         + ", in-process, evaluation included): "
         + ", ".join(f"{m} {s:.1f}" for m, s in seconds.items())
+        + ". Longest single run (minutes, its whole time in its worker, evaluations included): "
+        + ", ".join(f"{m} {t:.1f}" for m, t in run_minutes.items())
         + ".",
     ]
     text = "\n".join(lines) + "\n"

@@ -904,16 +904,26 @@ def fedsc_configurations(records: Sequence[plots.RunRecord]) -> dict[tuple, list
 
 
 def _fedsc_command(key: tuple) -> str:
-    flags = " ".join(f"{flag} {value:g}" for flag, value, default in key if value != default)
+    flags = " ".join(f"{flag} {_flag_value(value)}" for flag, value, default in key if value != default)
     return f"{DATA_ENV} python benchmarks/fedsc_fmnist.py" + (f" {flags}" if flags else "")
+
+
+def _flag_value(value: object) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
 
 
 def _fedsc_label(key: tuple) -> str:
     v = {flag: value for flag, value, _ in key}
-    return (
-        f"{v['--rounds']:g} rounds x {v['--local-epochs']:g} epochs, {v['--records']:g} img/silo, "
+    local = f"{v['--local-steps']:g} step" if v.get("--local-steps") else f"{v['--local-epochs']:g} epochs"
+    label = (
+        f"{v['--rounds']:g} rounds x {local}, {v['--records']:g} img/silo, "
         f"batch {v['--batch-size']:g}, alpha {v['--alpha-start']:g} -> {v['--alpha-end']:g}"
     )
+    if v.get("--server-optimizer", "avg") != "avg":
+        label += f", server {v['--server-optimizer']} lr {v['--server-lr']:g}"
+    if v.get("--calr-sampling-rate", 1.0) < 1.0:
+        label += f", DP-CalR on {v['--calr-sampling-rate']:g} of the records"
+    return label
 
 
 def fedsc_section(

@@ -28,6 +28,7 @@ ModelKind = Literal["logreg", "mlp", "cnn", "resnet20"]
 #: Backbones of the self-supervised algorithms (`protocols.ssl_models`).
 SSL_MODELS: frozenset[str] = frozenset({"cnn", "resnet20"})
 CalrRelation = Literal["replace_one", "add_remove"]
+ServerOptimizer = Literal["avg", "adam"]
 Device = Literal["cpu", "cuda", "auto"]
 EvalData = Literal["central", "none"]
 Accountant = Literal["rdp", "pld", "best"]
@@ -129,6 +130,26 @@ class RunConfig(BaseModel):
     participation: float = Field(
         default=1.0, gt=0.0, le=1.0, description="fedsc: fraction of silos sampled per round (all in round 1)"
     )
+    calr_sampling_rate: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="fedsc: each DP-CalR share uses a Poisson sample of the silo's records at this rate (accounted as "
+        "a subsampled Gaussian); 1: every record (the paper)",
+    )
+    local_steps: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="fedsc: minibatch steps per round (batches drawn without replacement, reshuffled when the silo's "
+        "records run out); 0: local-epochs passes",
+    )
+    server_optimizer: ServerOptimizer = Field(
+        default="avg",
+        description="fedsc: 'avg' = the new model is the mean of the silos' models (FedAvg, the paper); 'adam' = "
+        "Adam at the server on the mean update (FedAdam, Reddi et al. 2021) with server-lr",
+    )
+    server_lr: float = Field(default=1e-3, gt=0.0, le=10.0, description="fedsc: learning rate of server-optimizer adam")
     calr_relation: CalrRelation = Field(
         default="replace_one", description="fedsc: neighbouring relation of DP-CalR's sensitivity"
     )

@@ -169,6 +169,8 @@ class TrainInstruction(_Schema):
     alpha: float = Field(default=1.0, ge=0.0, le=1.0, description="fedsc: this round's alpha_t (eq. 80)")
     planned_shares: int = Field(default=0, ge=0, description="fedsc: correlation shares the schedule can ask for")
     calr_relation: Literal["replace_one", "add_remove"] = "replace_one"
+    calr_sampling_rate: float = Field(default=1.0, gt=0.0, le=1.0, description="fedsc: Poisson rate of DP-CalR")
+    local_steps: int = Field(default=0, ge=0, le=100_000, description="fedsc: steps per round; 0: local_epochs")
     device: Literal["cpu", "cuda", "auto"] = "cpu"
 
 

@@ -100,6 +100,22 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     ssl.add_argument("--participation", type=float, default=1.0, help="fraction of silos per round (all in round 1)")
     ssl.add_argument("--calr-relation", default="replace_one", choices=["replace_one", "add_remove"])
     ssl.add_argument(
+        "--calr-sampling-rate",
+        type=float,
+        default=1.0,
+        help="Poisson rate of the records in each DP-CalR share (1: every record, the paper)",
+    )
+    ssl.add_argument(
+        "--local-steps", type=int, default=0, help="minibatch steps per round instead of --local-epochs (0: epochs)"
+    )
+    ssl.add_argument(
+        "--server-optimizer",
+        default="avg",
+        choices=["avg", "adam"],
+        help="avg: mean of the silos' models (FedAvg, the paper); adam: FedAdam on the mean update",
+    )
+    ssl.add_argument("--server-lr", type=float, default=1e-3, help="learning rate of --server-optimizer adam")
+    ssl.add_argument(
         "--eval-data",
         default="central",
         choices=["central", "none"],

@@ -162,6 +162,8 @@ def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.Train
         mu=config.mu,
         views=config.views,
         calr_relation=config.calr_relation,
+        calr_sampling_rate=config.calr_sampling_rate,
+        local_steps=config.local_steps,
         device=config.device,
     )
 
@@ -297,6 +299,8 @@ def _ssl_strategy(config: RunConfig, federation: Federation, common: dict[str, A
         alpha_start=config.alpha_start,
         alpha_end=config.alpha_end,
         participation=config.participation,
+        server_optimizer=config.server_optimizer,
+        server_lr=config.server_lr,
         evaluator=evaluator,
         **common,
     )

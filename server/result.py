@@ -162,9 +162,18 @@ def _fedsc_privacy(config: RunConfig, history: RunHistory, delta: float) -> dict
     from protocols.privacy.calr import calr_closed_form_epsilon
 
     state = history.server_state or {}
+    subsampled = config.calr_sampling_rate < 1.0
+    if subsampled:
+        relation = (
+            f"{config.calr_relation} (Poisson rate {config.calr_sampling_rate:g}; one record's term: mu / (q n_j))"
+        )
+    else:
+        relation = f"{config.calr_relation} (sensitivity of DP-CalR's matrix: " + (
+            "sqrt(2) mu / n_j)" if config.calr_relation == "replace_one" else "mu / n_j)"
+        )
     out: dict[str, Any] = {
-        "relation": f"{config.calr_relation} (sensitivity of DP-CalR's matrix: "
-        + ("sqrt(2) mu / n_j)" if config.calr_relation == "replace_one" else "mu / n_j)"),
+        "relation": relation,
+        "calr_sampling_rate": config.calr_sampling_rate,
         "planned_shares": state.get("planned_shares"),
     }
     if not config.private:
@@ -175,7 +184,7 @@ def _fedsc_privacy(config: RunConfig, history: RunHistory, delta: float) -> dict
         shares = int(state.get("shares", {}).get(key, 0))
         sigma = float(state.get("noise_std", {}).get(key, 0.0))
         entry: dict[str, Any] = {"shares": shares, "noise_std": sigma}
-        if shares and sigma > 0:
+        if shares and sigma > 0 and not subsampled:  # Proposition 6.6 is for shares of every record
             entry["epsilon_closed_form"] = calr_closed_form_epsilon(
                 shares, config.mu, sigma, report.num_examples, delta, config.calr_relation
             )
@@ -216,6 +225,15 @@ def _mechanism(config: RunConfig) -> str:
         return (
             "single pass: each record is used in one round; each silo releases its mean gradient (sensitivity 2G/b) "
             "with Gaussian noise 2G/(rho b) (untrusted; trusted: once at the server, /M): one release per record"
+        )
+    if config.algorithm == "fedsc" and config.calr_sampling_rate < 1.0:
+        return (
+            "Poisson-subsampled DP-CalR (silofl's extension of FedSC Algorithm 2): each time a silo shares, every "
+            f"record joins with probability q = {config.calr_sampling_rate:g}, and the sum over the sample of each "
+            "record's mean over V views of z z^T (z clipped to norm sqrt(mu)), divided by q n_j, gets i.i.d. Gaussian "
+            "noise on every entry, added in the silo; sigma from the accountant for (epsilon, delta) over the "
+            "schedule's shares as Poisson-subsampled Gaussians (one record's term: norm <= mu / (q n_j)); the ledger "
+            "counts the shares that happened"
         )
     if config.algorithm == "fedsc":
         return (

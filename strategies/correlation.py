@@ -12,9 +12,13 @@ Each round t:
 3. ``train`` to the participants with this round's alpha_t (1 before the first share, then eq. 80's linear decay
    from alpha_start (the paper: 1) to alpha_end) and Rbar_{-j} = (R~ - q_j R~_j) / (1 - q_j), R~ = sum_j q_j R~_j
    over the cache with q_j = n_j / n: a silo's own noise cancels from what it receives;
-4. the new model is the n_j-weighted mean of the participants' weights (FedAvg over J_t).
+4. the new model is the n_j-weighted mean of the participants' weights (FedAvg over J_t), or, with
+   `server_optimizer` "adam", an Adam step from the current model along that mean's displacement (FedAdam,
+   `strategies.server_optimizer`).
 
-The local learning rate follows a cosine over the rounds (the paper's "lr 0.03 cosine"). Evaluation is central
+The learning rate follows a cosine over the rounds (the paper's "lr 0.03 cosine"): the silos' lr with FedAvg; with
+FedAdam the server's lr (the step size), while the silos' lr stays constant (it only scales the displacement Adam
+normalizes). Evaluation is central
 (the paper's protocol: a kNN monitor every `eval_every` rounds, a linear probe on frozen backbone features at the
 end) through `evaluator`, a server-side object with the labelled evaluation data (`server.ssl_evaluation`); without
 one the run trains only.
@@ -46,6 +50,7 @@ from strategies.base import (
     collect_replies,
     weighted_sum,
 )
+from strategies.server_optimizer import ServerOptimizer
 
 
 class Evaluator(Protocol):
@@ -80,6 +85,8 @@ class CorrelationAggregation(SiloflStrategy):
         alpha_start: float = 1.0,
         alpha_end: float,
         participation: float,
+        server_optimizer: str = "avg",
+        server_lr: float = 1e-3,
         evaluator: Evaluator | None,
         timeout: float = 600.0,
     ) -> None:
@@ -100,6 +107,8 @@ class CorrelationAggregation(SiloflStrategy):
         self.correlation_epsilon: dict[int, float] = {}
         self.noise_std: dict[int, float] = {}
         self.alphas: list[float] = []
+        self.server_optimizer = ServerOptimizer(server_optimizer)  # type: ignore[arg-type]
+        self.server_lr = server_lr
 
     # -- schedule ---------------------------------------------------------------------------------------------------
     @property
@@ -123,7 +132,14 @@ class CorrelationAggregation(SiloflStrategy):
         return fedsc.alpha_schedule(server_round, total, start=self.alpha_start, end=self.alpha_end)
 
     def round_lr(self, server_round: int) -> float:
+        """The silos' lr in `server_round`: the cosine schedule, or constant when the server's Adam takes the steps."""
+        if self.server_optimizer.kind == "adam":
+            return self.instruction.lr
         return cosine_lr(self.instruction.lr, server_round, self.instruction.total_rounds)
+
+    def round_server_lr(self, server_round: int) -> float:
+        """The server optimizer's lr in `server_round` (cosine; unused by "avg")."""
+        return cosine_lr(self.server_lr, server_round, self.instruction.total_rounds)
 
     def _instruction(self, server_round: int, alpha: float) -> msg.TrainInstruction:
         return self.instruction.model_copy(
@@ -175,7 +191,9 @@ class CorrelationAggregation(SiloflStrategy):
         q = fedsc.normalize_weights(self.weights, list(self.cache))
         return {j: fedsc.others(total, self.cache[j], q[j]) for j in silo_ids}
 
-    def train(self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry], alpha: float) -> Arrays:
+    def train(
+        self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry], alpha: float, current: Arrays
+    ) -> Arrays:
         config = self._instruction(server_round, alpha).to_config_record()
         h = self.instruction.projection_dim
         messages = []
@@ -196,10 +214,10 @@ class CorrelationAggregation(SiloflStrategy):
             updates.append((entry, {msg.UPDATE: update}, report))
         total = sum(e.info.n_train for e, _, _ in updates)
         weights = [e.info.n_train / total for e, _, _ in updates]
-        new = {name: weighted_sum(weights, updates, msg.UPDATE, name).astype(np.float32) for name, _ in self.param_spec}
+        mean = {name: weighted_sum(weights, updates, msg.UPDATE, name) for name, _ in self.param_spec}
         for entry, _, report in updates:
             self.silo_reports[entry.info.silo_id] = report
-        return new
+        return self.server_optimizer.step(current, mean, self.round_server_lr(server_round))
 
     # -- run loop ---------------------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
@@ -221,6 +239,9 @@ class CorrelationAggregation(SiloflStrategy):
         history = RunHistory(arrays=initial_arrays)
         self.history = history
         arrays = initial_arrays
+        current = msg.check_arrays(
+            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
+        )
         for t in range(1, num_rounds + 1):
             t0 = time.perf_counter()
             silos = self.participants(t)
@@ -228,10 +249,12 @@ class CorrelationAggregation(SiloflStrategy):
                 self.share(grid, t, arrays, silos)
             alpha = self.alpha(t)
             self.alphas.append(alpha)
-            new = self.train(grid, t, arrays, silos, alpha)
+            new = self.train(grid, t, arrays, silos, alpha, current)
+            current = new
             arrays = msg.arrays_record(new)
             history.arrays = arrays
-            record = RoundRecord(server_round=t, seconds=0.0, lr=self.round_lr(t))
+            step_lr = self.round_server_lr(t) if self.server_optimizer.kind == "adam" else self.round_lr(t)
+            record = RoundRecord(server_round=t, seconds=0.0, lr=step_lr)
             spent = [v for v in self.correlation_epsilon.values()]
             if spent:
                 record.epsilon_spent = max(spent)
@@ -258,6 +281,7 @@ class CorrelationAggregation(SiloflStrategy):
             "noise_std": {str(k): v for k, v in self.noise_std.items()},
             "alphas": list(self.alphas),
             "participation": self.participation,
+            "server_optimizer": self.server_optimizer.kind,
         }
 
     def combine(self, server_round: int, current: Arrays, updates) -> Arrays:  # pragma: no cover - start() is used

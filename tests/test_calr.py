@@ -10,10 +10,13 @@ import pytest
 import torch
 
 from protocols.fedsc import clip_rows
+from protocols.privacy.accountant import epsilon_spent
 from protocols.privacy.calr import (
+    accountant_relation,
     calr_closed_form_epsilon,
     calr_epsilon,
     calr_noise,
+    calr_noise_multiplier_scale,
     calr_sensitivity,
     dp_calr,
 )
@@ -271,3 +274,76 @@ def test_edge_cases_and_bad_input() -> None:
         dp_calr(lambda x: x[:1], torch.ones(2, 2), _identity, views=1, mu=MU, sigma=0.0, generator=None)
     with pytest.raises(ValueError, match="images must be"):
         dp_calr(_identity, torch.ones(0, 2), _identity, views=1, mu=MU, sigma=0.0, generator=None)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Poisson-subsampled DP-CalR (sampling_rate < 1)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _subsampled(images: torch.Tensor, seed: int, q: float, sigma: float = 0.0) -> np.ndarray:
+    return dp_calr(
+        _huge,
+        images,
+        _identity,
+        views=1,
+        mu=MU,
+        sigma=sigma,
+        generator=torch.Generator().manual_seed(seed),
+        sampling_rate=q,
+    )
+
+
+def test_subsampled_calr_is_an_unbiased_estimate_of_the_full_matrix() -> None:
+    images = torch.randn(40, 3, dtype=torch.float64)
+    full = _calr(images, _identity, views=1)
+    draws = np.mean([_subsampled(images, seed, 0.25) for seed in range(3000)], axis=0)
+    assert np.abs(draws - full).max() < 0.05 * np.abs(full).max()
+    one = _subsampled(images, 0, 0.25)
+    assert not np.allclose(one, full)  # a single share sees a sample, not every record
+
+
+def test_subsampled_calr_sums_the_sample_over_the_public_expected_count() -> None:
+    """Same coins: the release is the sum of the sampled records' terms / (q n); dropping one sampled record moves it
+    by exactly that record's term, of norm <= mu / (q n) (the radius the accountant is given)."""
+    n, q = 30, 0.3
+    images = torch.randn(n, 4, dtype=torch.float64)
+    keep = torch.rand(n, generator=torch.Generator().manual_seed(5), dtype=torch.float64) < q
+    z = clip_rows(_huge(images[keep]), MU)
+    expected = (z.T @ z / (q * n)).numpy()
+    np.testing.assert_allclose(_subsampled(images, 5, q), expected, rtol=1e-12)
+    term = np.linalg.norm(np.outer(z[0].numpy(), z[0].numpy())) / (q * n)
+    assert term <= calr_noise_multiplier_scale(MU, n, "replace_one", q) * (1 + 1e-12)
+    assert calr_noise_multiplier_scale(MU, n, "replace_one", q) == pytest.approx(MU / (q * n))
+
+
+def test_an_empty_sample_releases_the_noise_alone() -> None:
+    images = torch.randn(3, 4, dtype=torch.float64)
+    out = _subsampled(images, 0, 1e-9)
+    assert out.shape == (4, 4) and np.all(out == 0.0)
+    noised = _subsampled(images, 0, 1e-9, sigma=0.5)
+    assert np.std(noised) > 0.2
+
+
+def test_subsampled_shares_are_accounted_as_poisson_sampled_gaussians() -> None:
+    sigma, delta, shares, n, q = 0.05, 1e-2, 200, 1000, 0.05
+    multiplier = sigma / (MU / (q * n))
+    for relation in ("replace_one", "add_remove"):
+        assert accountant_relation(relation, q) == relation
+        expected = epsilon_spent(multiplier, q, shares, delta, accountant="pld", relation=relation)
+        assert calr_epsilon(sigma, delta, shares, MU, n, relation, "pld", sampling_rate=q) == pytest.approx(expected)
+    assert accountant_relation("replace_one", 1.0) == "add_remove"  # rate 1: the distance is the sensitivity
+    target = calr_noise(6.0, delta, shares, MU, n, sampling_rate=q)
+    assert calr_epsilon(target, delta, shares, MU, n, sampling_rate=q) <= 6.0
+    assert calr_epsilon(0.98 * target, delta, shares, MU, n, sampling_rate=q) > 6.0
+    with pytest.raises(ValueError, match="rdp"):  # dp-accounting's RDP has no replace-one Poisson sampling
+        calr_epsilon(sigma, delta, shares, MU, n, "replace_one", "rdp", sampling_rate=q)
+
+
+def test_subsampling_needs_a_generator_and_a_rate_in_range() -> None:
+    images = torch.randn(5, 3)
+    with pytest.raises(ValueError, match="generator"):
+        dp_calr(_identity, images, _identity, views=1, mu=MU, sigma=0.0, generator=None, sampling_rate=0.5)
+    for bad in (0.0, 1.5, True):
+        with pytest.raises(ValueError, match="sampling_rate"):
+            dp_calr(_identity, images, _identity, views=1, mu=MU, sigma=0.0, generator=None, sampling_rate=bad)

@@ -157,6 +157,45 @@ def test_alpha_start_sets_the_schedule_from_the_first_share_and_reaches_the_silo
     assert sent == pytest.approx([0.1] * 10)
 
 
+def test_subsampled_calr_noise_one_step_rounds_and_fedadam_on_the_real_messages() -> None:
+    """The CPU configuration's options end to end: silos take `local-steps` steps at a constant lr, share Poisson
+    subsampled DP-CalR matrices noised in the silo (accounted as subsampled Gaussians), and the server takes an Adam
+    step along the silos' mean update with a cosine server lr."""
+    from protocols.privacy.calr import calr_noise
+
+    options = {"rounds": 3, "local_steps": 1, "calr_sampling_rate": 0.5, "server_optimizer": "adam", "server_lr": 0.01}
+    result, grid = _run(_config(epsilon=6.0, delta=1e-2, **options))
+    _, clear = _run(_config(**options))
+    assert result["status"]["completed"]
+    trains = grid.exchanges(msg.TRAIN)
+    sent = [msg.read_config(m[0].content, msg.TrainInstruction) for m, _ in trains]
+    assert [i.local_steps for i in sent] == [1, 1, 1] and [i.lr for i in sent] == [0.05] * 3  # lr constant
+    assert [r["lr"] for r in result["rounds"]] == pytest.approx([cosine_lr(0.01, t, 3) for t in (1, 2, 3)])
+    # round 1's new model (sent in round 2) = first Adam step from the initial model: lr along sign(mean - current)
+    (messages, replies), (next_messages, _) = trains[0], trains[1]
+    n = {s["node_id"]: s["n_train"] for s in result["federation"]["silos"]}
+    total = sum(n.values())
+    for name in ("projector.0.bias", "backbone.0.0.weight"):
+        current = messages[0].content[msg.MODEL][name].numpy().astype(np.float64)
+        mean = sum(n[r.metadata.src_node_id] * r.content[msg.UPDATE][name].numpy() for r in replies) / total
+        new = next_messages[0].content[msg.MODEL][name].numpy()
+        moved = np.abs(mean - current) > 1e-6
+        np.testing.assert_allclose(new[moved], (current + 0.01 * np.sign(mean - current))[moved], atol=1e-4)
+    # the noise in each matrix is the silo's, calibrated for 3 subsampled shares; same coins and views without DP
+    sigma = calr_noise(6.0, 1e-2, 3, 4.0, 24, sampling_rate=0.5)
+    by_node = {r.metadata.src_node_id: r for r in clear.exchanges(msg.CORRELATION)[0][1]}
+    for reply in grid.exchanges(msg.CORRELATION)[0][1]:
+        report = msg.read_config(reply.content, msg.CorrelationReport, record=msg.REPORT)
+        assert report.noise_std == pytest.approx(sigma, rel=1e-9)
+        diff = _matrix(reply) - _matrix(by_node[reply.metadata.src_node_id])
+        assert np.std(diff) == pytest.approx(sigma, rel=0.35)
+    privacy = result["privacy"]
+    assert 5.9 <= privacy["epsilon_spent"] <= 6.0
+    assert "Poisson" in privacy["relation"] and "Poisson-subsampled" in privacy["mechanism"]
+    assert all("epsilon_closed_form" not in v for v in privacy["correlation_shares"].values())
+    assert result["server_state"]["server_optimizer"] == "adam"
+
+
 def test_fedsc_run_is_reproducible_and_the_probe_is_the_final_accuracy(tmp_path) -> None:
     config = _config(rounds=2, eval_data="central", probe_epochs=5, knn_k=20, out_dir=str(tmp_path))
     first, _ = _run(config)

@@ -6,12 +6,13 @@ Two messages per FedSC round:
   global model through DP-CalR (Algorithm 2: every representation normalized to norm sqrt(mu) by the model's
   representation layer and clipped to it, the mean of z z^T over V augmented views of every record, i.i.d. Gaussian
   noise on every entry, added here, in the silo, before the matrix leaves). Its noise is calibrated once per run for
-  the largest number of shares the run's schedule can ask of it (`planned_shares`, sampling rate 1), and every share
-  is charged to its ledger before anything is computed: the ledger counts the shares that actually happened (with
-  partial participation a silo shares less often).
-* ``train`` (:func:`train_round`): E local epochs on eq. 5 with the server's Rbar_{-j} (the others' aggregate,
-  `others`) and this round's alpha_t; the trained weights go back. The weights are NOT protected by DP-CalR (as in
-  the paper); the run's privacy report says so.
+  the largest number of shares the run's schedule can ask of it (`planned_shares`, at the run's
+  `calr-sampling-rate`: 1 = every record, the paper; q < 1 = a Poisson sample of the records, a subsampled Gaussian
+  in the accountant), and every share is charged to its ledger before anything is computed: the ledger counts the
+  shares that actually happened (with partial participation a silo shares less often).
+* ``train`` (:func:`train_round`): E local epochs (or `local-steps` minibatch steps) on eq. 5 with the server's
+  Rbar_{-j} (the others' aggregate, `others`) and this round's alpha_t; the trained weights go back. The weights
+  are NOT protected by DP-CalR (as in the paper); the run's privacy report says so.
 
 FedAvg+SC (:func:`train_round_fedavg_sc`) is the same training with alpha = 1 and no correlation sharing.
 """
@@ -34,7 +35,7 @@ from client.silo_data import is_deployed
 from protocols import messages as msg
 from protocols.fedsc import normalize_rows
 from protocols.models import get_parameters, parameter_spec, set_parameters
-from protocols.privacy.calr import calr_sensitivity, dp_calr
+from protocols.privacy.calr import accountant_relation, calr_noise_multiplier_scale, dp_calr
 from protocols.ssl_models import SSLModel, build_ssl_model, image_shape, resolve_device
 
 SHARES_KEY = "silofl.fedsc.shares"
@@ -83,11 +84,13 @@ def correlation_reply(
     what = f"correlation query to silo {silo.silo_id}"
     if instr.algorithm != "fedsc":
         raise msg.MessageError(f"{what}: only FedSC shares correlation matrices, not {instr.algorithm!r}")
-    if instr.calr_relation == "add_remove" and is_deployed(context):
+    rate = instr.calr_sampling_rate
+    if instr.calr_relation == "add_remove" and rate == 1.0 and is_deployed(context):
         raise msg.MessageError(
             f"{what}: calr-relation 'add_remove' uses the paper's sensitivity mu / n, which does not bound the mean "
             "DP-CalR computes (protocols/privacy/calr.py); a deployed silo answers only with 'replace_one' (the "
-            "default). The paper's setting is for simulations that reproduce its tables"
+            "default) or with calr-sampling-rate < 1 (its divisor q n is public, so mu / (q n) is exact). The paper's "
+            "setting is for simulations that reproduce its tables"
         )
     if instr.planned_shares < 1:
         raise msg.MessageError(f"{what}: 'planned_shares' must be >= 1 in a FedSC run (the schedule's shares)")
@@ -110,14 +113,16 @@ def correlation_reply(
             context,
             epsilon=instr.epsilon,
             delta=instr.delta,
-            sampling_rate=1.0,
+            sampling_rate=rate,
             steps=instr.planned_shares,
             releases=1,
             accountant=instr.accountant,
+            relation=accountant_relation(instr.calr_relation, rate),
         )
-        # The Gaussian mechanism on a matrix of L2 (Frobenius) sensitivity Delta with std z * Delta is, for sampling
-        # rate 1, exactly the mechanism the accountant prices at noise multiplier z, whatever the relation.
-        sigma = plan.noise_multiplier * calr_sensitivity(instr.mu, n, instr.calr_relation)
+        # Rate 1: the Gaussian mechanism on a matrix of L2 (Frobenius) sensitivity Delta with std z * Delta is exactly
+        # the mechanism the accountant prices at noise multiplier z, whatever the relation. Rate q < 1: one sampled
+        # record's term has norm <= mu / (q n): the accountant's Poisson-subsampled Gaussian (privacy/calr.py).
+        sigma = plan.noise_multiplier * calr_noise_multiplier_scale(instr.mu, n, instr.calr_relation, rate)
         # Charged before anything is computed or released: a refused share releases nothing.
         spent = privacy_state.charge(context, plan, server_round=t, silo=f"silo {silo.silo_id}")
     shape = image_shape(silo.info.num_features)
@@ -137,6 +142,7 @@ def correlation_reply(
             mu=instr.mu,
             sigma=sigma,
             generator=generator,
+            sampling_rate=rate,
         )
     context.state[SHARES_KEY] = ConfigRecord({"shares": shares + 1, "round": t})
     report = msg.CorrelationReport(
@@ -166,6 +172,7 @@ def _train(
         _augmentation(shape),
         epochs=instr.local_epochs,
         batch_size=instr.batch_size,
+        steps=instr.local_steps,
         lr=instr.lr,
         momentum=instr.momentum,
         weight_decay=instr.weight_decay,

@@ -22,6 +22,18 @@ neighbours' outputs, which is what the accountant's ``add_remove`` relation expe
 sensitivity), so both CalR relations are accounted with the accountant's ``add_remove``. The accountant's own
 ``replace_one`` is a different notion (a ball radius around 0 for a sampled record's contribution, doubled into the
 distance) and would double-count here.
+
+Poisson-subsampled DP-CalR (``sampling_rate q < 1``, a silofl extension, not in the paper). Each share includes every
+record independently with probability ``q`` (coins from the noise generator, never released) and releases
+``R~_j = 1/(q n V) sum_{sampled records} sum_v z_v z_v^T + N(0, sigma^2)`` per entry: an unbiased estimate of
+``R_j`` at a cost of ``q n`` records instead of ``n``, which is what lets a CPU run share every round (FEDSC.md says
+why sharing must be frequent). The divisor ``q n`` is public and fixed, so one record's contribution to the release is
+its own ``1/(q n V) sum_v z_v z_v^T``: a PSD matrix of Frobenius norm ``<= mu / (q n)``, and ``0`` when the record is
+not sampled. That is exactly the setting of DP-SGD's Poisson-subsampled Gaussian (a per-record term in a ball of
+radius ``mu / (q n)`` around 0), so the shares are accounted as ``PoissonSampled(q, Gaussian(sigma q n / mu))``
+events with the accountant's own relation: ``add_remove`` (sensitivity ``mu / (q n)``) or ``replace_one`` (its ball
+of radius ``mu / (q n)``, two records' terms up to ``2 mu / (q n)`` apart, which is loose by at most ``sqrt(2)`` for PSD
+terms; PLD only). :func:`calr_noise_multiplier_scale` gives the scale ``sigma / multiplier`` for either rate.
 """
 
 from __future__ import annotations
@@ -38,9 +50,11 @@ from protocols.privacy.accountant import calibrate_noise, check_delta, check_eps
 
 __all__ = [
     "CALR_RELATIONS",
+    "accountant_relation",
     "calr_closed_form_epsilon",
     "calr_epsilon",
     "calr_noise",
+    "calr_noise_multiplier_scale",
     "calr_sensitivity",
     "dp_calr",
 ]
@@ -116,6 +130,37 @@ def calr_sensitivity(mu: float, n: int, relation: str = "replace_one") -> float:
     return factor * m / count
 
 
+def _rate(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(
+            f"sampling_rate must be in (0, 1] (the Poisson rate of records in a share; 1: every record), got {value!r}"
+        )
+    return float(value)
+
+
+def calr_noise_multiplier_scale(mu: float, n: int, relation: str = "replace_one", sampling_rate: float = 1.0) -> float:
+    """What the accountant's noise multiplier is relative to: ``sigma = multiplier * scale``.
+
+    ``sampling_rate = 1``: :func:`calr_sensitivity` (the distance between two neighbours' matrices), accounted under
+    the accountant's ``add_remove`` relation (a Gaussian of that sensitivity). ``sampling_rate = q < 1``:
+    ``mu / (q n)``, the norm bound of one sampled record's term (module docstring), accounted under ``relation`` itself
+    (:func:`accountant_relation`).
+    """
+    q = _rate(sampling_rate)
+    if q == 1.0:
+        return calr_sensitivity(mu, n, relation)
+    m = _positive(mu, "mu", "representations are clipped to norm sqrt(mu)")
+    count = _count(n, "n", "the client's number of records |D_j|", minimum=1)
+    _relation(relation)
+    return m / (q * count)
+
+
+def accountant_relation(relation: str, sampling_rate: float = 1.0) -> str:
+    """The accountant relation DP-CalR's shares are priced under (module docstring: ``add_remove`` at rate 1)."""
+    rel = _relation(relation)
+    return _ACCOUNTANT_RELATION if _rate(sampling_rate) == 1.0 else rel
+
+
 def dp_calr(
     encode: Callable[[torch.Tensor], torch.Tensor],
     images: torch.Tensor,
@@ -126,8 +171,13 @@ def dp_calr(
     sigma: float,
     generator: torch.Generator | None,
     batch_size: int = 512,
+    sampling_rate: float = 1.0,
 ) -> np.ndarray:
     """Algorithm 2: ``R~ = 1/(n V) sum_records sum_views z z^T + N(0, sigma^2)`` per entry, as float64 numpy (H x H).
+
+    ``sampling_rate = q < 1``: the Poisson-subsampled variant (module docstring): every record is kept with
+    probability ``q`` (coins drawn from ``generator``, which is then required, before the noise) and the sum over the
+    kept records is divided by ``q n``. An empty sample gives the noise alone.
 
     ``images`` holds the client's ``n`` records along dim 0. They are processed in chunks of ``batch_size``; for each
     chunk ``augment`` (a batch -> augmented batch callable with its own randomness) is called ``views`` times, and
@@ -138,7 +188,7 @@ def dp_calr(
 
     Noise: i.i.d. ``N(0, sigma^2)`` on each of the ``H^2`` entries (the paper's ``N(0, sigma^2 I)``; the result is
     therefore not symmetric), drawn in float64 from ``generator`` (a CPU ``torch.Generator``, required when
-    ``sigma > 0``). ``sigma = 0`` adds nothing and leaves ``generator`` untouched.
+    ``sigma > 0``). ``sigma = 0`` at rate 1 adds nothing and leaves ``generator`` untouched.
 
     An ``nn.Module`` encoder is put in eval mode for the call and restored afterwards (see the module docstring: a
     record's ``z`` must not depend on the other records in its batch).
@@ -153,8 +203,18 @@ def dp_calr(
     std = _sigma(sigma)
     if not math.isfinite(std):
         raise ValueError(f"sigma must be finite, got {sigma!r}")
-    if std > 0.0 and not isinstance(generator, torch.Generator):
-        raise ValueError("generator must be a torch.Generator when sigma > 0 (the source of the DP noise)")
+    q = _rate(sampling_rate)
+    if (std > 0.0 or q < 1.0) and not isinstance(generator, torch.Generator):
+        raise ValueError(
+            "generator must be a torch.Generator when sigma > 0 or sampling_rate < 1 (the source of the DP noise "
+            "and of the Poisson sample)"
+        )
+    n = images.shape[0]
+    if q < 1.0:
+        keep = torch.rand(n, generator=generator, dtype=torch.float64) < q
+        sample = images[keep.to(images.device)]
+    else:
+        sample = images
 
     module = encode if isinstance(encode, torch.nn.Module) else None
     was_training = module.training if module is not None else False
@@ -163,8 +223,8 @@ def dp_calr(
     total: torch.Tensor | None = None
     try:
         with torch.no_grad():
-            for start in range(0, images.shape[0], chunk):
-                batch = images[start : start + chunk]
+            for start in range(0, sample.shape[0], chunk):
+                batch = sample[start : start + chunk]
                 for _ in range(count_views):
                     z = encode(augment(batch))
                     if not isinstance(z, torch.Tensor) or z.ndim != 2 or z.shape[0] != batch.shape[0]:
@@ -178,11 +238,14 @@ def dp_calr(
                     if total is not None and part.shape != total.shape:
                         raise ValueError(f"encode returned H = {part.shape[0]} after H = {total.shape[0]}")
                     total = part if total is None else total + part
+            if total is None:  # an empty Poisson sample: only H is needed (one record encoded, nothing released)
+                h = int(encode(augment(images[:1])).shape[-1])
+                total = torch.zeros(h, h, dtype=torch.float64)
     finally:
         if module is not None:
             module.train(was_training)
     assert total is not None
-    result = total / (images.shape[0] * count_views)
+    result = total.cpu() / (q * n * count_views)
     if std > 0.0:
         noise = torch.randn(result.shape, generator=generator, dtype=torch.float64, device=torch.device("cpu"))
         result = result.cpu() + std * noise
@@ -202,20 +265,30 @@ def calr_epsilon(
     n: int,
     relation: str = "replace_one",
     accountant: str = "best",
+    sampling_rate: float = 1.0,
 ) -> float:
     """Epsilon at ``delta`` of the ``shares`` DP-CalR releases a client actually made, by dp-accounting.
 
-    Each share is a Gaussian mechanism (sampling rate 1) with noise multiplier ``sigma / calr_sensitivity(mu, n,
-    relation)``; the ``shares`` of them compose adaptively (the model changes between shares, the data do not).
-    ``shares = 0`` -> ``0.0``; ``sigma = 0`` -> ``inf``. ``accountant`` is ``"pld"``, ``"rdp"`` or ``"best"``.
+    Each share is a Gaussian mechanism with noise multiplier ``sigma / calr_noise_multiplier_scale(...)``
+    (at sampling rate 1 the scale is :func:`calr_sensitivity`; below 1 each share is Poisson-subsampled, module
+    docstring); the ``shares`` of them compose adaptively (the model changes between shares, the data do not).
+    ``shares = 0`` -> ``0.0``; ``sigma = 0`` -> ``inf``. ``accountant`` is ``"pld"``, ``"rdp"`` or ``"best"``
+    (``"rdp"`` is refused for subsampled shares under ``replace_one``).
     """
     count = _count(shares, "shares", "how many times the client uploaded R~_j", minimum=0)
     std = _sigma(sigma)
-    sensitivity = calr_sensitivity(mu, n, relation)
+    scale = calr_noise_multiplier_scale(mu, n, relation, sampling_rate)
     d = check_delta(delta)
     if count == 0:
         return 0.0
-    return epsilon_spent(std / sensitivity, 1.0, count, d, accountant=accountant, relation=_ACCOUNTANT_RELATION)
+    return epsilon_spent(
+        std / scale,
+        float(sampling_rate),
+        count,
+        d,
+        accountant=accountant,
+        relation=accountant_relation(relation, sampling_rate),
+    )
 
 
 def calr_noise(
@@ -227,26 +300,27 @@ def calr_noise(
     relation: str = "replace_one",
     accountant: str = "best",
     tolerance: float = 1e-3,
+    sampling_rate: float = 1.0,
 ) -> float:
     """Smallest ``sigma`` (noise std per entry) with which ``shares`` DP-CalR releases are ``(epsilon, delta)``-DP.
 
-    Calibrated by :func:`protocols.privacy.accountant.calibrate_noise` at sampling rate 1 (the multiplier is
-    ``sigma / calr_sensitivity(mu, n, relation)``), so the answer is within relative ``tolerance`` above the exact
-    smallest ``sigma`` and never below it. ``epsilon = inf`` -> ``0.0``.
+    Calibrated by :func:`protocols.privacy.accountant.calibrate_noise` at ``sampling_rate`` (the multiplier is
+    ``sigma / calr_noise_multiplier_scale(mu, n, relation, sampling_rate)``), so the answer is within relative
+    ``tolerance`` above the exact smallest ``sigma`` and never below it. ``epsilon = inf`` -> ``0.0``.
     """
     target = check_epsilon(epsilon)
     count = _count(shares, "shares", "how many times the client will upload R~_j", minimum=1)
-    sensitivity = calr_sensitivity(mu, n, relation)
+    scale = calr_noise_multiplier_scale(mu, n, relation, sampling_rate)
     calibration = calibrate_noise(
         target,
         delta,
-        1.0,
+        float(sampling_rate),
         count,
         accountant=accountant,
         tolerance=tolerance,
-        relation=_ACCOUNTANT_RELATION,
+        relation=accountant_relation(relation, sampling_rate),
     )
-    return calibration.noise_multiplier * sensitivity
+    return calibration.noise_multiplier * scale
 
 
 def calr_closed_form_epsilon(
