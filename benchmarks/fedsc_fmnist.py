@@ -179,7 +179,6 @@ def main() -> None:
             else " of every record. "
         )
         + "Evaluation: linear probe (Adam 3e-3, "
-        "Evaluation: linear probe (Adam 3e-3, "
         f"{args.probe_epochs} epochs) on the frozen backbone's features of all 60,000 training images, accuracy on "
         "the 10,000 test images; kNN (k = 200, tau = 0.1) on the same features.",
         "",

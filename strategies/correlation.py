@@ -192,8 +192,19 @@ class CorrelationAggregation(SiloflStrategy):
         return {j: fedsc.others(total, self.cache[j], q[j]) for j in silo_ids}
 
     def train(
-        self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry], alpha: float, current: Arrays
+        self,
+        grid: Grid,
+        server_round: int,
+        arrays: ArrayRecord,
+        silos: list[SiloEntry],
+        alpha: float,
+        current: Arrays | None = None,
     ) -> Arrays:
+        """Send the model (and each silo's Rbar_{-j}), collect the trained weights; the next global model from them.
+
+        `current` is `arrays` as numpy (read from it when not given), the point the server optimizer steps from."""
+        if current is None:
+            current = self._read_model(arrays)
         config = self._instruction(server_round, alpha).to_config_record()
         h = self.instruction.projection_dim
         messages = []
@@ -219,6 +230,11 @@ class CorrelationAggregation(SiloflStrategy):
             self.silo_reports[entry.info.silo_id] = report
         return self.server_optimizer.step(current, mean, self.round_server_lr(server_round))
 
+    def _read_model(self, arrays: ArrayRecord) -> Arrays:
+        return msg.check_arrays(
+            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
+        )
+
     # -- run loop ---------------------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
         return msg.arrays_record(self.initial)
@@ -239,9 +255,7 @@ class CorrelationAggregation(SiloflStrategy):
         history = RunHistory(arrays=initial_arrays)
         self.history = history
         arrays = initial_arrays
-        current = msg.check_arrays(
-            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
-        )
+        current = self._read_model(arrays)
         for t in range(1, num_rounds + 1):
             t0 = time.perf_counter()
             silos = self.participants(t)
