@@ -70,6 +70,11 @@ def _engine_answers(env: dict[str, str]) -> bool:
     return False
 
 
+def _prune_dangling_images(env: dict[str, str]) -> None:
+    """`docker image prune -f`: delete untagged images (earlier builds of the silofl images), keep tagged ones."""
+    _run([shutil.which("docker") or "docker", "image", "prune", "-f"], timeout=1200, env=env, check=False)
+
+
 def _install_packages() -> None:
     """apt-get install the engine, compose 1.29 and debootstrap (Debian's packages)."""
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -200,6 +205,10 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
     env = dict(docker_env)
 
     # 1. Images: a Debian base (built once, then cached in the engine), the wheelhouse, the two silofl images.
+    # Every build re-tags the silofl images, leaving the previous ones dangling in the engine's cache: remove them
+    # first (the tagged base image stays), or the cache grows by a few GB per run until the disk is full (measured:
+    # 47 GB after a few dozen CI runs, then "no space left on device" while building).
+    _prune_dangling_images(env)
     t0 = time.monotonic()
     _run([str(DOCKER_DIR / "build_base.sh"), "--tag", BASE_TAG], timeout=900, env=env)
     timings["base_build_s"] = time.monotonic() - t0
@@ -300,6 +309,7 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
         timings["run_wall_s"] = time.monotonic() - t0
     finally:
         _run([*compose, "down", "-v", "--remove-orphans"], timeout=300, env=env, check=False)
+        _prune_dangling_images(env)
 
     assert result["config"]["algorithm"] == "fedavg"
     assert len(result["federation"]["silos"]) == SILOS
