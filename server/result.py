@@ -164,9 +164,8 @@ def _fedsc_privacy(config: RunConfig, history: RunHistory, delta: float) -> dict
     state = history.server_state or {}
     subsampled = config.calr_sampling_rate < 1.0
     if subsampled:
-        relation = (
-            f"{config.calr_relation} (Poisson rate {config.calr_sampling_rate:g}; one record's term: mu / (q n_j))"
-        )
+        rate = config.calr_sampling_rate
+        relation = f"{config.calr_relation} (Poisson rate q = {rate:g}; one record's term has norm <= mu / (q n_j))"
     else:
         relation = f"{config.calr_relation} (sensitivity of DP-CalR's matrix: " + (
             "sqrt(2) mu / n_j)" if config.calr_relation == "replace_one" else "mu / n_j)"
