@@ -328,8 +328,8 @@ def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> 
 
 
 def _steffle_instruction(target: float, seed: int, records: int, share: float) -> msg.TrainInstruction:
-    return msg.TrainInstruction(
-        algorithm="steffle",
+    return msg.TrainInstruction.for_algorithm(
+        "steffle",
         server_round=1,
         total_rounds=1,
         batch_size=records,
@@ -392,12 +392,11 @@ def steffle_groups(target: float, *, records: int = 20, share: float = 0.5) -> M
 
 
 def _mu2_instruction(target: float, seed: int, t: int, rounds: int, batch: int, trust: str) -> msg.TrainInstruction:
-    return msg.TrainInstruction(
-        algorithm="mu2fl",
+    return msg.TrainInstruction.for_algorithm(
+        "mu2fl",
         server_round=t,
         total_rounds=rounds,
         batch_size=batch,
-        lr=0.1,
         epsilon=target,
         delta=DELTA,
         seed=seed,

@@ -446,7 +446,7 @@ def load_steffle_sweep(
     records, result.incomplete = plots.load_runs([result.folder])
     metric = plots.FAIRNESS_METRIC[fairness]
     result.records = [
-        r for r in records if r.get("fairness") == fairness or r.get("algorithm") in ("fedavg", "dp-fedsgd")
+        r for r in records if r.get("fairness") in (fairness, None)  # None: an algorithm without a fairness notion
     ]
     if not result.records:
         return result
@@ -718,7 +718,7 @@ def mu2_cells_from_runs(records: Sequence[plots.RunRecord]) -> list[dict[str, An
     """Cells (as benchmarks/mu2_tables.py's) from the result.json files of the mu2_mnist sweep."""
     cells = []
     for r in records:
-        if r.get("algorithm") not in ("mu2fl", "noisy-sgd") or not plots._has(r, "accuracy"):
+        if not plots.in_plot(r, "mu2") or not plots._has(r, "accuracy"):
             continue
         if r.get("partition") not in (None, "iid") or int(r.get("batch-size") or 1) != 1:
             continue

@@ -60,8 +60,8 @@ def main() -> None:
         contexts[name] = _context()
         reply = _call(contexts[name], RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP)
         info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
-        instructions[name] = msg.TrainInstruction(
-            algorithm="steffle",
+        instructions[name] = msg.TrainInstruction.for_algorithm(
+            "steffle",
             server_round=1,
             total_rounds=args.rounds + 1,
             batch_size=args.batch_size,

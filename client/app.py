@@ -2,10 +2,13 @@
 
 Message types (see :mod:`protocols.messages`): ``query.setup`` (describe the silo's data), ``query.groups``
 (SteFFLe: the silo's (group, label) counts through a DP histogram), ``query.correlation`` (FedSC: the silo's
-correlation matrix through DP-CalR), ``train`` (one round of the run's algorithm, `client.rounds.<algorithm>`) and
+correlation matrix through DP-CalR), ``train`` (one round of the run's algorithm) and
 ``evaluate`` (confusion counts on the silo's local test split). Any message that
 fails its checks raises :class:`~protocols.messages.MessageError` before it touches the silo's state; Flower returns
 the error to the server, which stops the run naming the silo and the round.
+
+Which function answers a message is the run's algorithm's choice: its registry entry (:mod:`protocols.algorithms`)
+names the silo function of each message kind it uses; a kind it does not use is refused.
 
 ``groups``, ``correlation`` and ``train`` are answered once per round (:func:`_answer`): with a `state-dir` in its
 node config a silo keeps its job's state and its last answers on disk, replays an answer the server asks for again
@@ -113,13 +116,8 @@ def groups(message: Message, context: Context) -> Message:
     silo, _ = _silo(context)
     what = f"groups message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.CONFIG}, what=what)
-    instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
-    if instr.algorithm == "steffle":
-        from client.rounds.steffle import group_counts
-    elif instr.algorithm == "tran":
-        from client.rounds.tran import group_counts
-    else:
-        raise msg.MessageError(f"{what}: group counts are part of SteFFLe and Tran only, not {instr.algorithm!r}")
+    instr = msg.read_instruction(message.content, what=what)
+    group_counts = _handler(instr, msg.GROUPS, what)
 
     def compute() -> RecordDict:
         counts, spent = group_counts(silo, instr, context)
@@ -132,12 +130,11 @@ def groups(message: Message, context: Context) -> Message:
 @app.query("correlation")
 def correlation(message: Message, context: Context) -> Message:
     """FedSC: the silo's correlation matrix under the current global model, through DP-CalR (noised here)."""
-    from client.rounds.fedsc import correlation_reply
-
     silo, _ = _silo(context)
     what = f"correlation query to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
-    instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
+    instr = msg.read_instruction(message.content, what=what)
+    correlation_reply = _handler(instr, msg.CORRELATION, what)
 
     def compute() -> RecordDict:
         with _single_thread():
@@ -154,15 +151,15 @@ def train(message: Message, context: Context) -> Message:
     """One round of the run's algorithm on this silo."""
     silo, _ = _silo(context)
     what = f"train message to silo {silo.silo_id}"
-    instr = msg.read_config(message.content, msg.TrainInstruction, what=what)
-    round_fn = _round_function(instr.algorithm)
+    instr = msg.read_instruction(message.content, what=what)
+    round_fn: RoundFunction = _handler(instr, msg.TRAIN, what)
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG, *round_fn.extra_records}, what=what)
 
     def compute() -> RecordDict:
         with _single_thread():
             model = None
             if round_fn.needs_model:
-                model = _model_from_message(message, silo, instr.model, instr.hidden, what)
+                model = _model_from_message(message, silo, instr.model, getattr(instr, "hidden", 64), what)
             arrays, report = round_fn(model, silo, instr, context, message)
         return RecordDict(
             {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
@@ -171,25 +168,16 @@ def train(message: Message, context: Context) -> Message:
     return _answer("train", message, context, silo, instr, compute, what)
 
 
-def _round_function(algorithm: str) -> RoundFunction:
-    """The silo's side of one training round of `algorithm` (imported on demand: keep the import path light)."""
-    if algorithm == "fedavg":
-        from client.rounds.fedavg import train_round
-    elif algorithm == "dp-fedsgd":
-        from client.rounds.dp_fedsgd import train_round
-    elif algorithm == "steffle":
-        from client.rounds.steffle import train_round
-    elif algorithm == "tran":
-        from client.rounds.tran import train_round
-    elif algorithm in ("mu2fl", "noisy-sgd"):
-        from client.rounds.mu2fl import train_round
-    elif algorithm == "fedsc":
-        from client.rounds.fedsc import train_round
-    elif algorithm == "fedavg-sc":
-        from client.rounds.fedsc import train_round_fedavg_sc as train_round
-    else:  # pragma: no cover - TrainInstruction admits only the algorithms above
-        raise msg.MessageError(f"unknown algorithm {algorithm!r}")
-    return train_round
+def _handler(instr: msg.TrainInstruction, kind: str, what: str) -> Callable:
+    """The silo's function for message kind `kind` of the instruction's algorithm (its registry entry names it; the
+    module is imported on first use: keep the import path light)."""
+    from protocols import algorithms
+
+    spec = algorithms.get(instr.algorithm)
+    handler = spec.silo_handler(kind)
+    if handler is None:
+        raise msg.MessageError(f"{what}: {spec.name} does not use {kind!r} messages")
+    return handler
 
 
 @app.evaluate()

@@ -299,7 +299,7 @@ def job_fingerprint(instr: TrainInstruction) -> str:
 
 
 def _private(instr: TrainInstruction) -> bool:
-    return math.isfinite(instr.epsilon) or instr.rho > 0
+    return math.isfinite(instr.epsilon) or float(getattr(instr, "rho", 0.0)) > 0
 
 
 def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: str) -> None:

@@ -135,43 +135,46 @@ class SiloInfo(_Schema):
 
 
 class TrainInstruction(_Schema):
-    """Server -> silo, every training round."""
+    """Server -> silo, every training round: what every algorithm's instruction has.
 
-    algorithm: Literal["fedavg", "dp-fedsgd", "steffle", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc", "tran"]
+    Each algorithm's silos receive its own subclass (`protocols.algorithms.get(name).instruction_model`), which adds
+    the algorithm's options marked for the silos and its per-round fields; :func:`read_instruction` picks it from the
+    message's `algorithm`. Bounds are those of the run configuration (the same field declarations): a silo builds
+    its model from these before it can check the message's arrays against it, so an absurd size is refused here.
+    """
+
+    algorithm: str = Field(min_length=1, max_length=100)
     server_round: int = Field(ge=1)
     total_rounds: int = Field(ge=1)
-    model: Literal["logreg", "mlp", "cnn", "resnet20"] = "logreg"
-    # Upper bounds as in protocols.config.RunConfig: the silo builds the model from these before it can check the
-    # message's arrays against it, so an absurd size must be refused here.
-    hidden: int = Field(default=64, ge=1, le=65536)
-    batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0.0, le=1e4)
-    local_epochs: int = Field(default=1, ge=1, le=1000)
-    clip: float = Field(default=1.0, gt=0.0)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    # the privacy target: every instruction has it (an algorithm that adds no noise sends epsilon = inf)
     epsilon: float = Field(default=math.inf, gt=0.0, allow_inf_nan=True, description="inf: no noise")
     delta: float = Field(default=0.0, ge=0.0, lt=1.0)
     accountant: Literal["rdp", "pld", "best"] = "best"
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    fairness: Literal["dp", "eo", "eopp"] = "dp"
-    lam: float = Field(default=0.0, ge=0.0, le=1e4, alias="lambda")
-    counts_share: float = Field(default=0.1, gt=0.0, lt=1.0)
-    trust: Literal["untrusted", "trusted"] = "untrusted"
-    rho: float = Field(default=0.0, ge=0.0)
-    domain_diameter: float = Field(default=0.1, gt=0.0)
-    # fedsc / fedavg-sc (see protocols.config.RunConfig for their meaning)
-    projection_dim: int = Field(default=128, ge=1, le=8192)
-    width: int = Field(default=1, ge=1, le=64)
-    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(default=5e-4, ge=0.0)
-    grad_clip: float = Field(default=3.0, gt=0.0)
-    mu: float = Field(default=4.0, gt=0.0)
-    views: int = Field(default=2, ge=1, le=64)
-    alpha: float = Field(default=1.0, ge=0.0, le=1.0, description="fedsc: this round's alpha_t (eq. 80)")
-    planned_shares: int = Field(default=0, ge=0, description="fedsc: correlation shares the schedule can ask for")
-    calr_relation: Literal["replace_one", "add_remove"] = "replace_one"
-    calr_sampling_rate: float = Field(default=1.0, gt=0.0, le=1.0, description="fedsc: Poisson rate of DP-CalR")
-    local_steps: int = Field(default=0, ge=0, le=100_000, description="fedsc: steps per round; 0: local_epochs")
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
+
+    @classmethod
+    def for_algorithm(cls, algorithm: str, **values: Any) -> TrainInstruction:
+        """The instruction of `algorithm` (its registry entry's model) with `values`."""
+        from protocols import algorithms
+
+        return algorithms.get(algorithm).instruction_model(algorithm=algorithms.get(algorithm).name, **values)
+
+
+def read_instruction(content: RecordDict, *, what: str = "message") -> TrainInstruction:
+    """The train instruction of `content`, validated with its algorithm's model (strictly, as :func:`read_config`)."""
+    from protocols import algorithms
+
+    rec = content.get(CONFIG) if CONFIG in content else None
+    name = rec.get("algorithm") if isinstance(rec, ConfigRecord | MetricRecord) else None
+    if not isinstance(name, str):
+        return read_config(content, TrainInstruction, what=what)  # names what is missing or wrong
+    try:
+        spec = algorithms.get(name)
+    except KeyError as exc:
+        raise MessageError(f"{what}: invalid TrainInstruction in record '{CONFIG}': {exc.args[0]}") from None
+    if name != spec.name:
+        raise MessageError(f"{what}: 'algorithm' must be the canonical name {spec.name!r}, got {name!r}")
+    return read_config(content, spec.instruction_model, what=what)
 
 
 class TrainReport(_Schema):

@@ -52,7 +52,7 @@ from flwr.common.logger import log
 
 from client.privacy_state import decode_record, encode_record
 from protocols import messages as msg
-from protocols.config import SSL_ALGORITHMS, ConfigError, RunConfig
+from protocols.config import ConfigError, RunConfig
 from strategies.base import Federation, RoundError, RoundRecord, RunHistory, SiloflStrategy
 
 FORMAT = 1
@@ -69,11 +69,6 @@ _STRATEGY = "strategy::"
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable or belongs to another run; the message names the file and the fix."""
-
-
-def resumable(algorithm: str) -> bool:
-    """Whether silofl can checkpoint and resume runs of `algorithm` (the strategies that use the shared round loop)."""
-    return algorithm not in SSL_ALGORITHMS
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -300,16 +295,19 @@ class Checkpoint:
 
     def check_config(self, config: RunConfig) -> None:
         """Refuse to continue with a config that differs in anything but the operational keys."""
-        saved = RunConfig.parse(self.config)
-        differ = [
-            name
-            for name in RunConfig.model_fields
-            if name not in OPERATIONAL_KEYS and getattr(saved, name) != getattr(config, name)
-        ]
+        saved = RunConfig.parse(self.config, other_algorithms="ignore")
+        fields = type(config).model_fields
+        if type(saved) is not type(config):
+            differ = ["algorithm"]
+        else:
+            differ = [
+                name
+                for name in fields
+                if name not in OPERATIONAL_KEYS and getattr(saved, name) != getattr(config, name)
+            ]
         if differ:
             details = ", ".join(
-                f"{RunConfig.model_fields[n].alias or n}: checkpoint {_show(getattr(saved, n))}, now "
-                f"{_show(getattr(config, n))}"
+                f"{fields[n].alias or n}: checkpoint {_show(getattr(saved, n))}, now {_show(getattr(config, n))}"
                 for n in differ
             )
             raise ConfigError(

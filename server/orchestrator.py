@@ -6,7 +6,8 @@
 2. the run's length: `rounds`, or `epochs` turned into rounds from the silos' record counts;
 3. delta: the configured one, or 1/n^2 with n the federation's training records (smaller than 1/n_j^2 for every
    silo j, so the default is conservative for each of them);
-4. the strategy for the algorithm, started from a model initialised by the seed;
+4. the strategy for the algorithm, built by its registry entry (:mod:`protocols.algorithms`), started from a model
+   initialised by the seed;
 5. the result (`result.json`): config, per-round metrics, final metrics, privacy report, timing.
 
 With an `out-dir` the server checkpoints its state after completed rounds (:mod:`server.checkpoint`); with `resume` it
@@ -17,7 +18,6 @@ continues from that checkpoint instead of starting at round 1. A run that stops 
 
 from __future__ import annotations
 
-import math
 import time
 from logging import INFO
 from pathlib import Path
@@ -29,8 +29,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from protocols import messages as msg
-from protocols.config import SSL_ALGORITHMS, RunConfig
-from protocols.models import build_model, get_parameters, parameter_spec
+from protocols.algorithms.base import resolve
+from protocols.config import RunConfig
 from server.result import build_result, write_result
 from strategies.base import (
     Federation,
@@ -40,13 +40,11 @@ from strategies.base import (
     RunHistory,
     SiloEntry,
     SiloflStrategy,
+    StrategyInputs,
     collect_replies,
 )
 
 SETUP_TIMEOUT = 600.0
-#: Smallest group probability the prior may hold: noised counts of a tiny group can come out <= 0, and
-#: p_S(r)^(-1/2) enters both the objective and the W-noise radius 2 / sqrt(rho).
-PRIOR_FLOOR = 1e-3
 
 
 def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = None) -> Federation:
@@ -112,60 +110,29 @@ def _wait_for_nodes(grid: Grid, expected: int, timeout: float) -> list[int]:
 
 
 def resolve_rounds(config: RunConfig, federation: Federation) -> int:
-    """Communication rounds: `rounds`, or `epochs` passes over the mean silo's data."""
+    """Communication rounds: `rounds`, or `epochs` turned into rounds by the algorithm's rule."""
     if config.rounds:
         return config.rounds
-    mean_n = federation.n_train / len(federation.silos)
-    if config.algorithm in ("fedavg", "fedsc", "fedavg-sc"):
-        return max(1, math.ceil(config.epochs / config.local_epochs))
-    if config.algorithm in ("mu2fl", "noisy-sgd"):  # one pass: every record of the smallest silo used once
-        if config.epochs > 1:
-            raise ValueError(
-                f"{config.algorithm} makes a single pass over the data: 'epochs' must be <= 1, got {config.epochs}"
-            )
-        smallest = min(e.info.n_train for e in federation.silos)
-        return max(1, math.floor(config.epochs * smallest / config.batch_size))
-    return max(1, math.ceil(config.epochs * mean_n / config.batch_size))
+    return config.spec.rounds(config, [e.info.n_train for e in federation.silos])
 
 
 def resolve_delta(config: RunConfig, federation: Federation) -> float:
-    return config.delta if config.delta > 0 else 1.0 / federation.n_train**2
+    return config.target_delta if config.target_delta > 0 else 1.0 / federation.n_train**2
 
 
 def train_instruction(config: RunConfig, rounds: int, delta: float) -> msg.TrainInstruction:
-    """What every silo is told each round (the round number aside)."""
-    return msg.TrainInstruction(
-        algorithm=config.algorithm,
-        server_round=1,
-        total_rounds=rounds,
-        model=config.model,
-        hidden=config.hidden,
-        batch_size=config.batch_size,
-        lr=config.lr,
-        local_epochs=config.local_epochs,
-        clip=config.clip,
-        epsilon=config.epsilon,
-        delta=delta,
-        accountant=config.accountant,
-        seed=config.seed,
-        fairness=config.fairness,
-        lam=config.lam,
-        counts_share=config.counts_share,
-        trust=config.trust,
-        rho=config.rho,
-        domain_diameter=config.domain_diameter,
-        projection_dim=config.projection_dim,
-        width=config.width,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        grad_clip=config.grad_clip,
-        mu=config.mu,
-        views=config.views,
-        calr_relation=config.calr_relation,
-        calr_sampling_rate=config.calr_sampling_rate,
-        local_steps=config.local_steps,
-        device=config.device,
-    )
+    """What every silo is told each round (the round number aside): the algorithm's options marked for the silos."""
+    model = config.spec.instruction_model
+    values = {name: getattr(config, name) for name in model.model_fields if name in type(config).model_fields}
+    values.update(server_round=1, total_rounds=rounds, delta=delta)
+    return model(**values)
+
+
+def evaluate_instruction(config: RunConfig) -> msg.EvaluateInstruction:
+    """What the silos are told to evaluate: the model's architecture (the supervised algorithms' federated
+    evaluation; the self-supervised ones evaluate at the server)."""
+    values = config.model_dump()
+    return msg.EvaluateInstruction(server_round=0, model=values["model"], hidden=values.get("hidden", 64))
 
 
 def groups_round(grid: Grid, federation: Federation, instruction: msg.TrainInstruction, timeout: float) -> np.ndarray:
@@ -195,115 +162,18 @@ def build_strategy(
     group_counts: np.ndarray | None = None,
     engine: str = "",
 ) -> SiloflStrategy:
-    from strategies.fedavg import FedAvg
-    from strategies.gradient_step import GradientStep, StepSchedule
-
-    info = federation.info
-    eval_instruction = msg.EvaluateInstruction(server_round=0, model=config.model, hidden=config.hidden)
-    instruction = train_instruction(config, rounds, delta)
-    common = {"eval_instruction": eval_instruction, "timeout": config.round_timeout, "instruction": instruction}
-    if config.algorithm in SSL_ALGORITHMS:
-        return _ssl_strategy(config, federation, common)
-    spec = parameter_spec(build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden))
-    if config.algorithm == "fedavg":
-        return FedAvg(federation, spec, **common)
-    if config.algorithm in ("mu2fl", "noisy-sgd"):
-        from protocols import mu2
-        from strategies.anytime import AnytimeAveraging
-
-        constants = mu2.Mu2Constants.for_logreg(info.num_features, info.num_labels, D=config.domain_diameter)
-        calibrate = mu2.calibrate if config.algorithm == "mu2fl" else mu2.calibrate_noisy_sgd
-        calibration = calibrate(
-            constants,
-            num_rounds=rounds,
-            num_silos=len(federation.silos),
-            rho=mu2.resolve_rho(config.rho, config.epsilon, delta),
-            trusted=config.trust == "trusted",
-            batch_size=config.batch_size,
-            delta=delta,
-        )
-        return AnytimeAveraging(
-            federation,
-            spec,
-            calibration=calibration,
-            radius=constants.radius,
-            seeded=engine in ("inprocess", "ray"),
-            **common,
-        )
-    mean_n = federation.n_train / len(federation.silos)
-    schedule = StepSchedule(
-        config.lr,
-        decay=config.lr_decay,
-        decay_epochs=config.lr_decay_epochs,
-        rounds_per_epoch=mean_n / config.batch_size,
+    """The algorithm's server strategy, from its registry entry's builder."""
+    inputs = StrategyInputs(
+        config=config,
+        federation=federation,
+        rounds=rounds,
+        delta=delta,
+        instruction=train_instruction(config, rounds, delta),
+        eval_instruction=evaluate_instruction(config),
+        group_counts=group_counts,
+        engine=engine,
     )
-    if config.algorithm == "tran":
-        from protocols.ermi import GroupPrior
-        from strategies.lagrangian import LagrangianDual
-
-        if group_counts is None:
-            raise ValueError("tran needs the silos' group counts (groups_round) to build its prior")
-        prior = GroupPrior.from_counts(config.fairness, group_counts, floor=PRIOR_FLOOR)
-        return LagrangianDual(
-            federation,
-            spec,
-            schedule=schedule,
-            prior=prior,
-            initial_multiplier=config.lam,
-            dual_lr=config.dual_lr,
-            **common,
-        )
-    if config.algorithm == "steffle":
-        from protocols.ermi import GroupPrior, w_shape
-        from strategies.noisy_aggregation import NoisyAggregation
-
-        if group_counts is None:
-            raise ValueError("steffle needs the silos' group counts (groups_round) to build its prior")
-        prior = GroupPrior.from_counts(config.fairness, group_counts, floor=PRIOR_FLOOR)
-        return NoisyAggregation(
-            federation,
-            spec,
-            schedule=schedule,
-            prior=prior.probs,
-            w_shape=w_shape(config.fairness, info.num_groups, info.num_labels),
-            w_radius=config.w_radius,
-            w_lr=config.w_lr,
-            **common,
-        )
-    return GradientStep(federation, spec, schedule=schedule, **common)
-
-
-def _ssl_strategy(config: RunConfig, federation: Federation, common: dict[str, Any]) -> SiloflStrategy:
-    """FedSC / FedAvg+SC: correlation-matrix aggregation, the backbone + projector as the model."""
-    from protocols.ssl_models import build_ssl_model, image_shape
-    from strategies.correlation import CorrelationAggregation
-
-    try:
-        shape = image_shape(federation.info.num_features)
-    except ValueError as exc:
-        raise ValueError(f"{config.algorithm} needs an image dataset: {exc}") from None
-    model = build_ssl_model(
-        config.model, shape, projection_dim=config.projection_dim, width=config.width, seed=config.seed
-    )
-    evaluator = None
-    if config.eval_data == "central":
-        from server.ssl_evaluation import CentralEvaluator
-
-        evaluator = CentralEvaluator(config)
-    return CorrelationAggregation(
-        federation,
-        parameter_spec(model),
-        initial=get_parameters(model),
-        share_start=config.share_start,
-        share_every=config.share_every,
-        alpha_start=config.alpha_start,
-        alpha_end=config.alpha_end,
-        participation=config.participation,
-        server_optimizer=config.server_optimizer,
-        server_lr=config.server_lr,
-        evaluator=evaluator,
-        **common,
-    )
+    return config.spec.build_strategy(inputs)
 
 
 def run_federation(
@@ -324,7 +194,7 @@ def run_federation(
         if resumed.silo_states and restore is not None:
             restore(resumed.silo_states)
     counts = None
-    if config.algorithm in ("steffle", "tran"):
+    if msg.GROUPS in config.spec.silo:
         # On resume the silos are not asked again: they spent budget on their counts once (the sum is public).
         counts = (
             resumed.group_counts
@@ -340,13 +210,9 @@ def run_federation(
         history = resumed.history()
         initial = history.arrays
     else:
-        initial = strategy.initial_arrays() or msg.arrays_record(
-            get_parameters(
-                build_model(config.model, info.num_features, info.num_labels, hidden=config.hidden, seed=config.seed)
-            )
-        )
+        initial = strategy.initial_arrays() or resolve(config.spec.initial_model)(config, info)
     writer = None
-    if config.out_dir and checkpoint.resumable(config.algorithm):
+    if config.out_dir and config.spec.resumable:
         writer = checkpoint.CheckpointWriter(
             Path(config.out_dir),
             config,
@@ -404,7 +270,7 @@ def run_federation(
         "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
     }
     path = write_result(result, Path(config.out_dir)) if config.out_dir else None
-    if path is not None and config.algorithm in SSL_ALGORITHMS:
+    if path is not None and config.spec.model_output == "npz":
         np.savez(path.parent / "model.npz", **{name: a.numpy() for name, a in history.arrays.items()})
     if error is not None:
         if path is not None:
@@ -421,7 +287,7 @@ def _resume_point(config: RunConfig):
 
     if not config.resume:
         return None
-    if not checkpoint.resumable(config.algorithm):
+    if not config.spec.resumable:
         raise ConfigError(
             f"'resume' is not supported for {config.algorithm} yet (its strategy runs its own round loop); drop "
             "'resume' to run it afresh"

@@ -94,28 +94,41 @@ def _float(value: Any) -> float:
     return float(value)
 
 
+def _spec(config: Mapping[str, Any]):
+    """The registry entry of a run's algorithm, or None (an algorithm this process does not know)."""
+    from protocols import algorithms
+
+    try:
+        return algorithms.get(str(config.get("algorithm", "")))
+    except KeyError:
+        return None
+
+
 def default_method(config: Mapping[str, Any]) -> str:
-    """A plot label for a run without a sweep's method name: the algorithm, with the papers' names for SteFFLe."""
-    algorithm = str(config.get("algorithm", "?"))
-    private = math.isfinite(_float(config.get("epsilon", math.inf)))
-    if algorithm == "steffle":
-        if int(config.get("num-silos", 3)) == 1:
-            return "dp-fermi" if private else "fermi"
-        return "steffle" if private else "steffle (non-private)"
-    return algorithm
+    """A plot label for a run without a sweep's method name: its algorithm entry's label (the papers' names for
+    SteFFLe: DP-FERMI / FERMI with one silo), else the algorithm's name."""
+    spec = _spec(config)
+    return spec.display_label(config) if spec is not None else str(config.get("algorithm", "?"))
 
 
-def config_defaults() -> dict[str, Any]:
-    """Every RunConfig key (kebab-case, as in result.json) with its default, in result.json's form.
+def in_plot(run: RunRecord, kind: str) -> bool:
+    """Whether `run`'s algorithm appears in figures of `kind` (its registry entry's `plots`)."""
+    spec = _spec(run.config)
+    return spec is not None and kind in spec.plots
+
+
+def config_defaults(algorithm: str) -> dict[str, Any]:
+    """Every run-config key of `algorithm` (kebab-case, as in result.json) with its default, in result.json's form.
 
     A run folder written before a key existed ran with that key's default (new keys are added with the old behaviour
     as default), so filling it in keeps old and new run folders of the same configuration on one curve."""
     from pydantic_core import PydanticUndefined
 
-    from protocols.config import RunConfig
-
+    spec = _spec({"algorithm": algorithm})
+    if spec is None:
+        return {}
     out: dict[str, Any] = {}
-    for name, field in RunConfig.model_fields.items():
+    for name, field in spec.config_model.model_fields.items():
         if field.default is PydanticUndefined:
             continue
         value = field.default
@@ -123,10 +136,23 @@ def config_defaults() -> dict[str, Any]:
     return out
 
 
+def normalized_config(stored: Mapping[str, Any], defaults: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A result.json `config` as this version writes it: the algorithm's keys only (older versions stored every key
+    of every algorithm), with the defaults of keys added since. `defaults` caches `config_defaults` per algorithm."""
+    algorithm = str(stored.get("algorithm", ""))
+    cache = defaults if defaults is not None else {}
+    if algorithm not in cache:
+        cache[algorithm] = config_defaults(algorithm)
+    own = cache[algorithm]
+    if not own:  # an algorithm this process does not know: as stored
+        return dict(stored)
+    return {**own, **{k: v for k, v in stored.items() if k in own}}
+
+
 def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
     """The completed runs under `paths` (run folders or folders of run folders) and the number of incomplete ones."""
     records, incomplete, seen = [], 0, set()
-    defaults = config_defaults()
+    defaults: dict[str, dict[str, Any]] = {}
     for root in map(Path, paths):
         if not root.exists():
             raise PlotError(f"{root} does not exist")
@@ -144,7 +170,7 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
             if not (result.get("status") or {}).get("completed", True):
                 incomplete += 1
                 continue
-            config = {**defaults, **(result.get("config") or {})}
+            config = normalized_config(result.get("config") or {}, defaults)
             meta_path = path.parent / "run.json"
             method = None
             if meta_path.is_file():
@@ -224,6 +250,18 @@ def _curve_label(run: RunRecord, split: Sequence[str]) -> str:
     return f"{run.method} ({extra})" if extra else run.method
 
 
+def _by_dataset_and_notion(runs: Sequence[RunRecord]) -> dict[tuple[Any, Any], list[RunRecord]]:
+    """Runs by (dataset, fairness notion). A run of an algorithm without a fairness notion (FedAvg, DP-FedSGD: its
+    config has no `fairness`) belongs to every notion's figure of its dataset; its evaluation reports every
+    violation."""
+    groups = _group([r for r in runs if r.get("fairness") is not None], lambda r: (r.get("dataset"), r.get("fairness")))
+    for run in (r for r in runs if r.get("fairness") is None):
+        notions = [key for key in groups if key[0] == run.get("dataset")] or [(run.get("dataset"), "dp")]
+        for key in notions:
+            groups.setdefault(key, []).append(run)
+    return groups
+
+
 def _group(runs: Iterable[RunRecord], key: Callable[[RunRecord], Any]) -> dict[Any, list[RunRecord]]:
     out: dict[Any, list[RunRecord]] = defaultdict(list)
     for run in runs:
@@ -289,10 +327,10 @@ def _dataset_title(config: Mapping[str, Any]) -> str:
 def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_KEYS) -> list[tuple[str, Figure]]:
     """Fairness violation against test error, one curve per method traced by lambda; one figure per (dataset,
     fairness), panels rows = heterogeneity, columns = epsilon."""
-    runs = [r for r in runs if _has(r, "error")]
+    runs = [r for r in runs if in_plot(r, "fairness") and _has(r, "error")]
     varied = varied_keys(runs)
     figures = []
-    for (dataset, fairness), group in sorted(_group(runs, lambda r: (r.get("dataset"), r.get("fairness"))).items()):
+    for (dataset, fairness), group in sorted(_by_dataset_and_notion(runs).items()):
         metric = FAIRNESS_METRIC.get(str(fairness), "dp_violation")
         group = [r for r in group if _has(r, metric)]
         if not group:
@@ -361,10 +399,10 @@ def privacy_figures(runs: Sequence[RunRecord], *, metric: str = "error") -> list
     """Privacy-utility: `metric` against epsilon, one curve per method (and trade-off value); non-private runs as
     dashed horizontal lines; one figure per (dataset, fairness), panels by heterogeneity."""
     _check_metric(metric)
-    runs = [r for r in runs if _has(r, metric)]
+    runs = [r for r in runs if in_plot(r, "privacy") and _has(r, metric)]
     varied = varied_keys(runs)
     figures = []
-    for (dataset, fairness), group in sorted(_group(runs, lambda r: (r.get("dataset"), r.get("fairness"))).items()):
+    for (dataset, fairness), group in sorted(_by_dataset_and_notion(runs).items()):
         if not any(math.isfinite(r.epsilon) for r in group):
             continue
         hs = sorted({_float(r.get("heterogeneity")) for r in group if int(r.get("num-silos")) > 1}) or [
@@ -421,7 +459,7 @@ def mu2_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[
     """DP-mu2-FL's tables as grouped bars: groups = privacy level (rho, or epsilon), bars = (method, M), one panel per
     trust model; one figure per (dataset, partition)."""
     _check_metric(metric)
-    runs = [r for r in runs if r.get("algorithm") in ("mu2fl", "noisy-sgd") and _has(r, metric)]
+    runs = [r for r in runs if in_plot(r, "mu2") and _has(r, metric)]
     if not runs:
         return []
     percent = metric in ("accuracy", "knn_accuracy")
@@ -493,7 +531,7 @@ def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> lis
     The bars are grouped by configuration (the settings besides method and seed that differ between the runs, e.g.
     rounds and local epochs), one colour per method, so several configurations stay readable side by side."""
     _check_metric(metric)
-    runs = [r for r in runs if r.get("algorithm") in ("fedsc", "fedavg-sc") and _has(r, metric)]
+    runs = [r for r in runs if in_plot(r, "fedsc") and _has(r, metric)]
     percent = metric in ("accuracy", "knn_accuracy")
     method_keys = {"algorithm", "epsilon", "delta", "seed", "dataset"} | _IGNORED_KEYS | _EVALUATION_ONLY_KEYS
     figures = []

@@ -1,4 +1,8 @@
-"""A live progress bar for a run: round, loss, accuracy, epsilon spent, ETA (rich)."""
+"""A live progress bar for a run: round, the algorithm's evaluation metrics, epsilon spent, ETA (rich).
+
+Which metrics are shown is the algorithm's choice (`progress_metrics` of its registry entry: loss and accuracy for the
+supervised algorithms, the kNN monitor and the linear probe for FedSC); a metric an evaluation does not hold shows
+"-" (FedSC's probe runs only after the last round)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ class RunProgress:
         self.console = console or Console(stderr=True)
         self._progress: Progress | None = None
         self._task = None
-        self._last = {"loss": math.nan, "accuracy": math.nan}
+        self._metrics = dict(config.spec.progress_metrics)  # label -> evaluation key
+        self._fields = {f"m{i}": label for i, label in enumerate(self._metrics)}
 
     def __enter__(self) -> RunProgress:
         if self.enabled:
@@ -29,7 +34,10 @@ class RunProgress:
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}  acc {task.fields[acc]}  eps {task.fields[eps]}"),
+                TextColumn(
+                    "  ".join(f"{label} {{task.fields[{field}]}}" for field, label in self._fields.items())
+                    + "  eps {task.fields[eps]}"
+                ),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
@@ -53,15 +61,18 @@ class RunProgress:
             f"{info.num_groups} sensitive groups; {rounds} rounds"
         )
         if self._progress is not None:
-            self._task = self._progress.add_task("round", total=rounds, loss="-", acc="-", eps="-")
+            blank = dict.fromkeys(self._fields, "-")
+            self._task = self._progress.add_task("round", total=rounds, eps="-", **blank)
 
     def update(self, record: RoundRecord) -> None:
         if self._progress is None or self._task is None:
             return
         fields = {}
         if record.evaluation is not None:
-            fields["loss"] = f"{record.evaluation['loss']:.4f}"
-            fields["acc"] = f"{record.evaluation['accuracy']:.4f}"
+            for field, label in self._fields.items():
+                value = record.evaluation.get(self._metrics[label])
+                if isinstance(value, int | float) and math.isfinite(value):
+                    fields[field] = f"{value:.4f}"
         if record.epsilon_spent is not None:
             fields["eps"] = "inf" if math.isinf(record.epsilon_spent) else f"{record.epsilon_spent:.3f}"
         self._progress.update(self._task, completed=record.server_round, **fields)

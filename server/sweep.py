@@ -24,7 +24,9 @@ A sweep file is TOML::
     algorithm = "fedavg"
     epsilon = "inf"         # a key a method fixes is dropped from the shared grid for that method
 
-Precedence, lowest first: `base`, the shared grid, the method's fixed values, the method's grid. Without
+Precedence, lowest first: `base`, the shared grid, the method's fixed values, the method's grid. A key of `base`, the
+shared grid or a method's table that the method's algorithm does not have (`lambda` for FedAvg, `epsilon` for a
+non-private algorithm) is not part of that method's runs; a key no algorithm has is an error. Without
 `[[methods]]` the sweep is one method named after `base.algorithm`. Every run is validated by
 :meth:`protocols.config.RunConfig.parse` before any run starts, so a typo fails the whole sweep up front with the
 method and grid point named. Each run gets a deterministic folder under the sweep's out dir,
@@ -55,7 +57,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from protocols.config import ConfigError, RunConfig
+from protocols.config import ConfigError, RunConfig, all_keys
 
 Scalar = str | int | float | bool
 #: Keys the sweep sets itself (each run's folder); a sweep file may not give them.
@@ -73,17 +75,24 @@ class SweepError(ValueError):
 
 def canonical_key(key: str) -> str:
     """The kebab-case run-config key for `key` (`num_silos` and `num-silos` are the same key); unknown keys as is."""
-    name = key.replace("-", "_")
-    for field_name, info in RunConfig.model_fields.items():
-        alias = info.alias or field_name
-        if name in (field_name, alias.replace("-", "_")):
-            return alias
-    return key
+    kebab = "lambda" if key in ("lam", "lambda") else key.replace("_", "-")
+    return kebab if kebab in known_keys() else key
 
 
 def known_keys() -> set[str]:
-    """Every run-config key, kebab-case (`lambda`, `num-silos`, ...)."""
-    return {info.alias or name for name, info in RunConfig.model_fields.items()}
+    """Every run-config key of every registered algorithm, kebab-case (`lambda`, `num-silos`, ...)."""
+    return set(all_keys())
+
+
+def _algorithm_keys(algorithm: Any) -> set[str] | None:
+    """The run-config keys of `algorithm`, or None when it is not a registered algorithm (RunConfig.parse says so)."""
+    from protocols import algorithms
+
+    try:
+        spec = algorithms.get(str(algorithm))
+    except KeyError:
+        return None
+    return {info.alias or name for name, info in spec.config_model.model_fields.items()}
 
 
 def _canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -259,10 +268,16 @@ def expand(spec: SweepSpec, out: Path, *, where: str = "sweep", methods: Sequenc
     runs: dict[str, SweepRun] = {}
     for method in all_methods:
         fixed = _canonical(method.fixed, f"method '{method.name}'")
+        # keys of the shared tables that the method's algorithm does not have (lambda for fedavg) are not its
+        own_keys = _algorithm_keys({**base, **fixed}.get("algorithm"))
         blocks = itertools.product(method.grid_blocks, spec.grid_blocks)
         for own_block, block in blocks:
             own_grid = _canonical(own_block, f"method '{method.name}' grid")
-            shared = {k: v for k, v in _canonical(block, "[grid]").items() if k not in fixed}
+            shared = {
+                k: v
+                for k, v in _canonical(block, "[grid]").items()
+                if k not in fixed and (own_keys is None or k in own_keys or k not in known_keys())
+            }
             grid = {**own_grid, **{k: v for k, v in shared.items() if k not in own_grid}}  # own keys first
             keys = list(grid)
             for combo in itertools.product(*(grid[k] for k in keys)):
@@ -271,7 +286,7 @@ def expand(spec: SweepSpec, out: Path, *, where: str = "sweep", methods: Sequenc
                 label = " ".join([f"method '{method.name}'", *(f"{k}={format_value(v)}" for k, v in varied.items())])
                 folder = out / _folder_name(method.name, varied)
                 try:
-                    config = RunConfig.parse({**values, "out-dir": str(folder)})
+                    config = RunConfig.parse({**values, "out-dir": str(folder)}, other_algorithms="ignore")
                 except ConfigError as exc:
                     raise SweepError(f"{where}: run {label}: {exc}") from None
                 previous = runs.get(folder.name)

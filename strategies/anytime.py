@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 from protocols import messages as msg
 from protocols import mu2
 from protocols.models import flatten_parameters, unflatten_parameters
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
 
 
 class AnytimeAveraging(SiloflStrategy):
@@ -35,11 +35,20 @@ class AnytimeAveraging(SiloflStrategy):
 
     array_dtype = "float64"
 
-    def __init__(self, *args, calibration: mu2.Mu2Calibration, radius: float, seeded: bool, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        calibration: mu2.Mu2Calibration,
+        radius: float,
+        seeded: bool,
+        projected_sgd: bool = False,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.calibration = calibration
         self.radius = radius
         self.seeded = seeded
+        self.projected_sgd = projected_sgd
         dim = sum(int(np.prod(shape)) for _, shape in self.param_spec)
         self.w = np.zeros(dim)  # w_1 = x_1 = 0
         self.x = np.zeros(dim)
@@ -68,7 +77,7 @@ class AnytimeAveraging(SiloflStrategy):
             seed = mu2.noise_seed(self.instruction.seed, cal.num_silos, t) if self.seeded else secrets.randbits(63)
             qbar = qbar + cal.sigma * np.random.default_rng(seed).standard_normal(qbar.shape[0])
         output = self.x  # x_t
-        if self.instruction.algorithm == "noisy-sgd":  # projected SGD, uniform average of the iterates w_1..w_{t+1}
+        if self.projected_sgd:  # noisy SGD: projected SGD, uniform average of the iterates w_1..w_{t+1}
             self.w = mu2.project_ball(self.w - cal.eta * qbar, self.radius)
             x_next = (t * self.x + self.w) / (t + 1)
         else:
@@ -86,3 +95,37 @@ class AnytimeAveraging(SiloflStrategy):
             "eta": cal.eta,
             "trust": "trusted" if cal.trusted else "untrusted",
         }
+
+
+def _build(inputs: StrategyInputs, calibrate, *, projected_sgd: bool) -> AnytimeAveraging:
+    config, federation = inputs.config, inputs.federation
+    info = federation.info
+    constants = mu2.Mu2Constants.for_logreg(info.num_features, info.num_labels, D=config.domain_diameter)
+    calibration = calibrate(
+        constants,
+        num_rounds=inputs.rounds,
+        num_silos=len(federation.silos),
+        rho=mu2.resolve_rho(config.rho, config.epsilon, inputs.delta),
+        trusted=config.trust == "trusted",
+        batch_size=config.batch_size,
+        delta=inputs.delta,
+    )
+    return AnytimeAveraging(
+        federation,
+        inputs.tabular_spec(),
+        calibration=calibration,
+        radius=constants.radius,
+        seeded=inputs.engine in ("inprocess", "ray"),
+        projected_sgd=projected_sgd,
+        **inputs.common,
+    )
+
+
+def build_mu2fl(inputs: StrategyInputs) -> AnytimeAveraging:
+    """DP-mu2-FL's server (the `mu2fl` registry entry): anytime averaging with corrected momentum."""
+    return _build(inputs, mu2.calibrate, projected_sgd=False)
+
+
+def build_noisy_sgd(inputs: StrategyInputs) -> AnytimeAveraging:
+    """The noisy-SGD baseline's server (the `noisy-sgd` registry entry): projected SGD, averaged iterates."""
+    return _build(inputs, mu2.calibrate_noisy_sgd, projected_sgd=True)

@@ -118,6 +118,46 @@ class RunHistory:
         return None
 
 
+@dataclass
+class StrategyInputs:
+    """What an algorithm's strategy builder (its registry entry's `strategy`) is given: the run's configuration, the
+    federation that answered the setup round, the run's length and delta, the instruction every silo receives, and
+    the (noised) group counts of the algorithms that ask the silos for them (`query.groups`)."""
+
+    config: Any  # the algorithm's protocols.config.RunConfig
+    federation: Federation
+    rounds: int
+    delta: float
+    instruction: msg.TrainInstruction
+    eval_instruction: msg.EvaluateInstruction
+    group_counts: np.ndarray | None = None
+    engine: str = ""
+
+    @property
+    def common(self) -> dict[str, Any]:
+        """The keyword arguments of :class:`SiloflStrategy` itself."""
+        return {
+            "eval_instruction": self.eval_instruction,
+            "timeout": self.config.round_timeout,
+            "instruction": self.instruction,
+        }
+
+    def tabular_spec(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The parameter names and shapes of the run's logistic regression or MLP."""
+        from protocols.models import build_model, parameter_spec
+
+        info = self.federation.info
+        model = build_model(
+            self.config.model, info.num_features, info.num_labels, hidden=getattr(self.config, "hidden", 64)
+        )
+        return parameter_spec(model)
+
+    def counts(self) -> np.ndarray:
+        if self.group_counts is None:
+            raise ValueError(f"{self.config.algorithm} needs the silos' group counts (query.groups) for its prior")
+        return self.group_counts
+
+
 ProgressCallback = Callable[[RoundRecord], None]
 Arrays = dict[str, np.ndarray]
 #: One silo's checked train reply: who sent it, its array records by name, its report.
@@ -212,8 +252,9 @@ class SiloflStrategy(Strategy):
         """The new model from the current one and the checked replies (in silo-id order)."""
         raise NotImplementedError
 
-    def round_lr(self, server_round: int) -> float:
-        return self.instruction.lr
+    def round_lr(self, server_round: int) -> float | None:
+        """The silos' learning rate in `server_round` (None for an algorithm without one, e.g. DP-mu2-FL)."""
+        return getattr(self.instruction, "lr", None)
 
     def result_state(self) -> dict[str, object]:
         """Server state beyond the model that belongs in result.json (e.g. SteFFLe's W)."""

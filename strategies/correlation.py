@@ -46,6 +46,7 @@ from strategies.base import (
     RunHistory,
     SiloEntry,
     SiloflStrategy,
+    StrategyInputs,
     _json_float,
     collect_replies,
     weighted_sum,
@@ -85,6 +86,7 @@ class CorrelationAggregation(SiloflStrategy):
         alpha_start: float = 1.0,
         alpha_end: float,
         participation: float,
+        sharing: bool = True,
         server_optimizer: str = "avg",
         server_lr: float = 1e-3,
         evaluator: Evaluator | None,
@@ -94,7 +96,7 @@ class CorrelationAggregation(SiloflStrategy):
             federation, param_spec, instruction=instruction, eval_instruction=eval_instruction, timeout=timeout
         )
         self.initial = initial
-        self.sharing = instruction.algorithm == "fedsc"
+        self.sharing = sharing
         self.share_rounds = set(sharing_rounds(instruction.total_rounds, share_start, share_every))
         self.alpha_start = alpha_start
         self.alpha_end = alpha_end
@@ -300,3 +302,55 @@ class CorrelationAggregation(SiloflStrategy):
 
     def combine(self, server_round: int, current: Arrays, updates) -> Arrays:  # pragma: no cover - start() is used
         raise RoundError("CorrelationAggregation runs its own round loop (start)")
+
+
+def _build(inputs: StrategyInputs, *, sharing: bool) -> CorrelationAggregation:
+    """The backbone + projector as the model; the central evaluator when the server holds the labelled data."""
+    from protocols.models import get_parameters, parameter_spec
+    from protocols.ssl_models import build_ssl_model, image_shape
+
+    config, federation = inputs.config, inputs.federation
+    try:
+        shape = image_shape(federation.info.num_features)
+    except ValueError as exc:
+        raise ValueError(f"{config.algorithm} needs an image dataset: {exc}") from None
+    model = build_ssl_model(
+        config.model, shape, projection_dim=config.projection_dim, width=config.width, seed=config.seed
+    )
+    evaluator = None
+    if config.eval_data == "central":
+        from server.ssl_evaluation import CentralEvaluator
+
+        evaluator = CentralEvaluator(config)
+    schedule = (
+        {
+            "share_start": config.share_start,
+            "share_every": config.share_every,
+            "alpha_start": config.alpha_start,
+            "alpha_end": config.alpha_end,
+        }
+        if sharing
+        else {"share_start": 1, "share_every": 1, "alpha_end": 1.0}
+    )
+    return CorrelationAggregation(
+        federation,
+        parameter_spec(model),
+        initial=get_parameters(model),
+        participation=config.participation,
+        sharing=sharing,
+        server_optimizer=config.server_optimizer,
+        server_lr=config.server_lr,
+        evaluator=evaluator,
+        **schedule,
+        **inputs.common,
+    )
+
+
+def build_fedsc(inputs: StrategyInputs) -> CorrelationAggregation:
+    """FedSC's server (the `fedsc` registry entry): correlation sharing through DP-CalR, alpha decaying."""
+    return _build(inputs, sharing=True)
+
+
+def build_fedavg_sc(inputs: StrategyInputs) -> CorrelationAggregation:
+    """FedAvg+SC's server (the `fedavg-sc` registry entry): the same training with alpha = 1, nothing shared."""
+    return _build(inputs, sharing=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import messages as msg
-from strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, weighted_sum
+from strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
 
 
 class FedAvg(SiloflStrategy):
@@ -19,3 +19,8 @@ class FedAvg(SiloflStrategy):
             )
         weights /= weights.sum()
         return {name: weighted_sum(weights, updates, msg.UPDATE, name).astype(np.float32) for name in current}
+
+
+def build(inputs: StrategyInputs) -> FedAvg:
+    """FedAvg's server (the `fedavg` registry entry)."""
+    return FedAvg(inputs.federation, inputs.tabular_spec(), **inputs.common)

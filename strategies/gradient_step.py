@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from protocols import messages as msg
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
 
 
 class StepSchedule:
@@ -47,3 +47,20 @@ class GradientStep(SiloflStrategy):
             grad = weighted_sum(self.weights, updates, msg.UPDATE, name)
             out[name] = (value.astype(np.float64) - lr * grad).astype(np.float32)
         return out
+
+
+def step_schedule(inputs: StrategyInputs) -> StepSchedule:
+    """The run's lr schedule: `lr`, times `lr-decay` every `lr-decay-epochs` passes over the mean silo's data."""
+    config, federation = inputs.config, inputs.federation
+    mean_n = federation.n_train / len(federation.silos)
+    return StepSchedule(
+        config.lr,
+        decay=config.lr_decay,
+        decay_epochs=config.lr_decay_epochs,
+        rounds_per_epoch=mean_n / config.batch_size,
+    )
+
+
+def build(inputs: StrategyInputs) -> GradientStep:
+    """DP-FedSGD's server (the `dp-fedsgd` registry entry)."""
+    return GradientStep(inputs.federation, inputs.tabular_spec(), schedule=step_schedule(inputs), **inputs.common)

@@ -23,8 +23,8 @@ from flwr.app import ArrayRecord
 from protocols import messages as msg
 from protocols import tran
 from protocols.ermi import GroupPrior
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
-from strategies.gradient_step import StepSchedule
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from strategies.gradient_step import StepSchedule, step_schedule
 
 MASS = "mass"  # the group mass in the silos' fair-update record (`client.rounds.tran.MASS`)
 
@@ -83,3 +83,20 @@ class LagrangianDual(SiloflStrategy):
             "violation_estimate": self.nu.tolist(),
             "prior": self.prior.probs.tolist(),
         }
+
+
+def build(inputs: StrategyInputs) -> LagrangianDual:
+    """Tran et al.'s server (the `tran` registry entry): the prior from the silos' noised group counts."""
+    from strategies.noisy_aggregation import PRIOR_FLOOR
+
+    config = inputs.config
+    prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)
+    return LagrangianDual(
+        inputs.federation,
+        inputs.tabular_spec(),
+        schedule=step_schedule(inputs),
+        prior=prior,
+        initial_multiplier=config.lam,
+        dual_lr=config.dual_lr,
+        **inputs.common,
+    )

@@ -21,8 +21,12 @@ from flwr.app import ArrayRecord
 
 from protocols import messages as msg
 from protocols.ermi import project_frobenius
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, weighted_sum
-from strategies.gradient_step import StepSchedule
+from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from strategies.gradient_step import StepSchedule, step_schedule
+
+#: Smallest group probability the prior may hold: noised counts of a tiny group can come out <= 0, and
+#: p_S(r)^(-1/2) enters both the objective and the W-noise radius 2 / sqrt(rho).
+PRIOR_FLOOR = 1e-3
 
 
 class NoisyAggregation(SiloflStrategy):
@@ -80,3 +84,21 @@ class NoisyAggregation(SiloflStrategy):
 
     def result_state(self) -> dict[str, object]:
         return {"w": self.w.tolist(), "prior": self.prior.tolist()}
+
+
+def build(inputs: StrategyInputs) -> NoisyAggregation:
+    """SteFFLe's server (the `steffle` registry entry): the prior from the silos' noised group counts."""
+    from protocols.ermi import GroupPrior, w_shape
+
+    config, info = inputs.config, inputs.federation.info
+    prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)
+    return NoisyAggregation(
+        inputs.federation,
+        inputs.tabular_spec(),
+        schedule=step_schedule(inputs),
+        prior=prior.probs,
+        w_shape=w_shape(config.fairness, info.num_groups, info.num_labels),
+        w_radius=config.w_radius,
+        w_lr=config.w_lr,
+        **inputs.common,
+    )

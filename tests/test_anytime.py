@@ -120,8 +120,8 @@ def test_a_silo_refuses_a_replayed_or_skipped_round() -> None:
     zeros = {n: np.zeros(s) for n, s in parameter_spec(build_model("logreg", 64, 10))}
 
     def train(t: int):
-        instr = msg.TrainInstruction(
-            algorithm="noisy-sgd", server_round=t, total_rounds=10, batch_size=1, lr=0.1, rho=2.0, delta=1e-5
+        instr = msg.TrainInstruction.for_algorithm(
+            "noisy-sgd", server_round=t, total_rounds=10, batch_size=1, lr=0.1, rho=2.0, delta=1e-5
         )
         content = RecordDict(
             {

@@ -130,8 +130,8 @@ def test_replayed_round_is_not_charged_twice() -> None:
 def test_malformed_model_is_refused_before_any_charge() -> None:
     context = _context()
     info = _setup(context)
-    instruction = msg.TrainInstruction(
-        algorithm="dp-fedsgd", server_round=1, total_rounds=10, batch_size=64, lr=0.1, epsilon=1.0, delta=1e-6
+    instruction = msg.TrainInstruction.for_algorithm(
+        "dp-fedsgd", server_round=1, total_rounds=10, batch_size=64, lr=0.1, epsilon=1.0, delta=1e-6
     )
     bad = {"head.weight": np.zeros((1, info.num_features + 1), np.float32), "head.bias": np.zeros(1, np.float32)}
     reply = _call(
@@ -155,7 +155,7 @@ def test_train_before_setup_and_bad_instruction_are_clear_errors() -> None:
     )
     reply = _call(context, content, msg.TRAIN)
     assert reply.has_error() and "server-round" in reply.error.reason
-    instruction = msg.TrainInstruction(algorithm="dp-fedsgd", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
+    instruction = msg.TrainInstruction.for_algorithm("dp-fedsgd", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
     reply = _call(context, RecordDict({msg.CONFIG: instruction.to_config_record()}), msg.TRAIN)
     assert reply.has_error() and "missing ['model']" in reply.error.reason
     assert info.silo_id == 0

@@ -153,7 +153,7 @@ def test_alpha_start_sets_the_schedule_from_the_first_share_and_reaches_the_silo
     """alpha_start = alpha_end = q_j (eq. 6's exact weight for equal silos): alpha is constant once shared."""
     result, grid = _run(_config(rounds=3, share_start=2, alpha_start=0.1, alpha_end=0.1))
     assert result["server_state"]["alphas"] == pytest.approx([1.0, 0.1, 0.1])
-    sent = [msg.read_config(m.content, msg.TrainInstruction).alpha for m in grid.exchanges(msg.TRAIN)[2][0]]
+    sent = [msg.read_instruction(m.content).alpha for m in grid.exchanges(msg.TRAIN)[2][0]]
     assert sent == pytest.approx([0.1] * 10)
 
 
@@ -168,7 +168,7 @@ def test_subsampled_calr_noise_one_step_rounds_and_fedadam_on_the_real_messages(
     _, clear = _run(_config(**options))
     assert result["status"]["completed"]
     trains = grid.exchanges(msg.TRAIN)
-    sent = [msg.read_config(m[0].content, msg.TrainInstruction) for m, _ in trains]
+    sent = [msg.read_instruction(m[0].content) for m, _ in trains]
     assert [i.local_steps for i in sent] == [1, 1, 1] and [i.lr for i in sent] == [0.05] * 3  # lr constant
     assert [r["lr"] for r in result["rounds"]] == pytest.approx([cosine_lr(0.01, t, 3) for t in (1, 2, 3)])
     # round 1's new model (sent in round 2) = first Adam step from the initial model: lr along sign(mean - current)
@@ -231,8 +231,8 @@ def test_a_silo_refuses_to_share_past_the_announced_schedule() -> None:
     from protocols.ssl_models import build_ssl_model, image_shape
 
     model = build_ssl_model("cnn", image_shape(64), projection_dim=H)
-    instr = msg.TrainInstruction(
-        algorithm="fedsc",
+    instr = msg.TrainInstruction.for_algorithm(
+        "fedsc",
         server_round=1,
         total_rounds=1,
         model="cnn",

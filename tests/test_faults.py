@@ -416,8 +416,8 @@ def _train(context: Context, info: msg.SiloInfo, server_round: int, *, scale: fl
 
     params = get_parameters(build_model("logreg", info.num_features, info.num_labels))
     params = {k: (v + scale).astype(np.float32) for k, v in params.items()}
-    instruction = msg.TrainInstruction(
-        algorithm="dp-fedsgd", server_round=server_round, total_rounds=10, batch_size=64, lr=0.1, epsilon=1.0,
+    instruction = msg.TrainInstruction.for_algorithm("dp-fedsgd",
+         server_round=server_round, total_rounds=10, batch_size=64, lr=0.1, epsilon=1.0,
         delta=1e-6,
     )  # fmt: skip
     content = RecordDict({msg.MODEL: msg.arrays_record(params), msg.CONFIG: instruction.to_config_record()})
@@ -496,7 +496,7 @@ def test_checkpoint_writes_are_atomic_and_rounds_beyond_it_are_dropped(tmp_path)
 
 
 def test_job_fingerprint_ignores_only_the_per_round_fields() -> None:
-    a = msg.TrainInstruction(algorithm="dp-fedsgd", server_round=1, total_rounds=5, batch_size=64, lr=0.5)
+    a = msg.TrainInstruction.for_algorithm("dp-fedsgd", server_round=1, total_rounds=5, batch_size=64, lr=0.5)
     assert privacy_state.job_fingerprint(a) == privacy_state.job_fingerprint(
         a.model_copy(update={"server_round": 4, "lr": 0.1, "alpha": 0.5})
     )

@@ -304,7 +304,7 @@ def test_missing_or_wrong_kind_of_record_is_rejected() -> None:
 
 def test_lax_coercions_are_refused() -> None:
     """Regression for the coercions fuzzing found accepted: "3", True and 3.0 for an integer, b"0.1" for a float."""
-    good = msg.TrainInstruction(algorithm="fedavg", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
+    good = msg.TrainInstruction.for_algorithm("fedavg", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
     for key, value in [("server-round", "3"), ("server-round", True), ("server-round", 3.0), ("lr", b"0.1")]:
         values = dict(good.to_config_record()) | {key: value}
         with pytest.raises(msg.MessageError, match=f"'{key}'"):

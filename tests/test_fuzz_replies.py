@@ -138,7 +138,7 @@ def federation() -> Federation:
 
 def _instruction(algorithm: str, **extra: Any) -> msg.TrainInstruction:
     values = {"server_round": 1, "total_rounds": 5, "batch_size": 10, "lr": 0.5} | extra
-    return msg.TrainInstruction(algorithm=algorithm, **values)
+    return msg.TrainInstruction.for_algorithm(algorithm, **values)
 
 
 def make_strategy(kind: str, lr: float = 0.5):
@@ -1161,8 +1161,8 @@ def test_correlation_query_with_a_bad_model_charges_nothing() -> None:
         run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 10}, state=RecordDict(), run_config={}
     )
     _ok(_call(context, RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP))
-    instr = msg.TrainInstruction(
-        algorithm="fedsc",
+    instr = msg.TrainInstruction.for_algorithm(
+        "fedsc",
         server_round=1,
         total_rounds=1,
         model="cnn",

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import itertools
 import json
 import math
+import re
 import time
+from pathlib import Path
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
@@ -19,7 +24,13 @@ from protocols.privacy.accountant import (
     epsilon_spent,
     pld_value_discretization,
 )
-from protocols.privacy.ledger import LADDER_RATIO, BudgetExceededError, LedgerEntry, PrivacyLedger
+from protocols.privacy.ledger import (
+    DP_ACCOUNTING_CHECKED,
+    LADDER_RATIO,
+    BudgetExceededError,
+    LedgerEntry,
+    PrivacyLedger,
+)
 
 DELTA = 1e-6
 
@@ -363,3 +374,67 @@ def test_rdp_ledger_under_replace_one_is_refused() -> None:
     data = PrivacyLedger(1.0, DELTA, accountant="rdp").to_dict()
     with pytest.raises(ValueError, match="cannot account relation='replace_one'"):
         PrivacyLedger.from_dict(data | {"relation": "replace_one"})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The dp-accounting API the ledger relies on (public only) and the versions it was checked against
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _release(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a version string such as ``"0.6.0"`` or ``"0.7.0rc1"`` (a pre-release counts as it)."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    assert match, f"unparseable version {version!r}"
+    major, minor, patch = match.groups(default="0")
+    return int(major), int(minor), int(patch)
+
+
+def test_dp_accounting_version_is_one_the_ledger_was_checked_against() -> None:
+    installed = importlib.metadata.version("dp-accounting")
+    low, high = DP_ACCOUNTING_CHECKED
+    assert _release(low) <= _release(installed) < _release(high), (
+        f"dp-accounting {installed} is installed, but protocols/privacy/ledger.py was checked against "
+        f">={low},<{high} (DP_ACCOUNTING_CHECKED). The ledger re-implements the library's RDP -> epsilon conversion "
+        f"(rdp_to_epsilon vs rdp.compute_epsilon) and PLDAccountant's composition, and reads RdpAccountant.orders / "
+        f".rdp, so that a silo admits exactly the steps calibrate_noise chose. Re-run tests/test_ledger.py and "
+        f"tests/test_accountant.py on {installed}, read its changelog for rdp_privacy_accountant and pld, then widen "
+        f"DP_ACCOUNTING_CHECKED and the dp-accounting bound in pyproject.toml."
+    )
+
+
+@pytest.mark.parametrize(("sigma", "q"), [(1.0, 0.01), (0.6, 0.5), (20.0, 1.0)])
+def test_rdp_curve_is_the_library_curve_through_public_properties(sigma: float, q: float) -> None:
+    from protocols.privacy.ledger import _rdp_curve
+
+    for name in ("orders", "rdp"):
+        assert isinstance(getattr(RdpAccountant, name, None), property), (
+            f"dp_accounting.rdp.RdpAccountant.{name} is no longer a public property "
+            f"(dp-accounting {importlib.metadata.version('dp-accounting')}); protocols/privacy/ledger.py:_rdp_curve "
+            f"reads the RDP curve through it. Find the library's new public way to get (orders, rdp), and re-check "
+            f"DP_ACCOUNTING_CHECKED."
+        )
+    orders, curve = _rdp_curve(sigma, q)
+    steps = 37
+    library = RdpAccountant().compose(dp_event(sigma, q, steps))
+    # Bit for bit: the ledger's per-step curve times its steps is what the library accumulates for the same steps.
+    assert orders.dtype == curve.dtype == np.float64
+    assert np.array_equal(orders, library.orders)
+    assert np.array_equal(steps * curve, library.rdp)
+    assert not orders.flags.writeable and not curve.flags.writeable
+
+
+def test_ledger_and_accountant_use_no_private_dp_accounting_names() -> None:
+    """No ``obj._name`` on anything but ``self`` / ``cls``, and no underscore name imported from dp_accounting."""
+    root = Path(__file__).resolve().parent.parent / "protocols" / "privacy"
+    found = []
+    for path in (root / "ledger.py", root / "accountant.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            private = []
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if not (isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"}):
+                    private.append(ast.unparse(node))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dp_accounting"):
+                private += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            found += [f"{path.name}:{node.lineno}: {name}" for name in private]
+    assert not found, f"private attributes / names of other objects (use dp-accounting's public API): {found}"

@@ -49,9 +49,9 @@ def test_check_arrays_missing_record_and_wrong_record_type() -> None:
 
 
 def test_read_config_refuses_unknown_and_bad_values() -> None:
-    good = msg.TrainInstruction(algorithm="fedavg", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
+    good = msg.TrainInstruction.for_algorithm("fedavg", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
     content = RecordDict({msg.CONFIG: good.to_config_record()})
-    assert msg.read_config(content, msg.TrainInstruction) == good
+    assert msg.read_instruction(content) == good
     bad = dict(content[msg.CONFIG])
     bad["server-round"] = 0
     with pytest.raises(msg.MessageError, match="'server-round'"):

@@ -38,8 +38,8 @@ def _strategy(lam: float, radius: float = 10.0) -> NoisyAggregation:
             group_names=("a", "b"),
         )
         silos.append(SiloEntry(node_id=10 + i, info=info))
-    instruction = msg.TrainInstruction(
-        algorithm="steffle", server_round=1, total_rounds=5, batch_size=8, lr=0.5, lam=lam
+    instruction = msg.TrainInstruction.for_algorithm(
+        "steffle", server_round=1, total_rounds=5, batch_size=8, lr=0.5, lam=lam
     )
     return NoisyAggregation(
         Federation(silos=tuple(silos)),

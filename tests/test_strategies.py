@@ -41,7 +41,7 @@ def _federation(sizes=(100, 300)) -> Federation:
 
 
 def _instruction(algorithm: str) -> msg.TrainInstruction:
-    return msg.TrainInstruction(algorithm=algorithm, server_round=1, total_rounds=5, batch_size=10, lr=0.5)
+    return msg.TrainInstruction.for_algorithm(algorithm, server_round=1, total_rounds=5, batch_size=10, lr=0.5)
 
 
 def _strategy(kind: str = "fedavg"):
@@ -93,7 +93,7 @@ def test_train_messages_go_to_every_silo_with_the_instruction() -> None:
     strategy = _strategy("dp-fedsgd")
     instrs, _ = _round(strategy, [0.0, 0.0], round_=3)
     assert sorted(m.metadata.dst_node_id for m in instrs) == [10, 11]
-    read = msg.read_config(instrs[0].content, msg.TrainInstruction)
+    read = msg.read_instruction(instrs[0].content)
     assert read.server_round == 3 and read.algorithm == "dp-fedsgd"
 
 

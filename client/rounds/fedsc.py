@@ -82,8 +82,6 @@ def correlation_reply(
 ) -> tuple[np.ndarray, msg.CorrelationReport]:
     """DP-CalR (Algorithm 2) on this silo's training records with the model of the message."""
     what = f"correlation query to silo {silo.silo_id}"
-    if instr.algorithm != "fedsc":
-        raise msg.MessageError(f"{what}: only FedSC shares correlation matrices, not {instr.algorithm!r}")
     rate = instr.calr_sampling_rate
     if instr.calr_relation == "add_remove" and rate == 1.0 and is_deployed(context):
         raise msg.MessageError(

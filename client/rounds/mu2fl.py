@@ -57,6 +57,21 @@ def record_order(context: Context, silo: SiloData, seed: int) -> np.ndarray:
 def train_round(
     model: nn.Module | None, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
 ) -> RoundResult:
+    """DP-mu2-FL's silo round (the `mu2fl` registry entry): corrected momentum, t d_t released."""
+    return _single_pass_round(silo, instr, context, message, sgd=False)
+
+
+@with_records(msg.PREVIOUS, model=False)
+def train_round_noisy_sgd(
+    model: nn.Module | None, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
+) -> RoundResult:
+    """The noisy-SGD baseline's silo round (the `noisy-sgd` registry entry): the round's mean gradient released."""
+    return _single_pass_round(silo, instr, context, message, sgd=True)
+
+
+def _single_pass_round(
+    silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message, *, sgd: bool
+) -> RoundResult:
     what = f"train message to silo {silo.silo_id}"
     spec = parameter_spec(build_model("logreg", silo.info.num_features, silo.info.num_labels))
     t = instr.server_round
@@ -88,10 +103,9 @@ def train_round(
     constants = constants_for(silo, instr.domain_diameter)
     if t == 1:  # the silo's records are fixed for the run: checked once (a full scan costs ~10 ms per round)
         check_features(silo, what)
-    if not sgd_algorithm(instr) and t > 1:
+    if not sgd and t > 1:
         check_query_step(x_t, x_prev, t, instr.domain_diameter, what)
     rho = mu2.resolve_rho(instr.rho, instr.epsilon, instr.delta)
-    sgd = sgd_algorithm(instr)
     calibrate = mu2.calibrate_noisy_sgd if sgd else mu2.calibrate
     cal = calibrate(
         constants, num_rounds=instr.total_rounds, num_silos=1, rho=rho, trusted=False, batch_size=b, delta=instr.delta
@@ -143,10 +157,6 @@ def train_round(
     if sigma > 0:
         q = q + sigma * _noise(context, instr, silo, t).standard_normal(q.shape[0])
     return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
-
-
-def sgd_algorithm(instr: msg.TrainInstruction) -> bool:
-    return instr.algorithm == "noisy-sgd"
 
 
 def check_query_step(x_t: np.ndarray, x_prev: np.ndarray, t: int, diameter: float, what: str) -> None:

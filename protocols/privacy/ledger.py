@@ -73,6 +73,18 @@ to hit its budget exactly on the last round is not refused over the last bits of
 
 _CACHE_LIMIT = 1024
 
+DP_ACCOUNTING_CHECKED = ("0.6.0", "0.7")
+"""dp-accounting versions this module was checked against: ``>= [0]`` and ``< [1]`` (``dp-accounting>=0.6,<0.7``).
+
+The ledger uses only dp-accounting's public API, but it reproduces, operation for operation, what its ``RdpAccountant``
+and ``PLDAccountant`` compute (:func:`rdp_to_epsilon` re-implements ``compute_epsilon``; :func:`_pld_epsilon` composes
+the PLDs as ``PLDAccountant`` does), so that a silo's ledger admits exactly the ``T`` steps ``calibrate_noise`` chose.
+tests/test_ledger.py checks that equality, and fails when the installed version is outside this range: on a new
+dp-accounting, re-run tests/test_ledger.py and tests/test_accountant.py, read the library's changes to
+``rdp_privacy_accountant`` and ``pld`` (RDP conversion, PLD composition / discretization), then widen the range here
+and in pyproject.toml. (0.4.4 made ``RdpAccountant.orders`` / ``.rdp`` public; 0.5.0 added the PLD
+``neighboring_relation`` used for ``replace_one``; 0.6.0 added ``get_epsilon_gaussian``, which the tests use.)"""
+
 LADDER_RATIO = 1.1
 """Under PLD-only accounting a charge at ``s`` steps that no evaluated run covers extends the ladder to
 ``max(s + 1, ceil(LADDER_RATIO * s))`` steps (:func:`_pld_ladder`). Smaller: tighter figures, more evaluations."""
@@ -149,16 +161,17 @@ State = tuple[tuple[float, float, int], ...]
 def _rdp_curve(sigma: float, sampling_rate: float) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP per step) of one ``PoissonSampled(q, Gaussian(sigma))`` step (or ``Gaussian(sigma)`` if q = 1).
 
-    dp-accounting exposes the accountant's RDP curve only as private attributes (``_orders``, ``_rdp``); reading them
-    once per mechanism is what makes a charge cost ~0.2 ms instead of ~30 ms. The arrays are made read-only.
+    Read through ``RdpAccountant``'s public ``orders`` / ``rdp`` properties (copies of its arrays; dp-accounting >=
+    0.4.4, see :data:`DP_ACCOUNTING_CHECKED`), so the curve is the library's own for the event, whatever its internals.
+    Computing it once per mechanism is what makes a charge cost ~0.2 ms instead of ~30 ms. The arrays are read-only.
     """
     step = GaussianDpEvent(sigma)
     if sampling_rate != 1.0:
         step = PoissonSampledDpEvent(sampling_rate, step)
     accountant = RdpAccountant()
     accountant.compose(step)
-    orders = np.array(accountant._orders, dtype=np.float64)
-    curve = np.array(accountant._rdp, dtype=np.float64)
+    orders = np.asarray(accountant.orders, dtype=np.float64)
+    curve = np.asarray(accountant.rdp, dtype=np.float64)
     orders.flags.writeable = False
     curve.flags.writeable = False
     return orders, curve

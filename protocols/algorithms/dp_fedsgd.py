@@ -1,0 +1,26 @@
+"""DP-FedSGD: record-level DP with the noise added in each silo (ISRL-DP). Each round each silo Poisson-samples a
+minibatch (q = m / n_j), clips per-sample gradients to C, adds Gaussian noise sigma C to the sum and divides by the
+public batch size m; the server averages and steps. Server: `strategies.gradient_step`; silo:
+`client.rounds.dp_fedsgd`."""
+
+from protocols.algorithms import register
+from protocols.algorithms.base import Algorithm
+from protocols.options import ClipOptions, LrDecayOptions, PrivacyOptions, SgdOptions, TabularModelOptions
+
+#: The SteFFLe sweeps' training setup on Adult (docs/RESULTS.md): 40 epochs, batch 256, lr 0.25 x 0.8 every 10.
+MINIBATCH_DEFAULTS = {"epochs": 40.0, "batch-size": 256, "lr": 0.25, "lr-decay": 0.8, "lr-decay-epochs": 10.0}
+
+SPEC = register(
+    Algorithm(
+        name="dp-fedsgd",
+        summary="record-level DP-FedSGD: clipped per-sample gradients, Gaussian noise added in each silo",
+        options=(PrivacyOptions, TabularModelOptions, SgdOptions, LrDecayOptions, ClipOptions),
+        defaults=MINIBATCH_DEFAULTS,
+        aliases=("dpfedsgd", "dp_fedsgd"),
+        strategy="strategies.gradient_step:build",
+        silo={"train": "client.rounds.dp_fedsgd:train_round"},
+        plots=("fairness", "privacy"),
+        mechanism="each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "
+        "(add/remove neighbours), one release per round; sigma from the accountant for (epsilon, delta, q, T)",
+    )
+)

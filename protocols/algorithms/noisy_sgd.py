@@ -1,0 +1,35 @@
+"""Single-pass noisy projected SGD with averaged iterates: DP-mu2-FL's baseline at the same rho (each record is used in
+one round, so its silo charges one Gaussian release per record). Server: `strategies.anytime` (projected SGD); silo:
+`client.rounds.mu2fl` (`train_round_noisy_sgd`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocols.algorithms import register
+from protocols.algorithms.base import Algorithm, single_pass_rounds
+from protocols.algorithms.mu2fl import SINGLE_PASS_DEFAULTS, check_rho, single_pass_report
+from protocols.options import PrivacyOptions, SinglePassOptions
+
+
+def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
+    return single_pass_report(config, history, rounds, delta, releases_per_record=1)
+
+
+SPEC = register(
+    Algorithm(
+        name="noisy-sgd",
+        summary="single-pass noisy SGD with averaged iterates: DP-mu2-FL's baseline at the same rho",
+        options=(PrivacyOptions, SinglePassOptions),
+        defaults=SINGLE_PASS_DEFAULTS,
+        aliases=("noisy_sgd",),
+        strategy="strategies.anytime:build_noisy_sgd",
+        silo={"train": "client.rounds.mu2fl:train_round_noisy_sgd"},
+        rounds=single_pass_rounds,
+        check=check_rho,
+        plots=("mu2",),
+        privacy_report="protocols.algorithms.noisy_sgd:privacy_report",
+        mechanism="single pass: each record is used in one round; each silo releases its mean gradient (sensitivity "
+        "2G/b) with Gaussian noise 2G/(rho b) (untrusted; trusted: once at the server, /M): one release per record",
+    )
+)

@@ -1,0 +1,357 @@
+"""Run options, declared once, in groups that algorithms compose.
+
+Each group is a pydantic model of run-config keys (field `lam` is the key `lambda`, `batch_size` is `batch-size`). An
+algorithm's registry entry (:mod:`protocols.algorithms`) lists the groups it reads and the defaults that suit it; from
+that one declaration silofl derives the algorithm's run configuration (:class:`protocols.config.RunConfig`
+subclass), its `silofl run ALG` flags, its keys in `flwr run --run-config` and sweep files, and the train instruction
+its silos receive (the fields marked :data:`SILO`).
+
+:class:`CommonOptions` are every algorithm's: where the data is and how it is split across silos, how long the run is,
+the seed, evaluation and fault handling.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+#: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
+SILO: dict[str, Any] = {"silo": True}
+
+Partition = Literal["iid", "attribute", "classes", "dirichlet"]
+#: Built-in datasets (the silo's loaders, `client.data.loaders.BUILTIN_DATASETS`, serve exactly these).
+BUILTIN_DATASETS: tuple[str, ...] = (
+    "adult",
+    "credit",
+    "parkinsons",
+    "synthetic",
+    "mnist",
+    "fashion-mnist",
+    "digits",
+    "cifar10",
+)
+
+
+def is_silo_field(info: Any) -> bool:
+    """Whether a field is sent to the silos in the train instruction."""
+    extra = getattr(info, "json_schema_extra", None)
+    return isinstance(extra, dict) and bool(extra.get("silo"))
+
+
+class OptionGroup(BaseModel):
+    """Base of every option group: kebab-case keys, unknown keys refused, NaN and infinity refused unless a field
+    allows them (epsilon), booleans refused where a number is expected (`rounds = true` would run one round)."""
+
+    #: The group's title in `silofl run ALG --help`.
+    heading: ClassVar[str] = "options"
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=lambda s: s.replace("_", "-"),
+        allow_inf_nan=False,
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in (int, float):
+            raise ValueError("a boolean is not a number: give the value itself")
+        return value
+
+
+class DataOptions(OptionGroup):
+    """Which data, and how it is dealt to the silos when they are simulated."""
+
+    heading: ClassVar[str] = "data and simulated silos"
+
+    dataset: str = Field(default="synthetic", min_length=1, description="builtin name or path to a .csv/.parquet file")
+    data_dir: str = Field(default="", description="folder with the datasets; empty: $SILOFL_DATA_DIR")
+    target: str = Field(default="", description="label column of a CSV/Parquet dataset")
+    sensitive: str = Field(default="", description="comma-separated sensitive column(s) of a CSV/Parquet dataset")
+    features: str = Field(default="", description="comma-separated feature columns; empty: all other columns")
+    num_silos: int = Field(default=3, ge=1, le=1000, description="silos of a simulated federation")
+    partition: Partition = Field(default="iid", description="how records are dealt to simulated silos")
+    heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0, description="h in [0, 1] for partition 'attribute'")
+    classes_per_silo: int = Field(default=2, ge=1, description="labels per silo for partition 'classes'")
+    dirichlet_alpha: float = Field(default=0.5, gt=0.0, description="concentration for partition 'dirichlet'")
+    max_train_records: int = Field(
+        default=0, ge=0, description="cap on each silo's training records (seeded subsample); 0: all"
+    )
+
+
+class RunLengthOptions(OptionGroup):
+    """How long the run is: rounds, or passes over the data (the algorithm's entry turns epochs into rounds)."""
+
+    heading: ClassVar[str] = "run length"
+
+    rounds: int = Field(default=0, ge=0, le=10_000_000, description="communication rounds; 0: derived from epochs")
+    epochs: float = Field(default=0.0, ge=0.0, le=100_000, description="passes over the data; 0: use rounds")
+
+
+class RunControlOptions(OptionGroup):
+    """Seed, evaluation schedule, time-outs, output and checkpoints."""
+
+    heading: ClassVar[str] = "seed, evaluation, output"
+
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, json_schema_extra=SILO)
+    eval_every: int = Field(default=0, ge=0, description="rounds between federated evaluations; 0: about 20 in a run")
+    round_timeout: float = Field(default=600.0, gt=0.0, description="seconds to wait for the silos' replies")
+    out_dir: str = Field(default="", description="where result.json is written; empty: do not write")
+    checkpoint_every: int = Field(
+        default=0,
+        ge=0,
+        description="rounds between server checkpoints in out-dir; 0: after a round once 2 s have passed since the "
+        "last (server/checkpoint.py)",
+    )
+    resume: bool = Field(default=False, description="continue the run from the checkpoint in out-dir (same config)")
+
+
+class CommonOptions(DataOptions, RunLengthOptions, RunControlOptions):
+    """The options of every algorithm."""
+
+
+class PrivacyOptions(OptionGroup):
+    """The privacy target of an algorithm whose silos add noise and keep a ledger."""
+
+    heading: ClassVar[str] = "privacy (per silo)"
+
+    epsilon: float = Field(
+        default=math.inf,
+        gt=0.0,
+        allow_inf_nan=True,
+        description="target epsilon per silo; inf: no noise",
+        json_schema_extra=SILO,
+    )
+    delta: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="target delta; 0: 1/n^2 with n the training records",
+        json_schema_extra=SILO,
+    )
+    accountant: Literal["rdp", "pld", "best"] = Field(
+        default="best", description="privacy accountant (best: the tighter of RDP and PLD)", json_schema_extra=SILO
+    )
+
+    @field_validator("epsilon", mode="before")
+    @classmethod
+    def _parse_infinity(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in {"inf", "infinity", "none"}:
+            return math.inf
+        return value
+
+
+class TabularModelOptions(OptionGroup):
+    """A supervised model on feature vectors."""
+
+    heading: ClassVar[str] = "model"
+
+    model: Literal["logreg", "mlp"] = Field(
+        default="logreg", description="logistic regression or a one-hidden-layer MLP", json_schema_extra=SILO
+    )
+    hidden: int = Field(default=64, ge=1, le=65536, description="hidden units of model mlp", json_schema_extra=SILO)
+
+
+class SgdOptions(OptionGroup):
+    """Minibatch SGD at the silos: the batch and the learning rate."""
+
+    heading: ClassVar[str] = "minibatch SGD"
+
+    batch_size: int = Field(
+        default=256,
+        ge=1,
+        description="expected records per silo per step (Poisson rate m / n_j)",
+        json_schema_extra=SILO,
+    )
+    lr: float = Field(default=0.5, gt=0.0, le=1e4, description="learning rate", json_schema_extra=SILO)
+
+
+class LrDecayOptions(OptionGroup):
+    """A step-decay schedule of the server's learning rate."""
+
+    heading: ClassVar[str] = "learning-rate schedule"
+
+    lr_decay: float = Field(default=1.0, gt=0.0, le=1.0, description="factor applied every lr-decay-epochs")
+    lr_decay_epochs: float = Field(default=0.0, ge=0.0, description="0: constant learning rate")
+
+
+class LocalEpochsOptions(OptionGroup):
+    """Local passes over a silo's data per round (FedAvg-style algorithms)."""
+
+    heading: ClassVar[str] = "local training"
+
+    local_epochs: int = Field(default=1, ge=1, le=1000, description="local passes per round", json_schema_extra=SILO)
+
+
+class ClipOptions(OptionGroup):
+    """Per-sample gradient clipping."""
+
+    heading: ClassVar[str] = "clipping"
+
+    clip: float = Field(default=1.0, gt=0.0, description="per-sample gradient L2 clip norm C", json_schema_extra=SILO)
+
+
+class FairnessOptions(OptionGroup):
+    """A fairness notion and the (noised) group counts the server's prior comes from."""
+
+    heading: ClassVar[str] = "fairness"
+
+    fairness: Literal["dp", "eo", "eopp"] = Field(
+        default="dp", description="demographic parity, equalized odds, equal opportunity", json_schema_extra=SILO
+    )
+    counts_share: float = Field(
+        default=0.1,
+        gt=0.0,
+        lt=1.0,
+        description="share of each silo's epsilon spent on its group counts",
+        json_schema_extra=SILO,
+    )
+
+
+class ErmiOptions(OptionGroup):
+    """SteFFLe's ERMI regularizer: its weight and the W player of the min-max problem."""
+
+    heading: ClassVar[str] = "ERMI regularizer (SteFFLe)"
+
+    lam: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1e4,
+        alias="lambda",
+        description="weight of the ERMI fairness term",
+        json_schema_extra=SILO,
+    )
+    w_radius: float = Field(default=2.0, gt=0.0, description="radius D of the ball W is projected onto")
+    w_lr: float = Field(default=0.1, gt=0.0, le=1e4, description="ascent step size of W")
+
+
+class DualOptions(OptionGroup):
+    """Tran et al.'s Lagrangian dual."""
+
+    heading: ClassVar[str] = "Lagrangian dual (Tran et al.)"
+
+    lam: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1e4,
+        alias="lambda",
+        description="initial value of every Lagrange multiplier",
+        json_schema_extra=SILO,
+    )
+    dual_lr: float = Field(default=0.01, ge=0.0, le=1e4, description="dual ascent step s of the multipliers")
+
+
+class SinglePassOptions(OptionGroup):
+    """DP-mu2-FL and its noisy-SGD baseline: one pass, logistic regression in a ball, the paper's rho."""
+
+    heading: ClassVar[str] = "single pass (DP-mu2-FL)"
+
+    model: Literal["logreg"] = Field(
+        default="logreg", description="multinomial logistic regression (a convex loss)", json_schema_extra=SILO
+    )
+    batch_size: int = Field(default=256, ge=1, description="records per silo per round (b)", json_schema_extra=SILO)
+    trust: Literal["untrusted", "trusted"] = Field(
+        default="untrusted", description="noise at the silos (untrusted) or at the server", json_schema_extra=SILO
+    )
+    rho: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="the paper's rho ((alpha, alpha rho^2/2)-RDP); 0: use epsilon",
+        json_schema_extra=SILO,
+    )
+    domain_diameter: float = Field(
+        default=0.1, gt=0.0, description="diameter D of the ball K the iterates stay in", json_schema_extra=SILO
+    )
+
+
+class SslOptions(OptionGroup):
+    """Federated spectral contrastive learning on images: the backbone, local training, the server's optimizer and
+    the central evaluation."""
+
+    heading: ClassVar[str] = "self-supervised learning (images)"
+
+    model: Literal["cnn", "resnet20"] = Field(
+        default="cnn", description="backbone: cnn (28x28 and 8x8 images) or resnet20 (CIFAR-10)", json_schema_extra=SILO
+    )
+    local_steps: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="minibatch steps per round (batches drawn without replacement, reshuffled when the silo's "
+        "records run out); 0: local-epochs passes",
+        json_schema_extra=SILO,
+    )
+    projection_dim: int = Field(
+        default=128, ge=1, le=8192, description="dimension H of the representation z", json_schema_extra=SILO
+    )
+    width: int = Field(
+        default=1, ge=1, le=64, description="backbone width multiplier (resnet20 x8: 512-d)", json_schema_extra=SILO
+    )
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="local SGD momentum", json_schema_extra=SILO)
+    weight_decay: float = Field(default=5e-4, ge=0.0, description="local SGD weight decay", json_schema_extra=SILO)
+    grad_clip: float = Field(
+        default=3.0, gt=0.0, description="local gradient-norm clip (not a DP clip)", json_schema_extra=SILO
+    )
+    mu: float = Field(
+        default=4.0, gt=0.0, description="representations are clipped to norm sqrt(mu)", json_schema_extra=SILO
+    )
+    participation: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="fraction of silos sampled per round (all in round 1)"
+    )
+    server_optimizer: Literal["avg", "adam"] = Field(
+        default="avg",
+        description="'avg' = the new model is the mean of the silos' models (FedAvg, the paper); 'adam' = "
+        "Adam at the server on the mean update (FedAdam, Reddi et al. 2021) with server-lr",
+    )
+    server_lr: float = Field(default=1e-3, gt=0.0, le=10.0, description="learning rate of server-optimizer adam")
+    eval_data: Literal["central", "none"] = Field(
+        default="central",
+        description="'central' = linear probe and kNN on the dataset's train/test split at the server "
+        "(the paper's protocol; simulation or a server with its own copy); 'none' = no evaluation",
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu",
+        description="torch device of silo training and evaluation; auto: cuda if available",
+        json_schema_extra=SILO,
+    )
+    probe_epochs: int = Field(default=30, ge=1, le=10_000, description="linear-probe epochs (Adam 3e-3)")
+    knn_k: int = Field(default=200, ge=1, description="neighbours of the kNN monitor")
+    knn_tau: float = Field(default=0.1, gt=0.0, description="temperature of the kNN monitor")
+
+
+class CalrOptions(OptionGroup):
+    """FedSC's correlation sharing through DP-CalR and the alpha schedule of its local loss."""
+
+    heading: ClassVar[str] = "correlation sharing (DP-CalR)"
+
+    views: int = Field(
+        default=2, ge=1, le=64, description="augmented views per record in DP-CalR", json_schema_extra=SILO
+    )
+    alpha_start: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="alpha at the first share (paper eq. 80: 1; q_j = 1/num-silos for equal silos is eq. 6's "
+        "exact weight)",
+    )
+    alpha_end: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="alpha decays linearly from alpha-start to this (eq. 80)"
+    )
+    share_start: int = Field(default=1, ge=1, description="first round the silos share correlation matrices")
+    share_every: int = Field(default=1, ge=1, description="rounds between two shares")
+    calr_relation: Literal["replace_one", "add_remove"] = Field(
+        default="replace_one", description="neighbouring relation of DP-CalR's sensitivity", json_schema_extra=SILO
+    )
+    calr_sampling_rate: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="each DP-CalR share uses a Poisson sample of the silo's records at this rate (accounted as "
+        "a subsampled Gaussian); 1: every record (the paper)",
+        json_schema_extra=SILO,
+    )
