@@ -106,13 +106,17 @@ class RunConfig(CommonOptions):
             kind = type(values).__name__
             raise ConfigError(f"invalid run configuration: expected a table of key = value, got {kind}")
         values = {_canonical(str(k)): v for k, v in values.items() if not (isinstance(v, str) and v == "")}
-        name = values.get("algorithm")
-        if name is None:
+        if "algorithm" not in values:
             raise ConfigError(f"invalid run configuration:\n  - missing key 'algorithm': give one of {_names()}")
+        name = values["algorithm"]
         try:
-            spec = algorithms.get(str(name))
+            if not isinstance(name, str):
+                raise KeyError(f"an algorithm is named by a string, got {type(name).__name__}")
+            spec = algorithms.get(name)
         except KeyError as exc:
-            raise ConfigError(f"invalid run configuration:\n  - key 'algorithm' = {name!r}: {exc.args[0]}") from None
+            raise ConfigError(
+                f"invalid run configuration:\n  - key 'algorithm' = {name!r}: {exc.args[0]}; allowed: {_names()}"
+            ) from None
         model = spec.config_model
         values["algorithm"] = spec.name
         own = _keys(model)
@@ -156,8 +160,8 @@ def _is_default(spec: Any, key: str, value: Any) -> bool:
 
 def flower_run_config() -> dict[str, str]:
     """`pyproject.toml`'s `[tool.flwr.app.config]`: every key of every registered algorithm, each "" (the run's
-    algorithm's default) but the algorithm `flwr run .` runs without overrides and its out-dir. Flower passes on only keys listed
-    there; tests/test_config.py checks the file against this."""
+    algorithm's default) but the algorithm `flwr run .` runs without overrides and its out-dir. Flower passes on
+    only keys listed there; tests/test_config.py checks the file against this."""
     table = {key: "" for key in sorted(all_keys())}
     table["algorithm"] = "dp-fedsgd"
     table["out-dir"] = "runs/flwr"  # a `flwr run .` writes its result.json there unless told otherwise
@@ -216,7 +220,8 @@ def _explain(exc: ValidationError, model: type[RunConfig]) -> str:
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else ""
         if err["type"] == "extra_forbidden":
-            close = _closest(key, known) or _closest(key, sorted(all_keys()))
+            own, anywhere = _closest(key, known), _closest(key, sorted(all_keys()))
+            close = anywhere if anywhere and (not own or _ratio(key, anywhere) > _ratio(key, own)) else own
             hint = f" (did you mean '{close}'?)" if close else ""
             if close and close not in known:
                 hint = f" (did you mean '{close}'? an option of {', '.join(all_keys()[close])}, not of this algorithm)"
@@ -238,6 +243,10 @@ def _closest(key: str, known: list[str]) -> str | None:
     if close:
         return close[0]
     return next((k for k in known if len(norm) > 3 and _similar(k, key)), None)
+
+
+def _ratio(typed: str, key: str) -> float:
+    return difflib.SequenceMatcher(None, typed.lower().replace("_", "-"), key).ratio()
 
 
 def _similar(a: str, b: str) -> bool:

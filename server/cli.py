@@ -177,10 +177,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_extra_flags(args: argparse.Namespace, extras: list[str]) -> None:
+    """Flags `silofl run ALG` does not have, explained as a run config would be: another algorithm's option names
+    the algorithms that have it (`--epsilon` for fedavg), a typo gets the closest key. Raises :class:`ConfigError`
+    unless every extra flag asks for what the algorithm does anyway (`--epsilon inf` for fedavg)."""
+    values: dict[str, str] = {}
+    tokens = iter(extras)
+    for token in tokens:
+        if not token.startswith("--"):
+            raise ConfigError(f"unexpected argument {token!r}; `silofl run {args.algorithm} --help` lists the options")
+        key, _, value = token[2:].partition("=")
+        values[key] = value or next(tokens, "")
+    RunConfig.parse({"algorithm": args.algorithm, "rounds": 1, **values})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras and getattr(args, "command", "") != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
+        if extras:
+            _check_extra_flags(args, extras)
         return int(args.func(args) or 0)
     except ConfigError as exc:
         print(f"silofl: {exc}", file=sys.stderr)

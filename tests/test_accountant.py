@@ -152,10 +152,11 @@ def test_several_releases_of_one_sample_cost_more_than_one() -> None:
     one = epsilon_spent(sigma, q, steps, DELTA, releases=1)
     three = epsilon_spent(sigma, q, steps, DELTA, releases=3)
     assert three > one * 1.2
-    # K releases at sigma * sqrt(K) are one release at sigma.
+    # K releases at sigma * sqrt(K) are one release at sigma (to the accountants' numerical precision: one install
+    # measured a relative gap of 1.04e-9 for PLD, where sigma * sqrt(3) rounds differently).
     for name in ("rdp", "pld"):
         scaled = epsilon_spent(sigma * math.sqrt(3), q, steps, DELTA, releases=3, accountant=name)
-        assert scaled == pytest.approx(epsilon_spent(sigma, q, steps, DELTA, accountant=name), rel=1e-9)
+        assert scaled == pytest.approx(epsilon_spent(sigma, q, steps, DELTA, accountant=name), rel=1e-8)
     k1 = calibrate_noise(2.0, DELTA, q, steps, releases=1, accountant="rdp")
     k4 = calibrate_noise(2.0, DELTA, q, steps, releases=4, accountant="rdp")
     assert k4.noise_multiplier == pytest.approx(2 * k1.noise_multiplier, rel=2e-3)

@@ -46,7 +46,6 @@ def _setup(context: Context) -> msg.SiloInfo:
 def _train(context: Context, info: msg.SiloInfo, server_round: int, **overrides) -> Message:
     model = build_model("logreg", info.num_features, info.num_labels)
     values = {
-        "algorithm": "dp-fedsgd",
         "server_round": server_round,
         "total_rounds": 10,
         "batch_size": 64,
@@ -55,7 +54,7 @@ def _train(context: Context, info: msg.SiloInfo, server_round: int, **overrides)
         "delta": 1e-6,
         "clip": 1.0,
     } | overrides
-    instruction = msg.TrainInstruction(**values)
+    instruction = msg.TrainInstruction.for_algorithm("dp-fedsgd", **values)
     content = RecordDict(
         {msg.MODEL: msg.arrays_record(get_parameters(model)), msg.CONFIG: instruction.to_config_record()}
     )

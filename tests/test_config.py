@@ -33,7 +33,7 @@ def test_unknown_key_is_named_with_a_suggestion() -> None:
 def test_missing_algorithm_lists_choices() -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig.parse({"rounds": 2})
-    assert "missing key 'algorithm'" in str(err.value) and "'fedavg'" in str(err.value)
+    assert "missing key 'algorithm'" in str(err.value) and "fedavg, dp-fedsgd" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_missing_algorithm_lists_choices() -> None:
 )
 def test_out_of_range_value_names_key_and_allowed(key: str, value: object, allowed: str) -> None:
     with pytest.raises(ConfigError) as err:
-        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, key: value})
+        RunConfig.parse({"algorithm": "dp-fedsgd", "rounds": 2, key: value})
     assert f"key '{key}'" in str(err.value) and allowed in str(err.value)
 
 
@@ -56,12 +56,18 @@ def test_rounds_and_epochs_are_exclusive_and_one_is_needed() -> None:
     with pytest.raises(ConfigError, match="either 'rounds' or 'epochs'"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "epochs": 1})
     with pytest.raises(ConfigError, match="give 'rounds'"):
-        RunConfig.parse({"algorithm": "fedavg"})
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 0, "epochs": 0})
+    # one given alone replaces the algorithm's default length, the other follows from it
+    assert RunConfig.parse({"algorithm": "fedavg", "rounds": 2}).epochs == 0
+    assert RunConfig.parse({"algorithm": "fedavg", "epochs": 2}).rounds == 0
+    assert RunConfig.parse({"algorithm": "fedavg"}).epochs == 40  # no length given: the algorithm's default
 
 
 def test_epsilon_on_a_non_private_algorithm_is_refused() -> None:
-    with pytest.raises(ConfigError, match="adds no noise"):
+    with pytest.raises(ConfigError, match=r"'epsilon' is an option of .*not of fedavg"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "epsilon": 1.0})
+    # the value every private algorithm defaults to (no privacy) stays accepted, as old run configs carry it
+    assert RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "epsilon": "inf"}).algorithm == "fedavg"
 
 
 def test_file_dataset_needs_target_and_sensitive() -> None:

@@ -74,7 +74,9 @@ def test_schedule_helpers() -> None:
 
 
 def test_each_silo_receives_the_others_aggregate_built_from_the_replies() -> None:
-    result, grid = _run(_config(epsilon=6.0, delta=1e-2))
+    result, grid = _run(  # every record shared each time (the closed form's case), alpha decaying
+        _config(epsilon=6.0, delta=1e-2, alpha_start=1.0, alpha_end=0.2, calr_sampling_rate=1.0)
+    )
     assert result["status"]["completed"]
     n = {s["node_id"]: s["n_train"] for s in result["federation"]["silos"]}
     total_n = sum(n.values())
@@ -276,6 +278,7 @@ def test_fedsc_on_cifar10_python_batches_with_the_resnet(tmp_path) -> None:
             "data-dir": str(tmp_path),
             "model": "resnet20",
             "num-silos": 2,
+            "partition": "iid",  # (fedsc's default is one class per silo, for 10 silos)
             "projection-dim": H,
             "rounds": 2,
             "batch-size": 8,

@@ -19,12 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.config import ConfigError, RunConfig
+from protocols import algorithms
+from protocols.config import ConfigError, RunConfig, all_keys
 from tests import fuzz_cases
 
-FIELDS = RunConfig.model_fields
-ALIASES = {name: field.alias or name for name, field in FIELDS.items()}
-KNOWN = set(ALIASES.values()) | set(FIELDS)  # kebab-case keys; the python names are accepted too
+#: Each algorithm's own option model: a key's type, bounds and default are the algorithm's (`lambda` >= 0 for both
+#: steffle and tran, `model` 'logreg' only for mu2fl).
+MODELS = {spec.name: spec.config_model for spec in algorithms.specs()}
+ALIASES = {name: field.alias or name for model in MODELS.values() for name, field in model.model_fields.items()}
+KNOWN = set(ALIASES.values()) | set(ALIASES)  # kebab-case keys; the python names are accepted too
 #: Keys whose valid values do not depend on other keys (the others are set per algorithm in BASES).
 FREE = [
     "num_silos",
@@ -74,7 +77,6 @@ FREE = [
     "eval_every",
     "round_timeout",
 ]
-FREE = [name for name in FREE if name in FIELDS]
 #: A valid config of each algorithm this test knows (an algorithm added later is fuzzed through the others' keys).
 BASES: list[dict[str, Any]] = [
     {"algorithm": "fedavg", "rounds": 3},
@@ -116,24 +118,29 @@ def _ran(test: Callable[[], None], planned: int) -> None:
     fuzz_cases.run_counted(CASES, test, planned)
 
 
-def _bounds(name: str) -> dict[str, Any]:
+def _fields(base: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the base config's algorithm."""
+    return MODELS[base["algorithm"]].model_fields
+
+
+def _bounds(name: str, fields: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"ge": None, "gt": None, "le": None, "lt": None, "min_length": None}
-    for meta in FIELDS[name].metadata:
+    for meta in fields[name].metadata:
         for key in out:
             if getattr(meta, key, None) is not None:
                 out[key] = getattr(meta, key)
     return out
 
 
-def _kind(name: str) -> str:
-    ann = FIELDS[name].annotation
+def _kind(name: str, fields: dict[str, Any]) -> str:
+    ann = fields[name].annotation
     if typing.get_origin(ann) is typing.Literal:
         return "literal"
     return {int: "int", float: "float", str: "str", bool: "bool"}[ann]
 
 
-def valid_value(name: str) -> st.SearchStrategy[Any]:
-    kind, b = _kind(name), _bounds(name)
+def valid_value(name: str, fields: dict[str, Any]) -> st.SearchStrategy[Any]:
+    kind, b = _kind(name, fields), _bounds(name, fields)
     if kind == "int":
         lo = b["ge"] if b["ge"] is not None else b["gt"] + 1
         hi = b["le"] if b["le"] is not None else 2**40
@@ -148,7 +155,7 @@ def valid_value(name: str) -> st.SearchStrategy[Any]:
             allow_infinity=False,
         )
     if kind == "literal":
-        return st.sampled_from(typing.get_args(FIELDS[name].annotation))
+        return st.sampled_from(typing.get_args(fields[name].annotation))
     if kind == "bool":
         return st.booleans()
     return st.text(max_size=10)
@@ -162,13 +169,14 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def invalid_value(name: str) -> st.SearchStrategy[Any]:
+def invalid_value(name: str, fields: dict[str, Any]) -> st.SearchStrategy[Any]:
     """Values key `name` must refuse (run-config values are TOML/JSON scalars: numbers given as text are fine)."""
-    kind, b = _kind(name), _bounds(name)
+    kind, b = _kind(name, fields), _bounds(name, fields)
     junk = st.none() | st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=3), st.integers())
     options: list[st.SearchStrategy[Any]] = [junk]
     if kind in ("int", "float"):
-        options += [st.booleans(), st.text(max_size=8).filter(lambda s: not _is_number(s))]
+        # ("" is not bad: it asks for the algorithm's default, as pyproject's run-config table lists every key so)
+        options += [st.booleans(), st.text(min_size=1, max_size=8).filter(lambda s: not _is_number(s))]
         if kind == "int":
             options.append(st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: not x.is_integer()))
         else:
@@ -192,12 +200,14 @@ def invalid_value(name: str) -> st.SearchStrategy[Any]:
             )
             options.append(above)
     elif kind == "literal":
-        choices = typing.get_args(FIELDS[name].annotation)
-        options += [st.integers(), st.floats(allow_nan=False), st.text(max_size=10).filter(lambda s: s not in choices)]
+        choices = typing.get_args(fields[name].annotation)
+        options += [
+            st.integers(),
+            st.floats(allow_nan=False),
+            st.text(min_size=1, max_size=10).filter(lambda s: s not in choices),
+        ]
     elif kind == "str":
         options += [st.integers(), st.floats(allow_nan=False)]
-        if b["min_length"]:
-            options.append(st.just(""))
     else:  # bool
         options += [st.text(min_size=2, max_size=6).filter(lambda s: s.lower() not in _BOOL_WORDS), st.integers(2)]
     return st.one_of(options)
@@ -209,9 +219,11 @@ _BOOL_WORDS = {"0", "1", "true", "false", "yes", "no", "on", "off", "t", "f", "y
 @st.composite
 def valid_configs(draw: st.DrawFn) -> dict[str, Any]:
     values = dict(draw(st.sampled_from(BASES)))
-    for name in draw(st.lists(st.sampled_from(FREE), unique=True, max_size=8)):
+    fields = _fields(values)
+    free = [name for name in FREE if name in fields]  # the algorithm's own keys
+    for name in draw(st.lists(st.sampled_from(free), unique=True, max_size=8)):
         key = draw(st.sampled_from([ALIASES[name], name]))  # kebab-case, or the python name
-        values[key] = draw(valid_value(name))
+        values[key] = draw(valid_value(name, fields))
     return values
 
 
@@ -233,16 +245,17 @@ def test_valid_configs_parse_and_roundtrip() -> None:
 
 # -- one bad value ------------------------------------------------------------------------------------------------
 @fuzz(600)
-@given(base=st.sampled_from(BASES), name=st.sampled_from(list(FIELDS)), data=st.data())
-def _bad_values(base: dict[str, Any], name: str, data: st.DataObject) -> None:
-    values = dict(base)
+@given(base=st.sampled_from(BASES), data=st.data())
+def _bad_values(base: dict[str, Any], data: st.DataObject) -> None:
+    values, fields = dict(base), _fields(base)
+    name = data.draw(st.sampled_from(sorted(fields)), label="key")  # one of the algorithm's own keys
     values.pop(name, None)
     key = data.draw(st.sampled_from([ALIASES[name], name]))
-    values[key] = data.draw(invalid_value(name), label=f"bad {key}")
+    values[key] = data.draw(invalid_value(name, fields), label=f"bad {key}")
     with pytest.raises(ConfigError) as err:
         RunConfig.parse(values)
     text = str(err.value)
-    assert f"key '{key}'" in text, f"{key} not named: {text}"
+    assert f"key '{key}'" in text or f"key '{ALIASES[name]}'" in text, f"{key} not named: {text}"
     assert "allowed:" in text
     CASES["rejected"] += 1
 
@@ -255,8 +268,9 @@ def test_regressions_found_by_fuzzing() -> None:
     """What the fuzzing above first found accepted: infinities with no meaning, a bool as a number, a typo with no
     suggestion, a config that is not a table."""
     for key in ["clip", "w-radius", "mu", "round-timeout", "lr-decay-epochs", "knn-tau", "dirichlet-alpha"]:
-        with pytest.raises(ConfigError, match=f"key '{key}' = inf: Input should be a finite number"):
-            RunConfig.parse({"algorithm": "fedavg", "rounds": 2, key: math.inf})
+        for algorithm in all_keys()[key]:  # each algorithm that has the key, with that algorithm's defaults
+            with pytest.raises(ConfigError, match=f"key '{key}' = inf: Input should be a finite number"):
+                RunConfig.parse({"algorithm": algorithm, "rounds": 2, key: math.inf})
     with pytest.raises(ConfigError, match="key 'rho' = inf"):
         RunConfig.parse({"algorithm": "mu2fl", "rounds": 2, "dataset": "digits", "rho": math.inf})
     with pytest.raises(ConfigError, match="key 'rounds' = True: a boolean is not a number"):

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from pydantic import BaseModel
 
+from protocols import algorithms
 from protocols import messages as msg
 from tests import fuzz_cases
 
@@ -39,10 +40,11 @@ SCHEMAS: dict[type[BaseModel], str] = {
     msg.CorrelationReport: "metric",
     msg.EvaluateInstruction: "config",
     msg.EvaluateReport: "metric",
+    **{spec.instruction_model: "config" for spec in algorithms.specs()},  # each algorithm's own train instruction
 }
 #: Fields where infinity means something (no noise, nothing spent bounds it): every other float must be finite.
 INF_OK = {
-    (msg.TrainInstruction, "epsilon"),
+    *((schema, "epsilon") for schema in SCHEMAS if issubclass(schema, msg.TrainInstruction)),
     (msg.TrainReport, "epsilon_spent"),
     (msg.GroupsReport, "epsilon_spent"),
     (msg.CorrelationReport, "epsilon_spent"),
@@ -302,19 +304,42 @@ def test_missing_or_wrong_kind_of_record_is_rejected() -> None:
     _ran(_missing_or_wrong_record_rejected, 100)
 
 
+def _instruction_of(algorithm: str) -> msg.TrainInstruction:
+    """The train instruction the server sends for `algorithm` with its defaults."""
+    from protocols.config import RunConfig
+    from server.orchestrator import train_instruction
+
+    return train_instruction(RunConfig.parse({"algorithm": algorithm, "rounds": 2}), rounds=2, delta=1e-5)
+
+
+def _read(values: dict) -> msg.TrainInstruction:
+    return msg.read_instruction(RecordDict({"config": ConfigRecord(values)}))
+
+
 def test_lax_coercions_are_refused() -> None:
     """Regression for the coercions fuzzing found accepted: "3", True and 3.0 for an integer, b"0.1" for a float."""
-    good = msg.TrainInstruction.for_algorithm("fedavg", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
+    good = _instruction_of("fedavg")
     for key, value in [("server-round", "3"), ("server-round", True), ("server-round", 3.0), ("lr", b"0.1")]:
         values = dict(good.to_config_record()) | {key: value}
         with pytest.raises(msg.MessageError, match=f"'{key}'"):
-            msg.read_config(RecordDict({"config": ConfigRecord(values)}), msg.TrainInstruction)
-    for key in ["lr", "clip", "mu", "lambda", "grad-clip"]:  # infinity means nothing here; epsilon = inf is "no noise"
-        values = dict(good.to_config_record()) | {key: math.inf}
-        with pytest.raises(msg.MessageError, match=f"'{key}'.*finite"):
-            msg.read_config(RecordDict({"config": ConfigRecord(values)}), msg.TrainInstruction)
+            _read(values)
+    # infinity means nothing here (epsilon = inf is "no noise"); each key checked in each algorithm that sends it
+    for key in ["lr", "clip", "mu", "lambda", "grad-clip"]:
+        owners = [s.name for s in algorithms.specs() if key in _instruction_of(s.name).to_config_record()]
+        assert owners, key
+        for algorithm in owners:
+            values = dict(_instruction_of(algorithm).to_config_record()) | {key: math.inf}
+            with pytest.raises(msg.MessageError, match=f"'{key}'.*finite"):
+                _read(values)
     values = dict(good.to_config_record()) | {"epsilon": math.inf}
-    assert math.isinf(msg.read_config(RecordDict({"config": ConfigRecord(values)}), msg.TrainInstruction).epsilon)
+    assert math.isinf(_read(values).epsilon)
+
+
+def test_an_instruction_carries_only_its_algorithms_fields() -> None:
+    """A key of another algorithm's instruction (clip for fedavg) is refused, naming it: a silo runs what it is told."""
+    values = dict(_instruction_of("fedavg").to_config_record()) | {"clip": 1.0}
+    with pytest.raises(msg.MessageError, match="'clip'"):
+        _read(values)
 
 
 def test_silo_info_names_must_match_its_counts() -> None:

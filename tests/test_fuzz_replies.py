@@ -37,8 +37,8 @@ from pydantic import BaseModel
 
 from client.app import DATA_SPEC_KEY
 from client.app import app as client_app
+from protocols import algorithms, mu2
 from protocols import messages as msg
-from protocols import mu2
 from protocols.config import RunConfig
 from protocols.models import build_model, get_parameters
 from server.inprocess_grid import copy_content, deliver
@@ -137,8 +137,10 @@ def federation() -> Federation:
 
 
 def _instruction(algorithm: str, **extra: Any) -> msg.TrainInstruction:
+    """The algorithm's instruction; `lr` only where the algorithm sends one (mu2fl's step size is the server's)."""
     values = {"server_round": 1, "total_rounds": 5, "batch_size": 10, "lr": 0.5} | extra
-    return msg.TrainInstruction.for_algorithm(algorithm, **values)
+    model = algorithms.get(algorithm).instruction_model
+    return msg.TrainInstruction.for_algorithm(algorithm, **{k: v for k, v in values.items() if k in model.model_fields})
 
 
 def make_strategy(kind: str, lr: float = 0.5):
@@ -256,7 +258,10 @@ BAD_EVALUATE_REPORT = bad_values(msg.EvaluateReport)
 BAD_CORRELATION_REPORT = bad_values(msg.CorrelationReport, inf_ok={"epsilon_spent"})
 BAD_GROUPS_REPORT = bad_values(msg.GroupsReport, inf_ok={"epsilon_spent"})
 BAD_SILO_INFO = bad_values(msg.SiloInfo)
-BAD_INSTRUCTION = bad_values(msg.TrainInstruction, inf_ok={"epsilon"})
+#: Each algorithm's train instruction, broken one key at a time (its own keys: a silo validates with its model).
+BAD_INSTRUCTIONS = {
+    spec.instruction_model: bad_values(spec.instruction_model, inf_ok={"epsilon"}) for spec in algorithms.specs()
+}
 BAD_EVALUATE_INSTRUCTION = bad_values(msg.EvaluateInstruction)
 BAD_DATA_SPEC = bad_values(msg.DataSpec)
 ARRAY_FAULTS = ["shape", "dtype", "nan", "inf", "rename", "extra", "drop", "huge", "garbage", "empty"]
@@ -1042,7 +1047,7 @@ def _silo_fault(scenario: Scenario, fault: str, draw: st.DrawFn) -> tuple[Record
         fault = "replay"  # nothing calibrated yet in this scenario
     if fault == "bad-value":
         table = {
-            msg.TrainInstruction: BAD_INSTRUCTION,
+            **BAD_INSTRUCTIONS,
             msg.EvaluateInstruction: BAD_EVALUATE_INSTRUCTION,
             msg.DataSpec: BAD_DATA_SPEC,
         }[schema]

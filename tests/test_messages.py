@@ -55,10 +55,16 @@ def test_read_config_refuses_unknown_and_bad_values() -> None:
     bad = dict(content[msg.CONFIG])
     bad["server-round"] = 0
     with pytest.raises(msg.MessageError, match="'server-round'"):
-        msg.read_config(RecordDict({msg.CONFIG: ConfigRecord(bad)}), msg.TrainInstruction)
+        msg.read_instruction(RecordDict({msg.CONFIG: ConfigRecord(bad)}))
     extra = dict(content[msg.CONFIG]) | {"injected": 1}
     with pytest.raises(msg.MessageError, match="'injected'"):
-        msg.read_config(RecordDict({msg.CONFIG: ConfigRecord(extra)}), msg.TrainInstruction)
+        msg.read_instruction(RecordDict({msg.CONFIG: ConfigRecord(extra)}))
+    for name, needle in [("nosuch", "unknown algorithm 'nosuch'"), ("FedAvg", "canonical name 'fedavg'")]:
+        other = dict(content[msg.CONFIG]) | {"algorithm": name}
+        with pytest.raises(msg.MessageError, match=needle):
+            msg.read_instruction(RecordDict({msg.CONFIG: ConfigRecord(other)}))
+    with pytest.raises(msg.MessageError, match="'algorithm'"):
+        msg.read_instruction(RecordDict({msg.CONFIG: ConfigRecord({k: v for k, v in bad.items() if k != "algorithm"})}))
 
 
 def test_schemas_roundtrip_through_records() -> None:

@@ -62,7 +62,7 @@ def get(name: str) -> Algorithm:
     if key not in _aliases:
         close = difflib.get_close_matches(key, list(_aliases), n=1)
         hint = f" (did you mean '{_aliases[close[0]]}'?)" if close else ""
-        raise KeyError(f"unknown algorithm {name!r}{hint}; known: {', '.join(names())}")
+        raise KeyError(f"unknown algorithm {name!r}{hint}")
     return _registry[_aliases[key]]
 
 
