@@ -3,8 +3,8 @@ shared (non-private). Server: `strategies.correlation` (`build_fedavg_sc`); silo
 (`train_round_fedavg_sc`)."""
 
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm, local_epochs_rounds
-from protocols.algorithms.fedsc import SSL_DEFAULTS, SSL_NOT_COVERED, SSL_PROGRESS, SSL_SUMMARY, SslRoundFields
+from protocols.algorithms.base import Algorithm
+from protocols.algorithms.fedsc import SSL_DEFAULTS, SSL_ENTRY, SSL_NOT_COVERED
 from protocols.options import LocalEpochsOptions, SgdOptions, SslOptions
 
 SPEC = register(
@@ -16,15 +16,7 @@ SPEC = register(
         aliases=("fedavg+sc", "fedavg_sc"),
         strategy="strategies.correlation:build_fedavg_sc",
         silo={"train": "client.rounds.fedsc:train_round_fedavg_sc"},
-        rounds=local_epochs_rounds,
-        instruction_fields=SslRoundFields,
-        resumable=False,
-        initial_model="",
-        model_output="npz",
-        summary_metrics=SSL_SUMMARY,
-        fairness_metrics=False,
-        progress_metrics=SSL_PROGRESS,
-        plots=("fedsc",),
+        **SSL_ENTRY,
         not_covered="everything: FedAvg+SC adds no noise; " + SSL_NOT_COVERED,
     )
 )

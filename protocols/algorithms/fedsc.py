@@ -54,6 +54,22 @@ class SslRoundFields(BaseModel):
     planned_shares: int = Field(default=0, ge=0, description="correlation shares the schedule can ask for")
 
 
+#: What FedSC and FedAvg+SC share in their registry entries: rounds from local epochs, the round fields their silos
+#: read, no checkpoint resume, the starting model fixed by the strategy (`initial_arrays`), the model
+#: written to model.npz, the self-supervised metrics, the "fedsc" figure.
+SSL_ENTRY: dict[str, Any] = {
+    "rounds": local_epochs_rounds,
+    "instruction_fields": SslRoundFields,
+    "resumable": False,
+    "initial_model": "",
+    "model_output": "npz",
+    "summary_metrics": SSL_SUMMARY,
+    "fairness_metrics": False,
+    "progress_metrics": SSL_PROGRESS,
+    "plots": ("fedsc",),
+}
+
+
 def mechanism(config: Any) -> str:
     if config.calr_sampling_rate < 1.0:
         return (
@@ -121,15 +137,7 @@ SPEC = register(
         },
         strategy="strategies.correlation:build_fedsc",
         silo={"train": "client.rounds.fedsc:train_round", "query.correlation": "client.rounds.fedsc:correlation_reply"},
-        rounds=local_epochs_rounds,
-        instruction_fields=SslRoundFields,
-        resumable=False,
-        initial_model="",
-        model_output="npz",
-        summary_metrics=SSL_SUMMARY,
-        fairness_metrics=False,
-        progress_metrics=SSL_PROGRESS,
-        plots=("fedsc",),
+        **SSL_ENTRY,
         mechanism=mechanism,
         not_covered=SSL_NOT_COVERED,
         privacy_report="protocols.algorithms.fedsc:privacy_report",
