@@ -446,7 +446,9 @@ def load_steffle_sweep(
     records, result.incomplete = plots.load_runs([result.folder])
     metric = plots.FAIRNESS_METRIC[fairness]
     result.records = [
-        r for r in records if r.get("fairness") in (fairness, None)  # None: an algorithm without a fairness notion
+        r
+        for r in records
+        if r.get("fairness") in (fairness, None)  # None: an algorithm without a fairness notion
     ]
     if not result.records:
         return result

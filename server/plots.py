@@ -127,7 +127,7 @@ def config_defaults(algorithm: str) -> dict[str, Any]:
     spec = _spec({"algorithm": algorithm})
     if spec is None:
         return {}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"algorithm": spec.name}  # (required, so without a default)
     for name, field in spec.config_model.model_fields.items():
         if field.default is PydanticUndefined:
             continue

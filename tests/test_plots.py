@@ -82,6 +82,7 @@ FEDSC = """
 dataset = "digits"
 model = "cnn"
 num-silos = 2
+partition = "iid"
 max-train-records = 24
 rounds = 2
 batch-size = 12
@@ -234,23 +235,26 @@ def test_runs_without_a_sweep_get_the_papers_names_and_incomplete_runs_are_skipp
 
 
 def test_a_run_folder_older_than_a_config_key_reads_as_that_keys_default(tabular: Path, tmp_path: Path) -> None:
-    """A key added later (e.g. alpha-start) is missing from older result.json files: it must not split a curve."""
+    """A key added later (e.g. counts-share) is missing from older result.json files: it must not split a curve; a
+    key of another algorithm that older versions stored (alpha-start, FedSC's) is dropped."""
     src = json.loads((tabular / "dp-fermi__lambda=2_seed=0" / "result.json").read_text())
     for name, drop in (("old", True), ("new", False)):
         result = json.loads(json.dumps(src))
         if drop:
-            del result["config"]["alpha-start"]
+            del result["config"]["counts-share"]
+            result["config"]["alpha-start"] = 1.0  # older versions stored every algorithm's keys
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(json.dumps(result))
     runs, _ = load_runs([tmp_path / "old", tmp_path / "new"])
-    assert [run.config["alpha-start"] for run in runs] == [1.0, 1.0]
+    assert [run.config["counts-share"] for run in runs] == [0.1, 0.1]
+    assert all("alpha-start" not in run.config for run in runs)
     assert varied_keys(runs) == {"dp-fermi": []}
     newer = json.loads(json.dumps(src))
-    newer["config"]["alpha-start"] = 0.5  # a real difference still shows
+    newer["config"]["counts-share"] = 0.5  # a real difference still shows
     (tmp_path / "changed").mkdir()
     (tmp_path / "changed" / "result.json").write_text(json.dumps(newer))
     runs, _ = load_runs([tmp_path / "old", tmp_path / "changed"])
-    assert varied_keys(runs) == {"dp-fermi": ["alpha-start"]}
+    assert varied_keys(runs) == {"dp-fermi": ["counts-share"]}
 
 
 def test_one_silo_runs_appear_in_every_heterogeneity_row() -> None:

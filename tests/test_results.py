@@ -257,7 +257,7 @@ def test_document_from_a_real_sweep(real_sweep: Path):
     for path in (real_sweep / "sweeps" / "steffle_adult_dp").glob("*/result.json"):
         result_json = json.loads(path.read_text())
         config = result_json["config"]
-        key = (config["algorithm"], config["heterogeneity"], config["lambda"], config["dual-lr"])
+        key = (config["algorithm"], config["heterogeneity"], config.get("lambda"), config.get("dual-lr"))
         finals.setdefault(key, []).append(result_json["final"])
 
     def points(algorithm: str, h: float) -> list[tuple[float, float]]:
