@@ -69,7 +69,9 @@ def run_one(method: str, values: dict, out: str) -> dict:
         from server.engines import run_job
 
         algorithm, extra = METHODS[method]
-        run_job(RunConfig.parse({"algorithm": algorithm, **values, **extra, "out-dir": out}), progress=False)
+        # the shared values serve both algorithms: FedAvg+SC ignores FedSC's sharing keys (alpha, DP-CalR)
+        config = RunConfig.parse({"algorithm": algorithm, **values, **extra, "out-dir": out}, other_algorithms="ignore")
+        run_job(config, progress=False)
     return json.loads(path.read_text())
 
 
@@ -80,7 +82,7 @@ def initial_probe(values: dict) -> float:
     from protocols.ssl_models import build_ssl_model
     from server.ssl_evaluation import CentralEvaluator
 
-    config = RunConfig.parse({"algorithm": "fedavg-sc", **values})
+    config = RunConfig.parse({"algorithm": "fedavg-sc", **values}, other_algorithms="ignore")
     evaluator = CentralEvaluator(config)
     model = build_ssl_model(
         config.model, evaluator.shape, projection_dim=config.projection_dim, width=config.width, seed=config.seed
