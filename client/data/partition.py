@@ -219,7 +219,7 @@ def _mirror_label_partition(
     return [np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64) for parts in out]
 
 
-def partition_dataset(
+def partition_dataset_indices(
     ds: TabularDataset,
     num_silos: int,
     *,
@@ -228,11 +228,9 @@ def partition_dataset(
     heterogeneity: float = 0.0,
     classes_per_silo: int = 2,
     dirichlet_alpha: float = 0.5,
-) -> list[SiloData]:
-    """One `SiloData` per silo, with the train AND the test split partitioned (see the module docstring).
-
-    Labels and the sort key come from `ds`. Raises DataError if a silo would end up with no train or test record.
-    """
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per silo, (train positions, test positions) in `ds`: what :func:`partition_dataset` deals (see the module
+    docstring). Raises DataError if a silo would end up with no train or test record."""
     kwargs = {
         "method": method,
         "seed": seed,
@@ -247,14 +245,39 @@ def partition_dataset(
         test_parts = _mirror_label_partition(train_parts, train_labels, test_labels, np.random.default_rng([seed, 1]))
     else:
         test_parts = partition_indices(len(ds.test), num_silos, labels=test_labels, sort_key=ds.test_sort_key, **kwargs)
-    silos = []
     for k, (tr, te) in enumerate(zip(train_parts, test_parts, strict=True)):
         if tr.size == 0 or te.size == 0:
             raise DataError(
                 f"silo {k} would get {tr.size} train and {te.size} test records with method={method!r}; "
                 "use fewer silos, a larger dataset or test_fraction, or a milder skew"
             )
-        silos.append(
-            SiloData(info=ds.info, silo_id=k, num_silos=num_silos, train=ds.train.subset(tr), test=ds.test.subset(te))
-        )
-    return silos
+    return list(zip(train_parts, test_parts, strict=True))
+
+
+def partition_dataset(
+    ds: TabularDataset,
+    num_silos: int,
+    *,
+    method: str = "iid",
+    seed: int = 0,
+    heterogeneity: float = 0.0,
+    classes_per_silo: int = 2,
+    dirichlet_alpha: float = 0.5,
+) -> list[SiloData]:
+    """One `SiloData` per silo, with the train AND the test split partitioned (see the module docstring).
+
+    Labels and the sort key come from `ds`. Raises DataError if a silo would end up with no train or test record.
+    """
+    parts = partition_dataset_indices(
+        ds,
+        num_silos,
+        method=method,
+        seed=seed,
+        heterogeneity=heterogeneity,
+        classes_per_silo=classes_per_silo,
+        dirichlet_alpha=dirichlet_alpha,
+    )
+    return [
+        SiloData(info=ds.info, silo_id=k, num_silos=num_silos, train=ds.train.subset(tr), test=ds.test.subset(te))
+        for k, (tr, te) in enumerate(parts)
+    ]
