@@ -51,14 +51,15 @@ SENSITIVE_FILE = "sensitive.npz"
 
 _NONSENSITIVE_KEYS = ("train_features", "train_labels", "test_features", "test_labels")
 _SENSITIVE_KEYS = ("train_groups", "test_groups")
-_INFO_FIELDS = ("name", "feature_names", "label_names", "sensitive_columns", "group_names")
+INFO_FIELDS = ("name", "feature_names", "label_names", "sensitive_columns", "group_names")
 
 
 class SiloStoreError(DataError):
     """A silo directory is missing a file, or a file is corrupt or of another format; the message names the file."""
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write `path` through `write(tmp)` on a temporary name and rename it into place (readers never see half)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -91,21 +92,24 @@ def save_silo(silo: SiloData, directory: Path) -> None:
         "num_test": len(silo.test),
         **{
             field: (getattr(silo.info, field) if field == "name" else list(getattr(silo.info, field)))
-            for field in _INFO_FIELDS
+            for field in INFO_FIELDS
         },
     }
 
-    def write_npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
-        def write(tmp: Path) -> None:
-            with open(tmp, "wb") as fh:  # a file object: np.savez would append ".npz" to a bare path
-                np.savez(fh, **arrays)
-
-        return write
-
-    _atomic_write(directory / NONSENSITIVE_FILE, write_npz(nonsensitive))
-    _atomic_write(directory / SENSITIVE_FILE, write_npz(sensitive))
+    atomic_write(directory / NONSENSITIVE_FILE, write_npz(nonsensitive))
+    atomic_write(directory / SENSITIVE_FILE, write_npz(sensitive))
     # info.json last: its presence marks a complete silo directory.
-    _atomic_write(directory / INFO_FILE, lambda tmp: tmp.write_text(json.dumps(info, indent=1) + "\n"))
+    atomic_write(directory / INFO_FILE, lambda tmp: tmp.write_text(json.dumps(info, indent=1) + "\n"))
+
+
+def write_npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
+    """A writer for :func:`atomic_write` of an uncompressed .npz archive."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:  # a file object: np.savez would append ".npz" to a bare path
+            np.savez(fh, **arrays)
+
+    return write
 
 
 def _read_info(path: Path) -> dict:
@@ -124,13 +128,14 @@ def _read_info(path: Path) -> dict:
             f"{path}: format version {info.get('version')!r}, this silofl reads version {VERSION}; "
             "re-create the silo directory with this version"
         )
-    missing = [k for k in ("silo_id", "num_silos", "num_train", "num_test", *_INFO_FIELDS) if k not in info]
+    missing = [k for k in ("silo_id", "num_silos", "num_train", "num_test", *INFO_FIELDS) if k not in info]
     if missing:
         raise SiloStoreError(f"{path}: fields {missing} missing; re-create the silo directory")
     return info
 
 
-def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+def read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays `keys` of the .npz archive `path`; SiloStoreError naming the file when missing or corrupt."""
     try:
         # Open the file here: np.load leaks its own handle when the archive turns out to be corrupt.
         with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as archive:
@@ -152,10 +157,10 @@ def load_silo(directory: Path) -> SiloData:
     if not directory.is_dir():
         raise SiloStoreError(f"{directory}: no such silo directory")
     meta = _read_info(directory / INFO_FILE)
-    ns = _read_npz(directory / NONSENSITIVE_FILE, _NONSENSITIVE_KEYS)
-    sens = _read_npz(directory / SENSITIVE_FILE, _SENSITIVE_KEYS)
+    ns = read_npz(directory / NONSENSITIVE_FILE, _NONSENSITIVE_KEYS)
+    sens = read_npz(directory / SENSITIVE_FILE, _SENSITIVE_KEYS)
     try:
-        info = DatasetInfo(name=meta["name"], **{f: tuple(meta[f]) for f in _INFO_FIELDS if f != "name"})
+        info = DatasetInfo(name=meta["name"], **{f: tuple(meta[f]) for f in INFO_FIELDS if f != "name"})
         splits = {}
         for split_name in ("train", "test"):
             split = Split(

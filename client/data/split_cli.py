@@ -2,9 +2,12 @@
 
     silofl data split DATASET --silos N [--partition iid|attribute|classes|dirichlet] [--heterogeneity H]
         [--classes-per-silo K] [--dirichlet-alpha A] [--seed S] [--test-fraction F] [--data-dir D] [--no-download]
-        [--target COL --sensitive COL[,COL] --features COL,...] --out DIR [--overwrite]
+        [--target COL --sensitive COL[,COL] --features COL,...]
+        [--topology silos|divided|central-sensitive|general [--sensitive-parties S]] --out DIR [--overwrite]
 
-Writes DIR/silo_0, DIR/silo_1, ... (see `silo_store.py`) and prints a summary table. `add_data_parser` registers
+Writes DIR/silo_0, DIR/silo_1, ... (see `silo_store.py`), or with a topology other than `silos` one directory per
+party (`client.data.topology`, `party_store.py`): DIR/features_0 ... DIR/features_<N-1> (N = --silos feature
+parties, split as the silos would be) and DIR/sensitive_0 ...; prints a summary table. `add_data_parser` registers
 the command on the `silofl` console script's subparsers; the parsed namespace carries ``func=split_command``.
 """
 
@@ -21,11 +24,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from client.data.federate import load_federation
-from client.data.loaders import BUILTIN_DATASETS
+from client.data.loaders import BUILTIN_DATASETS, load_dataset
 from client.data.partition import PARTITIONS
+from client.data.party_store import save_party
 from client.data.silo_store import INFO_FILE, save_silo
 from client.data.sources import DATA_DIR_ENV
-from client.data.tabular import DatasetInfo, SiloData
+from client.data.tabular import DataError, DatasetInfo, SiloData
+from client.data.topology import TOPOLOGIES, FeaturePartyData, SensitivePartyData, split_parties
 
 __all__ = ["add_data_parser", "split_command"]
 
@@ -97,6 +102,20 @@ def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="COL,...",
         help="feature columns (default: all other columns)",
     )
+    split.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default="silos",
+        help="silos: both divisions per silo (default); divided: each silo's divisions as two parties; "
+        "central-sensitive: N feature parties and one sensitive party; general: N feature and S sensitive parties",
+    )
+    split.add_argument(
+        "--sensitive-parties",
+        type=int,
+        default=0,
+        metavar="S",
+        help="sensitive parties of --topology general (ids dealt at random with --seed); default: as the topology",
+    )
     split.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
     split.add_argument("--overwrite", action="store_true", help="replace silo directories already in DIR")
     split.set_defaults(func=split_command)
@@ -122,8 +141,66 @@ def _summary(info: DatasetInfo, silos: list[SiloData], out: Path) -> Table:
     return table
 
 
+def _party_summary(
+    info: DatasetInfo, features: list[FeaturePartyData], sensitive: list[SensitivePartyData], out: Path
+) -> Table:
+    table = Table(
+        title=f"{info.name}: {len(features)} feature and {len(sensitive)} sensitive parties, "
+        f"{info.num_features} features -> {out}"
+    )
+    for column in ("party", "train", "test", "holds"):
+        table.add_column(column, justify="right" if column in ("train", "test") else "left")
+    for party in features:
+        labels = _counts(party.train.labels, info.label_names)
+        table.add_row(f"features_{party.party_id}", str(len(party.train_ids)), str(len(party.test_ids)), labels)
+    for party in sensitive:
+        groups = f"{'|'.join(info.sensitive_columns)}: {_counts(party.train_groups, info.group_names)}"
+        table.add_row(f"sensitive_{party.party_id}", str(len(party.train_ids)), str(len(party.test_ids)), groups)
+    return table
+
+
+def _split_parties(args: argparse.Namespace, console: Console) -> None:
+    """`data split --topology T`: one directory per feature and per sensitive party."""
+    defaults = {"divided": args.silos, "central-sensitive": 1}
+    if args.sensitive_parties and args.topology != "general":
+        raise DataError(f"--sensitive-parties is for --topology general; {args.topology!r} fixes the number")
+    count = args.sensitive_parties or defaults.get(args.topology, 0)
+    if count < 1:
+        raise DataError("--topology general needs --sensitive-parties S (S >= 1)")
+    ds = load_dataset(
+        args.dataset,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        test_fraction=args.test_fraction,
+        target=args.target,
+        sensitive=args.sensitive,
+        features=args.features,
+        download=not args.no_download,
+    )
+    features, sensitive = split_parties(
+        ds,
+        args.topology,
+        feature_parties=args.silos,
+        sensitive_parties=count,
+        partition=args.partition,
+        heterogeneity=args.heterogeneity,
+        classes_per_silo=args.classes_per_silo,
+        dirichlet_alpha=args.dirichlet_alpha,
+        seed=args.seed,
+    )
+    _prepare_out(args.out, args.overwrite)
+    for party in features:
+        save_party(party, args.out / f"features_{party.party_id}", num_parties=len(features))
+    for party in sensitive:
+        save_party(party, args.out / f"sensitive_{party.party_id}", num_parties=len(sensitive))
+    console.print(_party_summary(ds.info, features, sensitive, args.out))
+
+
+_OUTPUT_DIRS = ("silo_*", "features_*", "sensitive_*")
+
+
 def _prepare_out(out: Path, overwrite: bool) -> None:
-    existing = sorted(p for p in out.glob("silo_*") if p.is_dir()) if out.is_dir() else []
+    existing = sorted(p for pattern in _OUTPUT_DIRS for p in out.glob(pattern) if p.is_dir()) if out.is_dir() else []
     if existing and not overwrite:
         raise FileExistsError(
             f"{out} already holds {', '.join(p.name for p in existing)}; pass --overwrite to "
@@ -133,13 +210,18 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
         if (path / INFO_FILE).is_file() or not any(path.iterdir()):
             shutil.rmtree(path)
         else:
-            raise FileExistsError(f"{path} is not a silo directory (no {INFO_FILE}); remove it yourself")
+            raise FileExistsError(f"{path} is not a silo or party directory (no {INFO_FILE}); remove it yourself")
 
 
 def split_command(args: argparse.Namespace) -> int:
     """Run `data split` from parsed arguments; 0 on success, 2 with a message on stderr for bad input."""
     console = Console()
     try:
+        if args.topology != "silos":
+            _split_parties(args, console)
+            return 0
+        if args.sensitive_parties:
+            raise DataError("--sensitive-parties is for --topology general")
         ds, silos = load_federation(
             args.dataset,
             args.silos,
