@@ -257,6 +257,46 @@ def test_a_run_folder_older_than_a_config_key_reads_as_that_keys_default(tabular
     assert varied_keys(runs) == {"dp-fermi": ["counts-share"]}
 
 
+def _every_algorithms_keys(config: dict) -> dict:
+    """`config` as result.json files of versions before the algorithm registry stored it: every key of every
+    algorithm (here each algorithm's default), the run's own values over them."""
+    from protocols import algorithms
+    from server.plots import config_defaults
+
+    return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
+
+
+def _figure_data(figures) -> list:
+    """What a figure shows: its stem, and per panel its title and every curve's label and points."""
+    return [
+        (stem, [(ax.get_title(), sorted((k, *map(list, _xy(c))) for k, c in _curves(ax).items())) for ax in fig.axes])
+        for stem, fig in figures
+    ]
+
+
+def test_result_files_with_every_algorithms_keys_plot_as_this_versions(tabular: Path, tmp_path: Path) -> None:
+    """result.json files of older versions hold every key of every algorithm (FedAvg's a fairness notion, lambda and
+    epsilon, SteFFLe's FedSC's alpha-start): they read as this version's configs (with the same method names, also
+    without run.json) and draw the same figures."""
+    for path in tabular.glob("*/result.json"):
+        result = json.loads(path.read_text())
+        result["config"] = _every_algorithms_keys(result["config"])
+        (tmp_path / path.parent.name).mkdir()
+        (tmp_path / path.parent.name / "result.json").write_text(json.dumps(result))
+        if path.parent.name not in ("dp-fermi__lambda=2_seed=0", "fedavg__seed=1"):  # those two: named by config
+            shutil.copy(path.parent / "run.json", tmp_path / path.parent.name / "run.json")
+    fedavg = json.loads((tmp_path / "fedavg__seed=0" / "result.json").read_text())["config"]
+    assert {"fairness", "lambda", "epsilon", "alpha-start", "rho"} <= set(fedavg)  # as older versions wrote it
+    new, _ = load_runs([tabular])
+    old, incomplete = load_runs([tmp_path])
+    assert (len(old), incomplete) == (14, 0)
+    assert {r.folder.name: (r.method, r.config) for r in old} == {r.folder.name: (r.method, r.config) for r in new}
+    for kind in ("fairness", "privacy"):
+        assert _figure_data(build_figures(kind, old)) == _figure_data(build_figures(kind, new))
+    assert [stem for stem, _ in build_figures("fairness", old)] == ["fairness-synthetic-dp"]
+    assert sorted(_curves(build_figures("fairness", old)[0][1].axes[1])) == ["dp-fermi", "fedavg", "steffle"]
+
+
 def test_one_silo_runs_appear_in_every_heterogeneity_row() -> None:
     """Layout rule, on records built in memory: rows by h for federated runs, a one-silo run in every row."""
 

@@ -95,25 +95,40 @@ def _write_run(folder: Path, method: str, config: dict, final: dict, seconds: fl
     (folder / "result.json").write_text(json.dumps(result))
 
 
-def _fake_sweep(root: Path) -> Path:
-    """runs/sweeps/steffle_adult_dp with KNOWN's points (h 0, epsilon 1, seeds 0 and 1), 10 s per run."""
+def _every_algorithms_keys(config: dict) -> dict:
+    """`config` as result.json files of versions before the algorithm registry stored it: every key of every
+    algorithm (here each algorithm's default), the run's own values over them."""
+    from protocols import algorithms
+    from server.plots import config_defaults
+
+    return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
+
+
+def _fake_sweep(root: Path, *, old_style: bool = False) -> Path:
+    """runs/sweeps/steffle_adult_dp with KNOWN's points (h 0, epsilon 1, seeds 0 and 1), 10 s per run; each config
+    as `silofl run` writes it (the algorithm's own keys), or with `old_style` as older versions did (every key)."""
+    from protocols.config import RunConfig
+
     out = root / "sweeps" / "steffle_adult_dp"
     for (method, algorithm, key, value), (error, violation) in KNOWN.items():
         for seed, sign in ((0, -1), (1, 1)):
-            config = {
+            name = f"{method}__{key}={value}_seed={seed}" if key else f"{method}__seed={seed}"
+            values = {
                 "algorithm": algorithm,
                 "dataset": "adult",
-                "fairness": "dp",
                 "num-silos": 3,
                 "heterogeneity": 0.0,
-                "epsilon": "inf" if algorithm == "fedavg" else 1.0,
                 "seed": seed,
                 "epochs": 40,
+                "out-dir": str(out / name),
             }
+            if algorithm != "fedavg":  # FedAvg has neither a fairness notion nor privacy
+                values |= {"fairness": "dp", "epsilon": 1.0}
             if key:
-                config[key] = value
-            name = f"{method}__{key}={value}_seed={seed}" if key else f"{method}__seed={seed}"
-            config["out-dir"] = str(out / name)
+                values[key] = value
+            config = RunConfig.parse(values).to_json()
+            if old_style:
+                config = _every_algorithms_keys(config)
             final = {"error": error + sign * 0.01, "dp_violation": violation + sign * 0.005, "accuracy": 1 - error}
             _write_run(out / name, method, config, final, 10.0)
     return out
@@ -135,8 +150,13 @@ def _table_row(text: str, h: str, eps: str) -> list[str]:
     return [cell.strip() for cell in row.strip("|").split("|")]
 
 
-def test_document_from_known_result_files(tmp_path: Path):
-    _fake_sweep(tmp_path)
+@pytest.mark.parametrize("old_style", [False, True], ids=["own-keys", "every-algorithms-keys"])
+def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
+    """The same document from result.json files as this version writes them and as older ones did (every key of
+    every algorithm: FedAvg's with a fairness notion, epsilon and lambda of their own)."""
+    out = _fake_sweep(tmp_path, old_style=old_style)
+    fedavg = json.loads((out / "fedavg__seed=0" / "result.json").read_text())["config"]
+    assert ("lambda" in fedavg and "alpha-start" in fedavg) == old_style
     text, sweeps = _build(tmp_path)
     # the reduction table: columns h, epsilon, vs tran, vs fedavg (no other baseline has runs)
     assert "| h | epsilon | vs tran | vs fedavg |" in text
