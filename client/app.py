@@ -30,8 +30,9 @@ from flwr.clientapp import ClientApp
 from client import privacy_state
 from client.data.tabular import SiloData
 from client.rounds import RoundFunction
-from client.silo_data import describe, load_silo_data
+from client.silo_data import describe, describe_party, load_party_data, load_silo_data, node_role
 from protocols import messages as msg
+from protocols import parties
 from protocols.models import build_model, parameter_spec, set_parameters
 
 DATA_SPEC_KEY = privacy_state.DATA_SPEC_KEY
@@ -50,7 +51,8 @@ def _single_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _silo(context: Context) -> tuple[SiloData, msg.DataSpec]:
+def _spec(context: Context) -> msg.DataSpec:
+    """The run's data spec (from the setup message, or from the state-dir of a silo restarted mid-run)."""
     if DATA_SPEC_KEY not in context.state:
         saved = privacy_state.load_run_spec(context)  # a silo restarted mid-run, with a state-dir
         if saved is None:
@@ -60,22 +62,45 @@ def _silo(context: Context) -> tuple[SiloData, msg.DataSpec]:
                 "let it continue"
             )
         context.state[DATA_SPEC_KEY] = saved
-    spec = msg.DataSpec.model_validate(dict(context.state[DATA_SPEC_KEY]))
+    return msg.DataSpec.model_validate(dict(context.state[DATA_SPEC_KEY]))
+
+
+def _silo(context: Context, kind: str) -> tuple[SiloData, msg.DataSpec]:
+    """This silo's data; a feature or sensitive party is refused (`kind`: the message it was sent)."""
+    spec = _spec(context)
+    role, _ = node_role(context, spec)
+    if role != parties.SILO:
+        raise _party_module().role_error(role, kind, f"this node (a {role} party)")
     return load_silo_data(context, spec), spec
+
+
+def _role(context: Context) -> str:
+    return node_role(context, _spec(context))[0]
+
+
+def _party(context: Context, role: str):
+    spec = _spec(context)
+    return load_party_data(context, spec, role, node_role(context, spec)[1])
+
+
+def _party_module():
+    from client import parties as party_answers  # the generic party protocol (imported by party nodes only)
+
+    return party_answers
 
 
 def _answer(
     kind: str,
     message: Message,
     context: Context,
-    silo: SiloData,
+    silo_id: int,
     instr: msg.TrainInstruction,
     compute: Callable[[], RecordDict],
     what: str,
 ) -> Message:
     """Answer a checked request once (see `client.privacy_state`): bind the silo's job, replay a journaled answer to
     the same request, else compute it and journal it before it is released."""
-    privacy_state.open_job(context, silo_id=silo.silo_id, instr=instr, what=what)
+    privacy_state.open_job(context, silo_id=silo_id, instr=instr, what=what)
     digest = privacy_state.request_digest(message.content) if privacy_state.persistent(context) else ""
     cached = privacy_state.replay(context, kind, instr, digest, what=what)
     if cached is not None:
@@ -93,7 +118,11 @@ def _model_shell(kind: str, num_features: int, num_labels: int, hidden: int) -> 
 
 
 def _model_from_message(message: Message, silo: SiloData, kind: str, hidden: int, what: str) -> torch.nn.Module:
-    model = _model_shell(kind, silo.info.num_features, silo.info.num_labels, hidden)
+    return _model_from_arrays(message, silo.info, kind, hidden, what)
+
+
+def _model_from_arrays(message: Message, info, kind: str, hidden: int, what: str) -> torch.nn.Module:
+    model = _model_shell(kind, info.num_features, info.num_labels, hidden)
     params = msg.check_arrays(message.content, msg.MODEL, parameter_spec(model), what=what)
     set_parameters(model, params)
     return model
@@ -104,16 +133,24 @@ def setup(message: Message, context: Context) -> Message:
     """Load (or derive) the silo's data and describe it."""
     msg.check_records(message.content, {msg.CONFIG}, what="setup message")
     spec = msg.read_config(message.content, msg.DataSpec, what="setup message")
-    silo = load_silo_data(context, spec)  # a spec the silo refuses leaves its current setup as it was
+    role, party_id = node_role(context, spec)
+    # a spec the node refuses leaves its current setup as it was
+    if role == parties.SILO:
+        info = describe(load_silo_data(context, spec))
+    else:
+        info = describe_party(load_party_data(context, spec, role, party_id), role)
     context.state[DATA_SPEC_KEY] = spec.to_config_record()
     privacy_state.save_run_spec(context, context.state[DATA_SPEC_KEY])
-    return Message(RecordDict({msg.REPORT: describe(silo).to_config_record()}), reply_to=message)
+    return Message(RecordDict({msg.REPORT: info.to_config_record()}), reply_to=message)
 
 
 @app.query("groups")
 def groups(message: Message, context: Context) -> Message:
-    """SteFFLe's setup step: the silo's records by (sensitive group, label), through a DP histogram."""
-    silo, _ = _silo(context)
+    """SteFFLe's setup step: the silo's records by (sensitive group, label), through a DP histogram (at a sensitive
+    party: of the requested ids it holds)."""
+    if _role(context) == parties.SENSITIVE:
+        return _sensitive_answer("groups", msg.GROUPS, message, context)
+    silo, _ = _silo(context, msg.GROUPS)
     what = f"groups message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.CONFIG}, what=what)
     instr = msg.read_instruction(message.content, what=what)
@@ -124,13 +161,13 @@ def groups(message: Message, context: Context) -> Message:
         report = msg.GroupsReport(silo_id=silo.silo_id, epsilon_spent=spent)
         return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
 
-    return _answer("groups", message, context, silo, instr, compute, what)
+    return _answer("groups", message, context, silo.silo_id, instr, compute, what)
 
 
 @app.query("correlation")
 def correlation(message: Message, context: Context) -> Message:
     """FedSC: the silo's correlation matrix under the current global model, through DP-CalR (noised here)."""
-    silo, _ = _silo(context)
+    silo, _ = _silo(context, msg.CORRELATION)
     what = f"correlation query to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_instruction(message.content, what=what)
@@ -143,13 +180,15 @@ def correlation(message: Message, context: Context) -> Message:
             {msg.CORRELATION_MATRIX: msg.arrays_record({"R": matrix}), msg.REPORT: report.to_metric_record()}
         )
 
-    return _answer("correlation", message, context, silo, instr, compute, what)
+    return _answer("correlation", message, context, silo.silo_id, instr, compute, what)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """One round of the run's algorithm on this silo."""
-    silo, _ = _silo(context)
+    """One round of the run's algorithm on this silo (at a feature party: its step 1)."""
+    if _role(context) == parties.FEATURES:
+        return _feature_train(message, context)
+    silo, _ = _silo(context, msg.TRAIN)
     what = f"train message to silo {silo.silo_id}"
     instr = msg.read_instruction(message.content, what=what)
     round_fn: RoundFunction = _handler(instr, msg.TRAIN, what)
@@ -165,18 +204,19 @@ def train(message: Message, context: Context) -> Message:
             {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
         )
 
-    return _answer("train", message, context, silo, instr, compute, what)
+    return _answer("train", message, context, silo.silo_id, instr, compute, what)
 
 
-def _handler(instr: msg.TrainInstruction, kind: str, what: str) -> Callable:
-    """The silo's function for message kind `kind` of the instruction's algorithm (its registry entry names it; the
-    module is imported on first use: keep the import path light)."""
+def _handler(instr: msg.TrainInstruction, kind: str, what: str, role: str = parties.SILO) -> Callable:
+    """The node's function for message kind `kind` of the instruction's algorithm (its registry entry names it per
+    role; the module is imported on first use: keep the import path light)."""
     from protocols import algorithms
 
     spec = algorithms.get(instr.algorithm)
-    handler = spec.silo_handler(kind)
+    handler = spec.silo_handler(kind, role)
     if handler is None:
-        raise msg.MessageError(f"{what}: {spec.name} does not use {kind!r} messages")
+        who = "" if role == parties.SILO else f" at a {role} party"
+        raise msg.MessageError(f"{what}: {spec.name} does not use {kind!r} messages{who}")
     return handler
 
 
@@ -190,7 +230,9 @@ def evaluate(message: Message, context: Context) -> Message:
     from protocols.fairness_metrics import confusion_counts
     from protocols.models import loss_fn
 
-    silo, _ = _silo(context)
+    if _role(context) == parties.FEATURES:
+        return _feature_evaluate(message, context)
+    silo, _ = _silo(context, msg.EVALUATE)
     what = f"evaluate message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
@@ -214,3 +256,83 @@ def evaluate(message: Message, context: Context) -> Message:
     )
     content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
     return Message(content, reply_to=message)
+
+
+# -- feature and sensitive parties (protocols/parties.py) ----------------------------------------------------------
+
+
+def _feature_train(message: Message, context: Context) -> Message:
+    party = _party(context, parties.FEATURES)
+    what = f"train message to feature party {party.party_id}"
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
+    instr = msg.read_instruction(message.content, what=what)
+    round_fn = _handler(instr, msg.TRAIN, what, parties.FEATURES)
+
+    def compute() -> RecordDict:
+        with _single_thread():
+            model = _model_from_arrays(message, party.info, instr.model, getattr(instr, "hidden", 64), what)
+            return round_fn(model, party, instr, context, message)
+
+    return _answer("train", message, context, party.party_id, instr, compute, what)
+
+
+def _feature_evaluate(message: Message, context: Context) -> Message:
+    party = _party(context, parties.FEATURES)
+    what = f"evaluate message to feature party {party.party_id}"
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
+    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    with _single_thread():
+        model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
+        content = _party_module().feature_evaluate(model, party, instr)
+    return Message(content, reply_to=message)
+
+
+def _sensitive_answer(kind: str, message_kind: str, message: Message, context: Context) -> Message:
+    """A sensitive party's private answer (group counts, a round's sums): its algorithm's handler, journaled and
+    charged once like a silo's (`_answer`)."""
+    party = _party(context, parties.SENSITIVE)
+    what = f"{message_kind} message to sensitive party {party.party_id}"
+    instr = msg.read_instruction(message.content, what=what)
+    handler = _handler(instr, message_kind, what, parties.SENSITIVE)
+
+    def compute() -> RecordDict:
+        with _single_thread():
+            return handler(party, instr, context, message)
+
+    return _answer(kind, message, context, party.party_id, instr, compute, what)
+
+
+def _party_for(context: Context, role: str, kind: str):
+    """This node's party data, if it has `role` (else the error naming what it answers)."""
+    actual = _role(context)
+    if actual != role:
+        raise _party_module().role_error(actual, kind, "this node")
+    return _party(context, role)
+
+
+@app.query("records")
+def records(message: Message, context: Context) -> Message:
+    """A feature party's record ids and training labels (setup of a run with parties)."""
+    party = _party_for(context, parties.FEATURES, parties.RECORDS)
+    return Message(_party_module().records(party, message), reply_to=message)
+
+
+@app.query("coverage")
+def coverage(message: Message, context: Context) -> Message:
+    """A sensitive party's count of each feature party's ids it holds (setup of a run with parties)."""
+    party = _party_for(context, parties.SENSITIVE, parties.COVERAGE)
+    return Message(_party_module().coverage(party, message), reply_to=message)
+
+
+@app.query("sensitive")
+def sensitive(message: Message, context: Context) -> Message:
+    """A sensitive party's step of a round: its noised sums over the requested ids it holds."""
+    _party_for(context, parties.SENSITIVE, parties.SENSITIVE_QUERY)
+    return _sensitive_answer("sensitive", parties.SENSITIVE_QUERY, message, context)
+
+
+@app.query("confusion")
+def confusion(message: Message, context: Context) -> Message:
+    """A sensitive party's confusion counts of the test predictions the feature parties made."""
+    party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
+    return Message(_party_module().confusion(party, message), reply_to=message)

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Context
@@ -36,42 +37,124 @@ def load_silo_data(context: Context, spec: DataSpec) -> SiloData:
         from client.data.silo_store import load_silo
 
         return load_silo(Path(str(context.node_config[DATA_PATH_KEY])))
-    if PARTITION_ID_KEY not in context.node_config:
-        raise MessageError(
-            "this silo has neither 'data-path' (a folder from `silofl data split`) nor 'partition-id' in its node "
-            "config; start it with --node-config \"data-path='/path/to/silo_0'\""
-        )
-    partition_id = int(context.node_config[PARTITION_ID_KEY])
-    simulated = context.node_config.get("num-partitions")
-    if simulated is not None and int(simulated) != spec.num_silos:
-        raise MessageError(
-            f"this simulated federation has {simulated} SuperNodes but the run asks for num-silos={spec.num_silos}; "
-            f"run with num-silos={simulated} or resize the federation (`flwr federation simulation-config ... "
-            f"--num-supernodes {spec.num_silos}`)"
-        )
+    partition_id = _simulated_partition(context, spec)
     silos = _partitioned(spec)
     if not 0 <= partition_id < len(silos):
         raise MessageError(f"partition-id {partition_id} is outside the {len(silos)} silos of this run")
     return silos[partition_id]
 
 
+def _simulated_partition(context: Context, spec: DataSpec) -> int:
+    if PARTITION_ID_KEY not in context.node_config:
+        raise MessageError(
+            "this node has neither 'data-path' (a folder from `silofl data split`) nor 'partition-id' in its node "
+            "config; start it with --node-config \"data-path='/path/to/silo_0'\""
+        )
+    nodes = spec.num_silos + spec.sensitive_parties
+    simulated = context.node_config.get("num-partitions")
+    if simulated is not None and int(simulated) != nodes:
+        what = f"num-silos={spec.num_silos}" + (
+            f" and {spec.sensitive_parties} sensitive parties (topology {spec.topology})"
+            if spec.sensitive_parties
+            else ""
+        )
+        fix = f"run with num-silos={simulated}" if not spec.sensitive_parties else "run with that many"
+        raise MessageError(
+            f"this simulated federation has {simulated} SuperNodes but the run asks for {what}, {nodes} nodes; "
+            f"{fix} or resize the federation (`flwr federation simulation-config ... --num-supernodes {nodes}`)"
+        )
+    return int(context.node_config[PARTITION_ID_KEY])
+
+
+def node_role(context: Context, spec: DataSpec) -> tuple[str, int | None]:
+    """(role, party id) of this node: its node config's `role` when deployed (the party id is in its data), else
+    derived from its partition-id and the run's topology (`protocols.parties.simulated_role`)."""
+    from protocols.parties import ROLE_KEY, ROLES, SILO, simulated_role
+
+    if is_deployed(context) or ROLE_KEY in context.node_config:
+        role = str(context.node_config.get(ROLE_KEY, SILO))
+        if role not in ROLES:
+            raise MessageError(f"node config '{ROLE_KEY}' = {role!r}; choose one of {', '.join(ROLES)}")
+        return role, None
+    return simulated_role(_simulated_partition(context, spec), spec.num_silos, spec.sensitive_parties)
+
+
+def load_party_data(context: Context, spec: DataSpec, role: str, party_id: int | None):
+    """The records of a feature or sensitive party (`client.data.topology`): its own folder when deployed, else its
+    share of the dataset split by the run's topology."""
+    if is_deployed(context):
+        from client.data.party_store import load_party
+
+        return load_party(Path(str(context.node_config[DATA_PATH_KEY])), role=role)
+    if spec.topology == "silos":
+        raise MessageError(
+            f"this simulated node has role {role!r} but the run's topology is 'silos'; give the run a topology with "
+            "separate parties (divided, central-sensitive, general)"
+        )
+    features, sensitive = _parties(spec)
+    return (features if role == "features" else sensitive)[party_id]
+
+
+@lru_cache(maxsize=4)
+def _parties(spec: DataSpec) -> tuple[tuple, tuple]:
+    from client.data.loaders import load_dataset
+    from client.data.topology import split_parties
+
+    features, sensitive = split_parties(
+        load_dataset(spec.dataset, **_source(spec)),
+        spec.topology,
+        feature_parties=spec.num_silos,
+        sensitive_parties=spec.sensitive_parties,
+        seed=spec.seed,
+        **_split(spec),
+    )
+    if spec.max_train_records:
+        features = [_capped_party(party, spec.max_train_records, spec.seed) for party in features]
+    return tuple(features), tuple(sensitive)
+
+
+def _capped_party(party, cap: int, seed: int):
+    """A feature party capped as :func:`_capped` caps the silo of the same id (the same records, in order)."""
+    if len(party.train_ids) <= cap:
+        return party
+    keep = _cap_index(len(party.train_ids), cap, seed, party.party_id)
+    from client.data.tabular import NonSensitiveDivision
+
+    train = NonSensitiveDivision(party.train.features[keep], party.train.labels[keep])
+    return dataclasses.replace(party, train_ids=party.train_ids[keep], train=train)
+
+
+def _cap_index(n: int, cap: int, seed: int, silo_id: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, silo_id, 0x5EED])
+    return np.sort(rng.choice(n, size=cap, replace=False))
+
+
+def _source(spec: DataSpec) -> dict[str, Any]:
+    """The dataset loader's arguments of a data spec (the same records for silos and parties)."""
+    return {
+        "data_dir": spec.data_dir or None,
+        "seed": spec.seed,
+        "target": spec.target or None,
+        "sensitive": [c for c in spec.sensitive.split(",") if c] or None,
+        "features": [c for c in spec.features.split(",") if c] or None,
+    }
+
+
+def _split(spec: DataSpec) -> dict[str, Any]:
+    """The silo split's arguments of a data spec (the feature parties are split as silos are)."""
+    return {
+        "partition": spec.partition,
+        "heterogeneity": spec.heterogeneity,
+        "classes_per_silo": spec.classes_per_silo,
+        "dirichlet_alpha": spec.dirichlet_alpha,
+    }
+
+
 @lru_cache(maxsize=4)
 def _partitioned(spec: DataSpec) -> tuple[SiloData, ...]:
     from client.data.federate import load_federation
 
-    _, silos = load_federation(
-        spec.dataset,
-        spec.num_silos,
-        data_dir=spec.data_dir or None,
-        seed=spec.seed,
-        target=spec.target or None,
-        sensitive=[c for c in spec.sensitive.split(",") if c] or None,
-        features=[c for c in spec.features.split(",") if c] or None,
-        partition=spec.partition,
-        heterogeneity=spec.heterogeneity,
-        classes_per_silo=spec.classes_per_silo,
-        dirichlet_alpha=spec.dirichlet_alpha,
-    )
+    _, silos = load_federation(spec.dataset, spec.num_silos, **_source(spec), **_split(spec))
     if spec.max_train_records:
         silos = [_capped(silo, spec.max_train_records, spec.seed) for silo in silos]
     return tuple(silos)
@@ -81,8 +164,7 @@ def _capped(silo: SiloData, cap: int, seed: int) -> SiloData:
     """The silo with at most `cap` training records: a seeded uniform subsample, kept in the original order."""
     if len(silo.train) <= cap:
         return silo
-    rng = np.random.default_rng([seed, silo.silo_id, 0x5EED])
-    keep = np.sort(rng.choice(len(silo.train), size=cap, replace=False))
+    keep = _cap_index(len(silo.train), cap, seed, silo.silo_id)
     return dataclasses.replace(silo, train=silo.train.subset(keep))
 
 
@@ -101,15 +183,24 @@ def schema_hash(info: DatasetInfo) -> str:
 
 def describe(silo: SiloData) -> SiloInfo:
     """The public description a silo sends in the setup round."""
-    info = silo.info
+    return _description(silo.info, silo.silo_id, "silo", len(silo.train), len(silo.test))
+
+
+def describe_party(party, role: str) -> SiloInfo:
+    """The public description a feature or sensitive party sends in the setup round (its id among its role's)."""
+    return _description(party.info, party.party_id, role, len(party.train_ids), len(party.test_ids))
+
+
+def _description(info: DatasetInfo, node_id: int, role: str, n_train: int, n_test: int) -> SiloInfo:
     return SiloInfo(
-        silo_id=silo.silo_id,
+        silo_id=node_id,
+        role=role,
         dataset=info.name,
         num_features=info.num_features,
         num_labels=info.num_labels,
         num_groups=info.num_groups,
-        n_train=len(silo.train),
-        n_test=len(silo.test),
+        n_train=n_train,
+        n_test=n_test,
         schema_hash=schema_hash(info),
         label_names=tuple(info.label_names),
         group_names=tuple(info.group_names),

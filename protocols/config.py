@@ -75,6 +75,22 @@ class RunConfig(CommonOptions):
         return float(getattr(self, "delta", 0.0))
 
     @property
+    def topology_name(self) -> str:
+        """Who holds which division (SteFFLe's `topology`; "silos" for every other algorithm)."""
+        return str(getattr(self, "topology", "silos"))
+
+    @property
+    def sensitive_nodes(self) -> int:
+        """Separate sensitive parties of the run's topology (0: silos hold both divisions)."""
+        count = getattr(self, "sensitive_count", None)
+        return int(count(self.num_silos)) if count is not None else 0
+
+    @property
+    def num_nodes(self) -> int:
+        """The nodes of the federation: the silos (or feature parties) and the separate sensitive parties."""
+        return self.num_silos + self.sensitive_nodes
+
+    @property
     def target_accountant(self) -> str:
         return str(getattr(self, "accountant", "none"))
 

@@ -108,12 +108,19 @@ class DataSpec(_Schema):
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
     max_train_records: int = Field(default=0, ge=0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    #: Parties (SteFFLe's topologies, `protocols.parties`): `num-silos` feature parties and `sensitive-parties`
+    #: sensitive ones; "silos": none apart (every node holds both divisions).
+    topology: Literal["silos", "divided", "central-sensitive", "general"] = "silos"
+    sensitive_parties: int = Field(default=0, ge=0, le=1000)
 
 
 class SiloInfo(_Schema):
     """A silo's public description, sent once in the setup round."""
 
-    silo_id: int = Field(ge=0)
+    silo_id: int = Field(ge=0, description="the silo's id, or the party's id among the parties of its role")
+    role: Literal["silo", "features", "sensitive"] = Field(
+        description="silo: both divisions; features or sensitive: one party of a topology (protocols/parties.py)"
+    )
     dataset: str
     num_features: int = Field(ge=1, le=MAX_FEATURES)
     num_labels: int = Field(ge=2, le=MAX_CATEGORIES)

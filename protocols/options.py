@@ -213,6 +213,48 @@ class FairnessOptions(OptionGroup):
     )
 
 
+Topology = Literal["silos", "divided", "central-sensitive", "general"]
+
+
+class TopologyOptions(OptionGroup):
+    """Who holds which division of a record (../shared/specs/steffle-hybrid.md): silos holding both, or separate
+    feature and sensitive parties over one universal record index."""
+
+    heading: ClassVar[str] = "parties (features and sensitive attributes apart)"
+
+    topology: Topology = Field(
+        default="silos",
+        description="silos: each silo holds both divisions; divided: each silo's divisions on two nodes; "
+        "central-sensitive: one sensitive party (a census) and num-silos feature parties; general: num-silos feature "
+        "and sensitive-parties sensitive parties",
+    )
+    sensitive_parties: int = Field(
+        default=1, ge=1, le=1000, description="sensitive parties of topology general (the others fix it)"
+    )
+    share_rows: Literal["sampled", "all"] = Field(
+        default="sampled",
+        description="which records' (id, y, F, J_F) a feature party sends each round: those of its Poisson sample "
+        "(the sensitive parties cannot amplify by it: keep-rate is their only sampling), or all of them (the "
+        "sensitive parties' secret coins at keep-rate do all the sampling: keep-rate = batch-size / n_j is the silos' "
+        "amplified mechanism, at n_j rows per round)",
+        json_schema_extra=SILO,
+    )
+    keep_rate: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="q_s: each sensitive party keeps a requested record with its own secret coin at this rate (its "
+        "only amplification by sampling)",
+        json_schema_extra=SILO,
+    )
+
+    def sensitive_count(self, feature_parties: int) -> int:
+        """Sensitive nodes of the topology (0 for silos)."""
+        return {"silos": 0, "divided": feature_parties, "central-sensitive": 1}.get(
+            self.topology, self.sensitive_parties
+        )
+
+
 class ErmiOptions(OptionGroup):
     """SteFFLe's ERMI regularizer: its weight and the W player of the min-max problem."""
 

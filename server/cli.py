@@ -137,8 +137,11 @@ def _print_summary(config: RunConfig, result: dict, engine: str, metrics: dict[s
     from rich.table import Table
 
     privacy, timing = result["privacy"], result["timing"]
+    nodes = f"{config.num_silos} silos"
+    if config.sensitive_nodes:
+        nodes = f"{config.num_silos} feature and {config.sensitive_nodes} sensitive parties ({config.topology_name})"
     table = Table(
-        title=f"{config.algorithm} on {config.dataset}: {config.num_silos} silos, "
+        title=f"{config.algorithm} on {config.dataset}: {nodes}, "
         f"{result['federation']['rounds']} rounds, {engine} engine"
     )
     for col in (*metrics, "eps spent", "delta", "s/round"):

@@ -38,7 +38,7 @@ def run_job(
     if engine == "inprocess":
         from server.inprocess_grid import InProcessGrid
 
-        grid = InProcessGrid(client_app, config.num_silos, node_configs=node_configs)
+        grid = InProcessGrid(client_app, config.num_nodes, node_configs=node_configs)
         context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config.to_run_config())
         server_app(grid, context)
     elif node_configs is not None:
@@ -50,7 +50,7 @@ def run_job(
         run_simulation(
             server_app=server_app,
             client_app=client_app,
-            num_supernodes=config.num_silos,
+            num_supernodes=config.num_nodes,
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                 "init_args": {"num_cpus": cpus, "include_dashboard": False},

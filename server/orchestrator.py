@@ -19,12 +19,13 @@ continues from that checkpoint instead of starting at round 1. A run that stops 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -62,8 +63,10 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
         dirichlet_alpha=config.dirichlet_alpha,
         max_train_records=config.max_train_records,
         seed=config.seed,
+        topology=config.topology_name,
+        sensitive_parties=config.sensitive_nodes,
     )
-    nodes = _wait_for_nodes(grid, expected_silos or config.num_silos, config.round_timeout)
+    nodes = _wait_for_nodes(grid, expected_silos or config.num_nodes, config.round_timeout)
     messages = [
         Message(RecordDict({msg.CONFIG: spec.to_config_record()}), node, msg.SETUP, group_id="setup") for node in nodes
     ]
@@ -86,7 +89,41 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
     answered = {e.node_id for e in entries}
     if set(nodes) - answered:
         raise RoundError(f"setup round: no reply from nodes {sorted(set(nodes) - answered)}")
-    return Federation(silos=tuple(sorted(entries, key=lambda e: e.info.silo_id)))
+    _check_roles(config, entries)
+    ordered = sorted(entries, key=lambda e: e.info.silo_id)
+    return Federation(
+        silos=tuple(e for e in ordered if e.info.role != "sensitive"),
+        sensitive=tuple(e for e in ordered if e.info.role == "sensitive"),
+    )
+
+
+def _check_roles(config: RunConfig, entries: list[SiloEntry]) -> None:
+    """The nodes' roles fit the run: silos for topology 'silos'; else num-silos feature parties and the topology's
+    sensitive parties, for an algorithm that runs on parties."""
+    by_role: dict[str, list[SiloEntry]] = {}
+    for entry in entries:
+        by_role.setdefault(entry.info.role, []).append(entry)
+    topology = config.topology_name
+    if topology == "silos":
+        if set(by_role) - {"silo"}:
+            parties = ", ".join(e.name for e in entries if e.info.role != "silo")
+            how = (
+                "give the run the topology the parties were prepared for (topology = divided | central-sensitive | "
+                "general)"
+                if config.spec.runs_on_parties
+                else f"{config.algorithm} runs on silos only (role 'silo': both divisions on one node)"
+            )
+            raise RoundError(f"setup round: {parties} answered as separate parties but the topology is 'silos'; {how}")
+        return
+    want = {"features": config.num_silos, "sensitive": config.sensitive_nodes}
+    got = {role: len(by_role.get(role, [])) for role in ("silo", "features", "sensitive")}
+    if got["silo"] or got["features"] != want["features"] or got["sensitive"] != want["sensitive"]:
+        raise RoundError(
+            f"setup round: topology {topology!r} with num-silos={config.num_silos} needs {want['features']} feature "
+            f"and {want['sensitive']} sensitive parties, but {got['features']} feature parties, {got['sensitive']} "
+            f"sensitive parties and {got['silo']} silos answered; start each node with its role (node config 'role' "
+            "and the party's data-path)"
+        )
 
 
 def _wait_for_nodes(grid: Grid, expected: int, timeout: float) -> list[int]:
@@ -135,20 +172,30 @@ def evaluate_instruction(config: RunConfig) -> msg.EvaluateInstruction:
     return msg.EvaluateInstruction(server_round=0, model=values["model"], hidden=values.get("hidden", 64))
 
 
-def groups_round(grid: Grid, federation: Federation, instruction: msg.TrainInstruction, timeout: float) -> np.ndarray:
-    """SteFFLe's setup step: the sum over silos of their (noised) records by (sensitive group, label)."""
+def groups_round(
+    grid: Grid,
+    federation: Federation,
+    instruction: msg.TrainInstruction,
+    timeout: float,
+    *,
+    entries: Sequence[SiloEntry] | None = None,
+    records: Mapping[str, ArrayRecord] | None = None,
+) -> np.ndarray:
+    """SteFFLe's setup step: the sum over silos (or the sensitive parties `entries`, sent `records` besides the
+    instruction) of their (noised) records by (sensitive group, label)."""
     info = federation.info
+    asked = federation.silos if entries is None else entries
     shape = (info.num_groups, info.num_labels)
-    content = RecordDict({msg.CONFIG: instruction.to_config_record()})
-    messages = [Message(content, e.node_id, msg.GROUPS, group_id="groups") for e in federation.silos]
+    content = RecordDict({msg.CONFIG: instruction.to_config_record(), **(records or {})})
+    messages = [Message(content, e.node_id, msg.GROUPS, group_id="groups") for e in asked]
     total = np.zeros(shape, dtype=np.float64)
     replies = grid.send_and_receive(messages, timeout=timeout)
-    for entry, reply in collect_replies(federation, 0, replies, "groups", timeout):
+    for entry, reply in collect_replies(federation, 0, replies, "groups", timeout, asked):
         what = f"groups reply from {entry.name}"
         msg.check_records(reply.content, {msg.COUNTS, msg.REPORT}, what=what)
         report = msg.read_config(reply.content, msg.GroupsReport, record=msg.REPORT, what=what)
         if report.silo_id != entry.info.silo_id:
-            raise RoundError(f"{what}: the reply says silo {report.silo_id}")
+            raise RoundError(f"{what}: the reply says {entry.kind} {report.silo_id}")
         total += msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="float64", what=what)["counts"]
     return total
 
@@ -196,11 +243,12 @@ def run_federation(
     counts = None
     if msg.GROUPS in config.spec.silo:
         # On resume the silos are not asked again: they spent budget on their counts once (the sum is public).
-        counts = (
-            resumed.group_counts
-            if resumed is not None
-            else groups_round(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
-        )
+        counts = resumed.group_counts if resumed is not None else None
+        if resumed is None:
+            from server import parties
+
+            ask = parties.groups_round if federation.sensitive else groups_round
+            counts = ask(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
     strategy = build_strategy(config, federation, rounds, delta, group_counts=counts, engine=engine)
     info = federation.info
     history: RunHistory | None = None

@@ -55,8 +55,11 @@ class RunProgress:
         if not self.enabled:
             return
         info = federation.info
+        nodes = f"{len(federation.silos)} silos"
+        if federation.sensitive:
+            nodes = f"{len(federation.silos)} feature and {len(federation.sensitive)} sensitive parties"
         self.console.print(
-            f"[bold]{self.config.algorithm}[/] on {info.dataset}: {len(federation.silos)} silos, "
+            f"[bold]{self.config.algorithm}[/] on {info.dataset}: {nodes}, "
             f"{federation.n_train} training records, {info.num_features} features, {info.num_labels} labels, "
             f"{info.num_groups} sensitive groups; {rounds} rounds"
         )

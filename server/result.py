@@ -53,6 +53,22 @@ def build_result(
                 {"silo_id": e.info.silo_id, "node_id": e.node_id, "n_train": e.info.n_train, "n_test": e.info.n_test}
                 for e in federation.silos
             ],
+            **(
+                {
+                    "topology": config.topology_name,
+                    "sensitive_parties": [
+                        {
+                            "party_id": e.info.silo_id,
+                            "node_id": e.node_id,
+                            "n_train": e.info.n_train,
+                            "n_test": e.info.n_test,
+                        }
+                        for e in federation.sensitive
+                    ],
+                }
+                if federation.sensitive
+                else {}
+            ),
             "num_features": federation.info.num_features,
             "num_labels": federation.info.num_labels,
             "num_groups": federation.info.num_groups,

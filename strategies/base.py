@@ -43,29 +43,52 @@ class SiloEntry:
     info: msg.SiloInfo
 
     @property
+    def kind(self) -> str:
+        """The node's kind in messages: "silo", "features party" or "sensitive party"."""
+        return "silo" if self.info.role == "silo" else f"{self.info.role} party"
+
+    @property
     def name(self) -> str:
-        return f"silo {self.info.silo_id} (node {self.node_id})"
+        return f"{self.kind} {self.info.silo_id} (node {self.node_id})"
 
 
 @dataclass(frozen=True)
 class Federation:
-    """The silos of a run, sorted by silo id (the order every aggregate is summed in, for reproducibility)."""
+    """The nodes of a run, sorted by id: the silos (or feature parties), which train, and the separate sensitive
+    parties of a topology (`protocols.parties`; none when silos hold both divisions). Sorted order is the order every
+    aggregate is summed in, for reproducibility."""
 
     silos: tuple[SiloEntry, ...]
+    sensitive: tuple[SiloEntry, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.silos:
-            raise RoundError("no silo answered the setup round")
+            raise RoundError("no silo (or feature party) answered the setup round")
         first = self.silos[0].info
-        for entry in self.silos[1:]:
+        for entry in (*self.silos[1:], *self.sensitive):
             if entry.info.schema_hash != first.schema_hash:
                 raise RoundError(
                     f"{entry.name} describes its data differently from {self.silos[0].name} (features, labels or "
-                    "sensitive groups differ): every silo must be prepared with the same schema"
+                    "sensitive groups differ): every node must be prepared with the same schema"
                 )
-        ids = [e.info.silo_id for e in self.silos]
-        if len(set(ids)) != len(ids):
-            raise RoundError(f"two nodes claim the same silo id: {sorted(ids)}")
+        roles = {e.info.role for e in self.silos}
+        if len(roles) > 1:
+            raise RoundError(
+                "the federation mixes silos (both divisions on one node) and feature parties: "
+                + ", ".join(f"node {e.node_id} is a {e.info.role}" for e in self.silos)
+                + "; start every node with the same kind of data"
+            )
+        if self.sensitive and roles != {"features"}:
+            raise RoundError("sensitive parties need feature parties beside them, not silos")
+        if roles == {"features"} and not self.sensitive:
+            raise RoundError(
+                "feature parties answered but no sensitive party: the sensitive attributes are held by none; start "
+                "the sensitive party (role 'sensitive')"
+            )
+        for group in (self.silos, self.sensitive):
+            ids = [e.info.silo_id for e in group]
+            if len(set(ids)) != len(ids):
+                raise RoundError(f"two nodes claim the same {group[0].kind} id: {', '.join(e.name for e in group)}")
 
     @property
     def info(self) -> msg.SiloInfo:
@@ -77,7 +100,7 @@ class Federation:
 
     @property
     def by_node(self) -> dict[int, SiloEntry]:
-        return {e.node_id: e for e in self.silos}
+        return {e.node_id: e for e in (*self.silos, *self.sensitive)}
 
 
 @dataclass
@@ -177,34 +200,57 @@ def _json_float(value: float) -> float | str:
 
 
 def collect_replies(
-    federation: Federation, server_round: int, replies: Iterable[Message], kind: str, timeout: float
+    federation: Federation,
+    server_round: int,
+    replies: Iterable[Message],
+    kind: str,
+    timeout: float,
+    entries: Sequence[SiloEntry] | None = None,
 ) -> list[tuple[SiloEntry, Message]]:
-    """Match replies to silos; refuse the round on an error reply, an unknown sender, a duplicate or a missing silo.
+    """Match replies to the nodes asked (`entries`; default the silos); refuse the round on an error reply, an
+    unknown sender, a duplicate or a missing node.
 
-    Returned in silo-id order so that every sum is taken in the same order on every engine.
+    Returned in id order so that every sum is taken in the same order on every engine.
     """
-    by_node = federation.by_node
+    asked = tuple(federation.silos if entries is None else entries)
+    by_node = {e.node_id: e for e in asked}
     got: dict[int, Message] = {}
     for reply in replies:
         node = reply.metadata.src_node_id
         entry = by_node.get(node)
         if entry is None:
             raise RoundError(
-                f"round {server_round}: a {kind} reply came from node {node}, which is not a silo of "
-                f"this run (silos: {sorted(by_node)})"
+                f"round {server_round}: a {kind} reply came from node {node}, which was not asked "
+                f"(asked: {sorted(by_node)})"
             )
         if reply.has_error():
             raise RoundError(f"{entry.name} failed in round {server_round} ({kind}): {reply.error.reason}")
         if node in got:
             raise RoundError(f"{entry.name} answered twice in round {server_round} ({kind})")
         got[node] = reply
-    missing = [e.name for e in federation.silos if e.node_id not in got]
+    missing = [e.name for e in asked if e.node_id not in got]
     if missing:
         raise RoundError(
             f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {timeout:g} s; the "
             "server's model is kept as of the previous round"
         )
-    return [(e, got[e.node_id]) for e in federation.silos]
+    return [(e, got[e.node_id]) for e in asked]
+
+
+def evaluation_metrics(counts: np.ndarray, loss_sum: float, n: int) -> MetricRecord:
+    """A federated evaluation's metrics from the summed (group, label, prediction) counts and losses."""
+    fair = fairness_from_counts(counts)
+    return MetricRecord(
+        {
+            "accuracy": fair.accuracy,
+            "error": fair.error,
+            "loss": loss_sum / max(n, 1),
+            "dp_violation": fair.dp_violation,
+            "eo_violation": fair.eo_violation,
+            "eopp_violation": fair.eopp_violation,
+            "num_examples": n,
+        }
+    )
 
 
 class SiloflStrategy(Strategy):
@@ -248,9 +294,22 @@ class SiloflStrategy(Strategy):
         """The array records a train reply must hold, with their names and shapes."""
         return {msg.UPDATE: self.param_spec}
 
+    def read_update(self, entry: SiloEntry, reply: Message, what: str) -> dict[str, Arrays]:
+        """The checked array records of one train reply (names, shapes, dtypes, finite values: `reply_specs`)."""
+        specs = self.reply_specs()
+        msg.check_records(reply.content, {*specs, msg.REPORT}, what=what)
+        return {
+            name: msg.check_arrays(reply.content, name, spec, dtype=self.array_dtype, what=what)
+            for name, spec in specs.items()
+        }
+
     def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
         """The new model from the current one and the checked replies (in silo-id order)."""
         raise NotImplementedError
+
+    def privacy_reports(self, updates: list[SiloUpdate]) -> dict[int, msg.TrainReport]:
+        """The reports of the nodes that spend privacy budget this round, by id (the silos' train reports)."""
+        return {entry.info.silo_id: report for entry, _, report in updates}
 
     def round_lr(self, server_round: int) -> float | None:
         """The silos' learning rate in `server_round` (None for an algorithm without one, e.g. DP-mu2-FL)."""
@@ -277,18 +336,12 @@ class SiloflStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self._current is None:
             raise RoundError("aggregate_train called before configure_train")
-        specs = self.reply_specs()
         updates: list[SiloUpdate] = []
         for entry, reply in self._collect(server_round, replies, "train"):
             what = f"train reply from {entry.name} in round {server_round}"
-            msg.check_records(reply.content, {*specs, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
-            arrays = {
-                name: msg.check_arrays(reply.content, name, spec, dtype=self.array_dtype, what=what)
-                for name, spec in specs.items()
-            }
-            updates.append((entry, arrays, report))
+            updates.append((entry, self.read_update(entry, reply, what), report))
         # silofl's strategies replace their state arrays in `combine`, never change them in place: references suffice.
         before = self._state_refs()
         new = self.combine(server_round, self._current, updates)
@@ -301,9 +354,9 @@ class SiloflStrategy(Strategy):
                 f"round {server_round}: the aggregate of the silos' replies is not finite ({', '.join(bad)}); the "
                 "round is refused and the server's state kept as of the previous round (lower the learning rate?)"
             )
-        for entry, _, report in updates:
-            self.silo_reports[entry.info.silo_id] = report
-        spent = max((r.epsilon_spent for _, _, r in updates), default=0.0)
+        reports = self.privacy_reports(updates)
+        self.silo_reports.update(reports)
+        spent = max((r.epsilon_spent for r in reports.values()), default=0.0)
         metrics = MetricRecord({"epsilon-spent": spent})
         return msg.arrays_record(new), metrics
 
@@ -334,18 +387,7 @@ class SiloflStrategy(Strategy):
             total += c
             loss_sum += report.loss_sum
             n += report.num_examples
-        fair = fairness_from_counts(total)
-        return MetricRecord(
-            {
-                "accuracy": fair.accuracy,
-                "error": fair.error,
-                "loss": loss_sum / max(n, 1),
-                "dp_violation": fair.dp_violation,
-                "eo_violation": fair.eo_violation,
-                "eopp_violation": fair.eopp_violation,
-                "num_examples": n,
-            }
-        )
+        return evaluation_metrics(total, loss_sum, n)
 
     def summary(self) -> None:
         log(
@@ -460,7 +502,8 @@ class SiloflStrategy(Strategy):
     def _check_identity(silo_id: int, reply_round: int, entry: SiloEntry, server_round: int, what: str) -> None:
         if silo_id != entry.info.silo_id:
             raise RoundError(
-                f"{what}: the reply says silo {silo_id}, but node {entry.node_id} is silo {entry.info.silo_id}"
+                f"{what}: the reply says {entry.kind} {silo_id}, but node {entry.node_id} is {entry.kind} "
+                f"{entry.info.silo_id}"
             )
         if reply_round != server_round:
             raise RoundError(f"{what}: the reply is for round {reply_round}, expected {server_round}")

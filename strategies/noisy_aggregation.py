@@ -69,15 +69,25 @@ class NoisyAggregation(SiloflStrategy):
         return specs
 
     def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        g = {name: weighted_sum(self.weights, updates, msg.UPDATE, name) for name in current}
+        if self.lam == 0:
+            return self.sgda_step(server_round, current, g, None, None)
+        h = {name: weighted_sum(self.weights, updates, msg.FAIR_UPDATE, name) for name in current}
+        return self.sgda_step(server_round, current, g, h, weighted_sum(self.weights, updates, msg.FAIR_UPDATE, "w"))
+
+    def sgda_step(
+        self, server_round: int, current: Arrays, g: Arrays, h: Arrays | None, w_gradient: np.ndarray | None
+    ) -> Arrays:
+        """theta - eta_theta(t) (g + lambda h); W <- Proj(W + eta_W lambda w_gradient) (Algorithm 1, line 11)."""
         lr = self.schedule(server_round)
         out = {}
         for name, value in current.items():
-            step = weighted_sum(self.weights, updates, msg.UPDATE, name)
-            if self.lam > 0:
-                step = step + self.lam * weighted_sum(self.weights, updates, msg.FAIR_UPDATE, name)
+            step = g[name]
+            if h is not None:
+                step = step + self.lam * h[name]
             out[name] = (value.astype(np.float64) - lr * step).astype(np.float32)
-        if self.lam > 0:
-            ascent = self.w_lr * self.lam * weighted_sum(self.weights, updates, msg.FAIR_UPDATE, "w")
+        if w_gradient is not None:
+            ascent = self.w_lr * self.lam * w_gradient
             projected = project_frobenius(torch.from_numpy(self.w + ascent), self.w_radius)
             self.w = projected.numpy().astype(np.float64)
         return out
@@ -92,7 +102,10 @@ def build(inputs: StrategyInputs) -> NoisyAggregation:
 
     config, info = inputs.config, inputs.federation.info
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)
-    return NoisyAggregation(
+    kind = NoisyAggregation
+    if inputs.federation.sensitive:  # separate feature and sensitive parties (strategies/steffle_parties.py)
+        from strategies.steffle_parties import PartiesNoisyAggregation as kind
+    return kind(
         inputs.federation,
         inputs.tabular_spec(),
         schedule=step_schedule(inputs),

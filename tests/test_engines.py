@@ -71,7 +71,12 @@ def test_same_seed_same_result_and_other_seed_differs(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("algorithm", "extra"),
-    [("fedavg", {"lr": 0.1}), ("dp-fedsgd", {"epsilon": 1.0}), ("steffle", {"epsilon": 1.0, "lambda": 1.0})],
+    [
+        ("fedavg", {"lr": 0.1}),
+        ("dp-fedsgd", {"epsilon": 1.0}),
+        ("steffle", {"epsilon": 1.0, "lambda": 1.0}),
+        ("steffle", {"epsilon": 1.0, "topology": "central-sensitive"}),  # 3 feature parties and a census
+    ],
 )
 def test_ray_simulation_gives_the_inprocess_result(tmp_path, algorithm: str, extra: dict) -> None:
     config = _config(algorithm, tmp_path, rounds=3, **extra)

@@ -345,6 +345,7 @@ def test_an_instruction_carries_only_its_algorithms_fields() -> None:
 def test_silo_info_names_must_match_its_counts() -> None:
     info = dict(
         silo_id=0,
+        role="silo",
         dataset="d",
         num_features=3,
         num_labels=2,

@@ -122,6 +122,7 @@ def federation() -> Federation:
     for i, (node, n) in enumerate(zip(NODES, SIZES, strict=True)):
         info = msg.SiloInfo(
             silo_id=i,
+            role="silo",
             dataset="t",
             num_features=3,
             num_labels=2,

@@ -27,6 +27,7 @@ def _strategy(lam: float, radius: float = 10.0) -> NoisyAggregation:
     for i, n in enumerate((100, 300)):
         info = msg.SiloInfo(
             silo_id=i,
+            role="silo",
             dataset="t",
             num_features=2,
             num_labels=2,

@@ -26,6 +26,7 @@ def _federation(sizes=(100, 300)) -> Federation:
     for i, n in enumerate(sizes):
         info = msg.SiloInfo(
             silo_id=i,
+            role="silo",
             dataset="t",
             num_features=2,
             num_labels=2,

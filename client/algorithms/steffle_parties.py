@@ -119,10 +119,13 @@ def feature_party_step(
     *,
     rate: float,
     rng: np.random.Generator,
+    all_rows: bool = False,
 ) -> tuple[torch.Tensor, int, FeatureRows]:
     """Step 1 at feature party j: on a Poisson sample J_j (rate q_f) of its records, the SUM of the loss gradients
-    (flat (P,), zeros for an empty sample), |J_j| and the rows the sensitive parties need. Reads no sensitive value."""
-    idx = poisson_sample(len(ids), rate, rng)
+    (flat (P,), zeros for an empty sample), |J_j| and the rows the sensitive parties need: those of J_j, or with
+    `all_rows` those of every record (the sensitive parties then sample with their secret coins alone). Reads no
+    sensitive value."""
+    idx = poisson_idx = poisson_sample(len(ids), rate, rng)
     x, y = torch.from_numpy(features[idx]), torch.from_numpy(labels[idx])
     params = [p for _, p in model.named_parameters()]
     if len(idx):
@@ -130,8 +133,11 @@ def feature_party_step(
         grad_sum = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
     else:
         grad_sum = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    if all_rows:
+        idx = np.arange(len(ids))
+        x, y = torch.from_numpy(features), torch.from_numpy(labels)
     F, J = output_jacobians(model, x)
-    return grad_sum.detach(), len(idx), FeatureRows(np.asarray(ids)[idx].astype(np.int64), y, F, J)
+    return grad_sum.detach(), len(poisson_idx), FeatureRows(np.asarray(ids)[idx].astype(np.int64), y, F, J)
 
 
 @dataclass(frozen=True)

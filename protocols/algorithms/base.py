@@ -65,7 +65,9 @@ class Algorithm:
     options: tuple[type[BaseModel], ...]
     #: The server side: ``"module:function"``, called with a :class:`strategies.base.StrategyInputs`.
     strategy: str
-    #: The silo side: message kind (``train``, ``query.groups``, ``query.correlation``) -> ``"module:function"``.
+    #: The silo side: message kind (``train``, ``query.groups``, ``query.correlation``) -> ``"module:function"``; a
+    #: feature or sensitive party's handlers as ``"ROLE:kind"`` (``features:train``, ``sensitive:query.sensitive``:
+    #: `protocols.parties`). An algorithm without them runs on silos only.
     silo: Mapping[str, str] = field(default_factory=dict)
     #: Defaults of this algorithm that differ from the option groups' (run-config keys, kebab-case).
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -110,10 +112,15 @@ class Algorithm:
         """Whether the algorithm's silos can add noise (it takes a privacy target)."""
         return any(issubclass(group, PrivacyOptions) for group in self.options)
 
-    def silo_handler(self, kind: str) -> Callable[..., Any] | None:
-        """The silo's function for message kind `kind`, or None if the algorithm does not use that kind."""
-        ref = self.silo.get(kind)
+    def silo_handler(self, kind: str, role: str = "silo") -> Callable[..., Any] | None:
+        """The function of a node of `role` for message kind `kind`, or None if the algorithm does not use it."""
+        ref = self.silo.get(kind if role == "silo" else f"{role}:{kind}")
         return resolve(ref) if ref else None
+
+    @property
+    def runs_on_parties(self) -> bool:
+        """Whether the algorithm runs with separate feature and sensitive parties (protocols/parties.py)."""
+        return any(key.startswith("features:") for key in self.silo)
 
     def build_strategy(self, inputs: Any) -> Any:
         return resolve(self.strategy)(inputs)

@@ -20,9 +20,20 @@ from protocols.options import (
     PrivacyOptions,
     SgdOptions,
     TabularModelOptions,
+    TopologyOptions,
 )
 
 RELATION = "replace_one (the sensitive attribute of one record)"
+PARTIES_REPORT = (
+    "separate parties (../shared/specs/steffle-hybrid.md): each sensitive party owns its ledger and budget and "
+    "claims amplification by sampling only from its own secret coins (q_s = keep-rate = {keep_rate:g}; 1: none), "
+    "not from the feature parties' sample, which the feature parties and the server know; its bound holds for any "
+    "request, even the same ids every round. Assumed non-sensitive and seen by the server and every sensitive party: "
+    "record ids, labels, the model's outputs F(x_i) and their Jacobians J_F(x_i) on the records sent, the feature "
+    "parties' sample sizes and loss gradients, and the test predictions of the evaluation. For a linear model "
+    "(logreg) J_F(x_i) is a multiple of (x_i, 1): the server and the sensitive parties learn the features of the "
+    "records sent. The guarantee covers the sensitive attributes only"
+)
 
 
 def label(config: Mapping[str, Any]) -> str:
@@ -36,6 +47,34 @@ def label(config: Mapping[str, Any]) -> str:
     return "steffle" if private else "steffle (non-private)"
 
 
+SILOS_MECHANISM = (
+    "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its (group, label) "
+    "counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson sample q = m/n_j drawn by "
+    "the sensitive division: per-sample theta-gradients of psi clipped to C and the s-dependent W-gradients (radius "
+    "2/sqrt(rho)), both noised at one multiplier sigma (two releases, one composed mechanism, PLD); the loss gradient "
+    "g and the s-independent part of the W-gradient come from the non-sensitive division's own sample and are sent "
+    "in the clear (they do not depend on s)"
+)
+PARTIES_MECHANISM = (
+    "privacy of the sensitive attributes (replace-one relation), topology {topology}. Each sensitive party: a Gaussian "
+    "histogram of the (group, label) counts of the training ids it holds (labels sent by the feature parties once, in "
+    "setup; radius sqrt(2)/2, spending counts-share of epsilon), then every round, whatever it holds of the request: "
+    "each requested id it holds kept with its own secret coin at q_s = {keep_rate:g}, the SUMS of the kept records' "
+    "theta-gradients of psi (J_F^T a_i) clipped to C and of their s-dependent W-gradients (radius 2/sqrt(rho)), both "
+    "noised at one multiplier sigma (two releases, one composed mechanism, amplified by q_s only; PLD). A party that "
+    "holds none of the ids answers with noise of the same shape and scale. The feature parties add no noise: their "
+    "loss gradients and rows (id, y, F(x_i), J_F(x_i); rows of {rows}) do not depend on s"
+)
+
+
+def mechanism(config: Any) -> str:
+    """What the silos (or the sensitive parties) release, and how it is noised."""
+    if config.topology == "silos":
+        return SILOS_MECHANISM
+    rows = "every record" if config.share_rows == "all" else "their Poisson sample q_f = m/n_j"
+    return PARTIES_MECHANISM.format(topology=config.topology, keep_rate=config.keep_rate, rows=rows)
+
+
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
     """The relation, and per silo the noise it used next to the papers' closed form (Theorem 3.3).
 
@@ -47,6 +86,10 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     from protocols.privacy.closed_form import steffle_closed_form
 
     out: dict[str, Any] = {"relation": RELATION}
+    if config.topology != "silos":
+        out["parties"] = PARTIES_REPORT.format(keep_rate=config.keep_rate)
+        out["per_silo_role"] = "sensitive parties (the feature parties add no noise and spend no budget)"
+        return out
     if not config.private or not history.server_state:
         return out
     rho = float(min(np.asarray(history.server_state["prior"], dtype=np.float64).ravel()))
@@ -70,6 +113,20 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     return out
 
 
+def check(config: Any) -> None:
+    """Options of the parties that only some topologies read."""
+    if config.topology != "general" and config.sensitive_parties != 1:
+        raise ValueError(
+            f"'sensitive-parties' is for topology 'general'; topology {config.topology!r} fixes the number of "
+            "sensitive parties (drop the key)"
+        )
+    if config.topology == "silos" and config.keep_rate != 1.0:
+        raise ValueError(
+            "'keep-rate' (q_s) is the sampling rate of separate sensitive parties: give a topology other than "
+            "'silos' (divided, central-sensitive, general) or drop the key"
+        )
+
+
 SPEC = register(
     Algorithm(
         name="steffle",
@@ -82,18 +139,21 @@ SPEC = register(
             ClipOptions,
             FairnessOptions,
             ErmiOptions,
+            TopologyOptions,
         ),
         defaults=MINIBATCH_DEFAULTS,
+        check=check,
         strategy="strategies.noisy_aggregation:build",
-        silo={"train": "client.rounds.steffle:train_round", "query.groups": "client.rounds.steffle:group_counts"},
+        silo={
+            "train": "client.rounds.steffle:train_round",
+            "query.groups": "client.rounds.steffle:group_counts",
+            "features:train": "client.rounds.steffle_parties:feature_train",
+            "sensitive:query.groups": "client.rounds.steffle_parties:group_counts",
+            "sensitive:query.sensitive": "client.rounds.steffle_parties:sensitive_round",
+        },
         plots=("fairness", "privacy"),
         label=label,
         privacy_report="protocols.algorithms.steffle:privacy_report",
-        mechanism="privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its "
-        "(group, label) counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson "
-        "sample q = m/n_j drawn by the sensitive division: per-sample theta-gradients of psi clipped to C and the "
-        "s-dependent W-gradients (radius 2/sqrt(rho)), both noised at one multiplier sigma (two releases, one "
-        "composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come from "
-        "the non-sensitive division's own sample and are sent in the clear (they do not depend on s)",
+        mechanism=mechanism,
     )
 )

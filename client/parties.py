@@ -1,0 +1,110 @@
+"""What every feature or sensitive party answers, whatever the algorithm (protocols/parties.py lists the messages).
+
+* feature party: ``query.records`` (:func:`records`: the ids and labels of its training records, the ids of its test
+  records) and ``evaluate`` (:func:`feature_evaluate`: predictions on its test records, its summed loss);
+* sensitive party: ``query.coverage`` (:func:`coverage`: how many of each feature party's ids it holds) and
+  ``query.confusion`` (:func:`confusion`: the (group, label, prediction) counts of the test records it holds).
+
+The fairness metrics need s, which only sensitive parties hold: the feature parties send test predictions (id, yhat,
+y) and the sensitive parties return the counts, exact as a silo's evaluation counts are today (they describe the
+held-out test split, not the training records the DP guarantee covers; see the run's privacy report). Ids, labels
+and predictions are non-sensitive in this model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Message, RecordDict
+
+from client.data.topology import FeaturePartyData, SensitivePartyData
+from protocols import messages as msg
+from protocols import parties as pm
+from protocols.fairness_metrics import confusion_counts
+
+MAX_ROWS = 10_000_000
+MAX_PARTIES = 1000
+
+
+def records(party: FeaturePartyData, message: Message) -> RecordDict:
+    """The feature party's record ids (and training labels), for the server's coverage check and the sensitive
+    parties' group counts."""
+    msg.check_records(message.content, {msg.CONFIG}, what=f"records query to feature party {party.party_id}")
+    return RecordDict(
+        {
+            pm.TRAIN_ROWS: pm.int_record(ids=party.train_ids, labels=party.train.labels),
+            pm.TEST_ROWS: pm.int_record(ids=party.test_ids),
+        }
+    )
+
+
+def coverage(party: SensitivePartyData, message: Message) -> RecordDict:
+    """Per feature party, how many of its train and test ids this party holds (ids are public; s is not read)."""
+    what = f"coverage query to sensitive party {party.party_id}"
+    msg.check_records(message.content, {msg.CONFIG, pm.TRAIN_ROWS, pm.TEST_ROWS}, what=what)
+    rows = {
+        split: pm.read_columns(message.content, record, ("ids", "owner"), max_rows=MAX_ROWS, what=what)
+        for split, record in (("train", pm.TRAIN_ROWS), ("test", pm.TEST_ROWS))
+    }
+    owners = np.concatenate([r["owner"] for r in rows.values()])
+    if owners.size and not 0 <= int(owners.min()) <= int(owners.max()) < MAX_PARTIES:
+        raise msg.MessageError(f"{what}: 'owner' must be a feature party index in 0..{MAX_PARTIES - 1}")
+    width = int(owners.max()) + 1 if owners.size else 0
+    held = {"train": party.train_ids, "test": party.test_ids}
+    counts = {
+        split: np.bincount(r["owner"][np.isin(r["ids"], held[split])], minlength=width) for split, r in rows.items()
+    }
+    return RecordDict({msg.COUNTS: pm.int_record(**counts)})
+
+
+def feature_evaluate(model: torch.nn.Module, party: FeaturePartyData, instr: msg.EvaluateInstruction) -> RecordDict:
+    """Predictions on the party's test records (id, y, yhat) and the summed loss; the sensitive parties count them."""
+    from protocols.models import loss_fn
+
+    x = torch.from_numpy(party.test.features)
+    y = torch.from_numpy(party.test.labels)
+    with torch.no_grad():
+        logits = model(x)
+        loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
+        predictions = logits.argmax(dim=1).numpy()
+    report = msg.EvaluateReport(
+        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(y), loss_sum=loss_sum
+    )
+    return RecordDict(
+        {
+            pm.ROWS: pm.int_record(ids=party.test_ids, labels=party.test.labels, predictions=predictions),
+            msg.REPORT: report.to_metric_record(),
+        }
+    )
+
+
+def confusion(party: SensitivePartyData, message: Message) -> RecordDict:
+    """Counts by (group, label, prediction) of the requested test ids this party holds (num-examples: how many)."""
+    what = f"confusion query to sensitive party {party.party_id}"
+    msg.check_records(message.content, {msg.CONFIG, pm.ROWS}, what=what)
+    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    info = party.info
+    rows = pm.read_columns(message.content, pm.ROWS, ("ids", "labels", "predictions"), max_rows=MAX_ROWS, what=what)
+    pm.check_ids(rows["ids"], what)
+    for name in ("labels", "predictions"):
+        values = rows[name]
+        if values.size and (int(values.min()) < 0 or int(values.max()) >= info.num_labels):
+            raise msg.MessageError(f"{what}: '{pm.ROWS}.{name}' must be in 0..{info.num_labels - 1}")
+    order = np.argsort(party.test_ids, kind="stable")
+    held = np.flatnonzero(np.isin(rows["ids"], party.test_ids))
+    groups = party.test_groups[order[np.searchsorted(party.test_ids[order], rows["ids"][held])]]
+    counts = confusion_counts(groups, rows["labels"][held], rows["predictions"][held], info.num_groups, info.num_labels)
+    report = msg.EvaluateReport(
+        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(held), loss_sum=0.0
+    )
+    return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
+
+
+def role_error(role: str, kind: str, node: str) -> msg.MessageError:
+    """A message a node of `role` does not answer (the server sent it to the wrong party)."""
+    answers = {
+        pm.FEATURES: "query.setup, query.records, train, evaluate",
+        pm.SENSITIVE: "query.setup, query.coverage, query.groups, query.sensitive, query.confusion",
+        pm.SILO: "the silo messages (query.setup, query.groups, query.correlation, train, evaluate)",
+    }[role]
+    return msg.MessageError(f"{node} has role {role!r} and does not answer {kind!r} messages; it answers {answers}")

@@ -1,0 +1,206 @@
+"""SteFFLe's server with separate feature and sensitive parties (../shared/specs/steffle-hybrid.md, "One round";
+SteFFLe Section 4 and Appendix F): the same SGDA step as :class:`strategies.noisy_aggregation.NoisyAggregation`,
+with two exchanges through the server per round.
+
+1. theta_t -> every feature party j; reply: the mean loss gradient g_j over its Poisson sample J_j (rate
+   q_f = m / n_j), and the rows (id, y, F(x_i), J_F(x_i)) of the sampled records (of all, `share-rows = all`;
+   `client.rounds.steffle_parties.feature_train`).
+2. W_t, the prior and all rows -> EVERY sensitive party, every round; reply: the noised sums of the clipped
+   d psi / d theta and of the s-dependent d psi / d W over the ids it holds (pure noise of the same shape if it holds
+   none; `client.rounds.steffle_parties.sensitive_round`).
+3. g = sum_j (n_j / n) g_j (weighted as the silo mode weights silos);
+   h = (sum over c of the noisy sums) / (q_s * the rows sent) (`combine_sensitive_sums` of
+   `client.algorithms.steffle_parties`);
+   the s-independent part of the W-gradient, -2 W (.) F_i, from the rows (`client.algorithms.steffle.w_gradient_base`,
+   the mean over all sampled rows); then theta and W as in the silo mode.
+
+The server needs no map from ids to sensitive parties: it broadcasts. Evaluation: the feature parties send test
+predictions (id, y, yhat), the sensitive parties count them by group (`client.parties`).
+
+The privacy reports of a round are the sensitive parties' (they alone read s and add noise); result.json's
+`per_silo` block lists them by party id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from protocols import messages as msg
+from protocols import parties as pm
+from protocols.ermi import GroupPrior
+from strategies.base import (
+    Arrays,
+    RoundError,
+    SiloEntry,
+    SiloUpdate,
+    collect_replies,
+    evaluation_metrics,
+    weighted_sum,
+)
+from strategies.noisy_aggregation import NoisyAggregation
+
+
+class PartiesNoisyAggregation(NoisyAggregation):
+    """NoisyAggregation over feature parties (`federation.silos`) and sensitive parties (`federation.sensitive`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._grid: Grid | None = None
+        self._sensitive_reports: dict[int, msg.TrainReport] = {}
+        self._num_params = sum(int(np.prod(shape)) for _, shape in self.param_spec)
+
+    # -- step 1: the feature parties ---------------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._grid = grid  # step 2 of the round is sent from aggregate_train
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        return {msg.MODEL: arrays}  # W and the prior go to the sensitive parties only
+
+    def read_update(self, entry: SiloEntry, reply: Message, what: str) -> dict[str, Arrays]:
+        msg.check_records(reply.content, {msg.UPDATE, pm.ROWS, pm.OUTPUTS, msg.REPORT}, what=what)
+        info = entry.info
+        rows = pm.read_columns(reply.content, pm.ROWS, ("ids", "labels"), max_rows=info.n_train, what=what)
+        pm.check_ids(rows["ids"], what)
+        if rows["labels"].size and (rows["labels"].min() < 0 or rows["labels"].max() >= info.num_labels):
+            raise RoundError(f"{what}: labels outside 0..{info.num_labels - 1}")
+        outputs, jacobians = pm.read_outputs(
+            reply.content, rows=len(rows["ids"]), num_labels=info.num_labels, num_params=self._num_params, what=what
+        )
+        update = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, what=what)
+        return {msg.UPDATE: update, pm.ROWS: rows, pm.OUTPUTS: {"outputs": outputs, "jacobians": jacobians}}
+
+    # -- steps 2 and 3 -----------------------------------------------------------------------------------------------
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        from client.algorithms.steffle import w_gradient_base
+        from client.algorithms.steffle_parties import combine_sensitive_sums
+
+        sampled = [len(arrays[pm.ROWS]["ids"]) for _, arrays, _ in updates]
+        g = {name: weighted_sum(self.weights, updates, msg.UPDATE, name) for name in current}
+        if self.lam == 0:
+            return self.sgda_step(server_round, current, g, None, None)
+        ids = np.concatenate([arrays[pm.ROWS]["ids"] for _, arrays, _ in updates])
+        if np.unique(ids).size != ids.size:
+            raise RoundError(f"round {server_round}: two feature parties sampled the same record id")
+        labels = np.concatenate([arrays[pm.ROWS]["labels"] for _, arrays, _ in updates])
+        outputs = np.concatenate([arrays[pm.OUTPUTS]["outputs"] for _, arrays, _ in updates])
+        jacobians = np.concatenate([arrays[pm.OUTPUTS]["jacobians"] for _, arrays, _ in updates])
+        sums = self._ask_sensitive(server_round, ids, labels, outputs, jacobians)
+        keep_rate = float(self.instruction.keep_rate)
+        h_theta, h_w = combine_sensitive_sums(sums, sum(sampled), keep_rate)
+        prior = GroupPrior(self.instruction.fairness, self.prior.astype(np.float64), num_labels=self.prior_labels)
+        w_base = w_gradient_base(
+            torch.from_numpy(outputs).double(), torch.from_numpy(labels), torch.from_numpy(self.w), prior
+        )
+        h, offset = {}, 0
+        for name, shape in self.param_spec:
+            size = int(np.prod(shape))
+            h[name] = h_theta[offset : offset + size].reshape(shape).numpy()
+            offset += size
+        return self.sgda_step(server_round, current, g, h, w_base.numpy() + h_w.numpy())
+
+    @property
+    def prior_labels(self) -> int:
+        return self.federation.info.num_labels
+
+    def _ask_sensitive(
+        self, server_round: int, ids: np.ndarray, labels: np.ndarray, outputs: np.ndarray, jacobians: np.ndarray
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Step 2: every sensitive party's noised sums (float64 tensors), in party-id order; their reports kept."""
+        if self._grid is None:
+            raise RoundError("aggregate_train called before configure_train")
+        content = {
+            msg.FAIRNESS: msg.arrays_record({"w": self.w.astype(np.float32), "prior": self.prior}),
+            pm.ROWS: pm.int_record(ids=ids, labels=labels),
+            pm.OUTPUTS: msg.arrays_record({"outputs": outputs, "jacobians": jacobians}),
+            msg.CONFIG: self.train_instruction(server_round),
+        }
+        federation = self.federation
+        messages = [
+            Message(RecordDict(dict(content)), e.node_id, pm.SENSITIVE_QUERY, group_id=str(server_round))
+            for e in federation.sensitive
+        ]
+        replies = self._grid.send_and_receive(messages, timeout=self.timeout)
+        kind = pm.SENSITIVE_QUERY
+        spec = [("theta", (self._num_params,)), ("w", tuple(self.w.shape))]
+        sums, reports = [], {}
+        for entry, reply in collect_replies(
+            federation, server_round, replies, kind, self.timeout, federation.sensitive
+        ):
+            what = f"sensitive reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.FAIR_UPDATE, msg.REPORT}, what=what)
+            report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            fair = msg.check_arrays(reply.content, msg.FAIR_UPDATE, spec, what=what)
+            sums.append((torch.from_numpy(fair["theta"]).double(), torch.from_numpy(fair["w"]).double()))
+            reports[entry.info.silo_id] = report
+        self._sensitive_reports = reports
+        return sums
+
+    def privacy_reports(self, updates: list[SiloUpdate]) -> dict[int, msg.TrainReport]:
+        """The sensitive parties' reports (the feature parties release nothing that depends on s)."""
+        return dict(self._sensitive_reports)
+
+    # -- evaluation --------------------------------------------------------------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._grid = grid
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The feature parties' predictions, counted by group at the sensitive parties; every test record counted
+        once."""
+        if self._grid is None:
+            raise RoundError("aggregate_evaluate called before configure_evaluate")
+        info = self.federation.info
+        columns, loss_sum, n = [], 0.0, 0
+        for entry, reply in self._collect(server_round, replies, "evaluate"):
+            what = f"evaluate reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {pm.ROWS, msg.REPORT}, what=what)
+            report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            rows = pm.read_columns(
+                reply.content, pm.ROWS, ("ids", "labels", "predictions"), max_rows=entry.info.n_test, what=what
+            )
+            if len(rows["ids"]) != report.num_examples:
+                raise RoundError(f"{what}: {len(rows['ids'])} predictions for num-examples={report.num_examples}")
+            columns.append(rows)
+            loss_sum += report.loss_sum
+            n += report.num_examples
+        rows = {key: np.concatenate([c[key] for c in columns]) for key in ("ids", "labels", "predictions")}
+        instruction = self.eval_instruction.model_copy(update={"server_round": server_round}).to_config_record()
+        content = {pm.ROWS: pm.int_record(**rows), msg.CONFIG: instruction}
+        messages = [
+            Message(RecordDict(dict(content)), e.node_id, pm.CONFUSION, group_id=f"eval-{server_round}")
+            for e in self.federation.sensitive
+        ]
+        replies = self._grid.send_and_receive(messages, timeout=self.timeout)
+        shape = (info.num_groups, info.num_labels, info.num_labels)
+        total = np.zeros(shape, dtype=np.int64)
+        for entry, reply in collect_replies(
+            self.federation, server_round, replies, pm.CONFUSION, self.timeout, self.federation.sensitive
+        ):
+            what = f"confusion reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.COUNTS, msg.REPORT}, what=what)
+            report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)[
+                "counts"
+            ]
+            if (counts < 0).any() or int(counts.sum()) != report.num_examples:
+                raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
+            total += counts
+        if int(total.sum()) != n:
+            raise RoundError(
+                f"round {server_round}: the sensitive parties counted {int(total.sum())} of the {n} test predictions; "
+                "every test record's sensitive value must be held by exactly one sensitive party"
+            )
+        return evaluation_metrics(total, loss_sum, n)

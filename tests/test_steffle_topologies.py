@@ -1,0 +1,342 @@
+"""SteFFLe with separate feature and sensitive parties, end to end through the real ServerApp and ClientApp
+(../shared/specs/steffle-hybrid.md): every topology runs; what the parties send, checked on the real messages; divided
+against silos; bad federations refused before anything private is computed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+
+from client import silo_data
+from client.app import app as client_app
+from protocols import messages as msg
+from protocols import parties as pm
+from protocols.config import RunConfig
+from server.engines import run_job
+from server.inprocess_grid import InProcessGrid, deliver
+from server.orchestrator import run_federation
+from strategies.base import RoundError
+
+
+def _config(**extra) -> RunConfig:
+    values = {
+        "algorithm": "steffle",
+        "dataset": "synthetic",
+        "num-silos": 3,
+        "rounds": 4,
+        "eval-every": 2,
+        "epsilon": 1.0,
+    } | extra
+    return RunConfig.parse(values)
+
+
+class RecordingGrid(InProcessGrid):
+    """The in-process engine, keeping every message delivered and every reply (after the copy a transport makes)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[Message, Message]] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        self.log += [(m, by_node[m.metadata.dst_node_id]) for m in messages if m.metadata.dst_node_id in by_node]
+        return replies
+
+
+def _run(config: RunConfig) -> tuple[dict, RecordingGrid]:
+    grid = RecordingGrid(client_app, config.num_nodes)
+    return run_federation(grid, config), grid
+
+
+def _roles(grid: InProcessGrid, config: RunConfig) -> dict[int, str]:
+    return {
+        node: pm.simulated_role(
+            int(grid.context(node).node_config["partition-id"]), config.num_silos, config.sensitive_nodes
+        )[0]
+        for node in grid.get_node_ids()
+    }
+
+
+def _arrays(record) -> dict[str, np.ndarray]:
+    return {name: a.numpy() for name, a in record.items()} if isinstance(record, ArrayRecord) else {}
+
+
+@pytest.mark.parametrize(
+    ("topology", "extra", "sensitive"),
+    [("divided", {}, 3), ("central-sensitive", {}, 1), ("general", {"sensitive-parties": 2, "keep-rate": 0.5}, 2)],
+)
+def test_every_topology_runs_with_each_sensitive_party_spending_its_own_budget(topology, extra, sensitive) -> None:
+    config = _config(topology=topology, **extra)
+    result = run_job(config, progress=False)
+    assert 0.5 < result["final"]["accuracy"] <= 1 and result["final"]["dp_violation"] is not None
+    assert result["federation"]["topology"] == topology
+    assert len(result["federation"]["sensitive_parties"]) == sensitive
+    per_party = result["privacy"]["per_silo"]
+    assert len(per_party) == sensitive  # the sensitive parties' ledgers: the feature parties add no noise
+    for report in per_party.values():
+        assert 0 < report["epsilon_spent"] <= 1.0 and report["rounds_answered"] == 4
+        assert report["sampling_rate"] == config.keep_rate  # its own secret coins, its only amplification
+    assert "secret coins" in result["privacy"]["parties"]
+
+
+def test_no_message_leaving_a_feature_party_carries_a_sensitive_value(monkeypatch) -> None:
+    """Every feature-party reply has only the protocol's records, and the feature parties' setup and round-1
+    replies are bit-identical when every sensitive value is flipped: they depend on no s."""
+    config = _config(topology="central-sensitive", rounds=1)
+    _, grid = _run(config)
+    flipped = _flip_groups(monkeypatch, config, lambda groups: 1 - groups)
+    _, grid_flipped = _run(config)
+    roles = _roles(grid, config)
+    allowed = {msg.UPDATE, pm.ROWS, pm.OUTPUTS, msg.REPORT, pm.TRAIN_ROWS, pm.TEST_ROWS}
+    feature_replies = 0
+    for (sent, reply), (sent_f, reply_f) in zip(grid.log, grid_flipped.log, strict=True):
+        assert sent.metadata.message_type == sent_f.metadata.message_type
+        if roles[sent.metadata.dst_node_id] != pm.FEATURES:
+            continue
+        feature_replies += 1
+        assert set(reply.content.keys()) <= allowed, sent.metadata.message_type
+        if sent.metadata.message_type == msg.EVALUATE:
+            continue  # after round 1 the model (post-processing of the noised h) differs
+        for name, record in reply.content.items():
+            for key, value in _arrays(record).items():
+                np.testing.assert_array_equal(value, _arrays(reply_f.content[name])[key], err_msg=f"{name}.{key}")
+    assert feature_replies >= 3 * 3 and flipped["count"] > 0  # setup, records, train of 3 parties
+
+
+def _flip_groups(monkeypatch, config: RunConfig, change) -> dict[str, int]:
+    """Make every simulated sensitive party hold changed groups (`change(groups) -> groups`)."""
+    real = silo_data._parties.__wrapped__
+    seen = {"count": 0}
+
+    def changed(spec):
+        features, sensitive = real(spec)
+        out = []
+        for party in sensitive:
+            groups = change(party.train_groups.copy())
+            seen["count"] += int((groups != party.train_groups).sum())
+            out.append(dataclasses.replace(party, train_groups=groups.astype(np.int64)))
+        return features, tuple(out)
+
+    monkeypatch.setattr(silo_data, "_parties", changed)
+    return seen
+
+
+def test_one_records_sensitive_value_changes_only_noised_fields(monkeypatch) -> None:
+    """Setup and round 1 with one record's s changed: only the sensitive party's noised releases differ (its
+    group counts and its fair-update sums), each by at most its sensitivity; every other field is identical."""
+    config = _config(topology="central-sensitive", rounds=1, fairness="dp")
+    _, grid = _run(config)
+
+    def one(groups):
+        groups[0] = 1 - groups[0]
+        return groups
+
+    _flip_groups(monkeypatch, config, one)
+    _, grid_changed = _run(config)
+    changed = set()
+    for (sent, reply), (_, reply_c) in zip(grid.log, grid_changed.log, strict=True):
+        if sent.metadata.message_type == msg.EVALUATE:
+            continue
+        for name, record in reply.content.items():
+            for key, value in _arrays(record).items():
+                other = _arrays(reply_c.content[name])[key]
+                if not np.array_equal(value, other):
+                    changed.add((sent.metadata.message_type, name, key))
+                    delta = float(np.linalg.norm(value.astype(np.float64) - other.astype(np.float64)))
+                    bound = {"counts": math.sqrt(2), "theta": 2 * config.clip}.get(key, 2 * 2 / math.sqrt(1e-3))
+                    assert delta <= bound * (1 + 1e-4), (name, key, delta)
+    assert changed <= {
+        (msg.GROUPS, msg.COUNTS, "counts"),
+        (pm.SENSITIVE_QUERY, msg.FAIR_UPDATE, "theta"),
+        (pm.SENSITIVE_QUERY, msg.FAIR_UPDATE, "w"),
+    }
+    assert (msg.GROUPS, msg.COUNTS, "counts") in changed  # the record was counted: the test saw the change
+
+
+def _fresh_sensitive_node(config: RunConfig, node_config: dict) -> Context:
+    """A sensitive node that has answered the setup round of `config`."""
+    context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
+    from server.orchestrator import setup_round  # noqa: F401  (the DataSpec the server sends)
+
+    spec = msg.DataSpec(
+        dataset=config.dataset,
+        num_silos=config.num_silos,
+        seed=config.seed,
+        topology=config.topology,
+        sensitive_parties=config.sensitive_nodes,
+    )
+    reply = client_app(Message(RecordDict({msg.CONFIG: spec.to_config_record()}), 7, msg.SETUP), context)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    return context
+
+
+def test_a_sensitive_partys_reply_has_the_same_shape_and_noise_whether_or_not_it_holds_the_ids() -> None:
+    config = _config(topology="central-sensitive", rounds=2)
+    _, grid = _run(config)
+    sent = next(m for m, _ in grid.log if m.metadata.message_type == pm.SENSITIVE_QUERY)
+    node_config = dict(grid.context(sent.metadata.dst_node_id).node_config)
+
+    def ask(shift_ids: bool) -> RecordDict:
+        content = RecordDict(dict(sent.content.items()))
+        rows = _arrays(content[pm.ROWS])
+        if shift_ids:  # ids no party holds: the answer is pure (dummy) noise
+            rows["ids"] = rows["ids"] + 10**9
+        content[pm.ROWS] = pm.int_record(**rows)
+        reply = client_app(Message(content, 7, pm.SENSITIVE_QUERY), _fresh_sensitive_node(config, node_config))
+        assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+        return reply.content
+
+    held, none = ask(False), ask(True)
+    assert set(held.keys()) == set(none.keys())
+    for key, value in _arrays(held[msg.FAIR_UPDATE]).items():
+        assert value.shape == _arrays(none[msg.FAIR_UPDATE])[key].shape and value.dtype == np.float32
+    report_held = msg.read_config(held, msg.TrainReport, record=msg.REPORT)
+    report_none = msg.read_config(none, msg.TrainReport, record=msg.REPORT)
+    assert report_held == report_none  # the same noise multiplier, epsilon, sampling rate
+    theta = _arrays(none[msg.FAIR_UPDATE])["theta"].astype(np.float64)
+    expected = report_none.noise_multiplier * config.clip
+    assert 0.8 < theta.std() / expected < 1.2 and abs(theta.mean()) < 4 * expected / math.sqrt(theta.size)
+
+
+def test_divided_gives_the_silos_results_over_seeds() -> None:
+    """`divided` with every row shared and the sensitive party's secret coins at q = m / n_j is the silos'
+    mechanism over the network: the same distribution of results (here, per seed, nearly the same numbers)."""
+    n_j = 2000 // 3  # synthetic: 2000 training records over 3 silos (mean)
+    results = {"silos": [], "divided": []}
+    for seed in range(3):
+        common = {"seed": seed, "rounds": 12, "eval-every": 12, "batch-size": 64}
+        results["silos"].append(run_job(_config(**common), progress=False)["final"])
+        divided = _config(topology="divided", **{"share-rows": "all", "keep-rate": 64 / n_j}, **common)
+        results["divided"].append(run_job(divided, progress=False)["final"])
+    for metric in ("accuracy", "dp_violation"):
+        silos = np.array([r[metric] for r in results["silos"]])
+        divided = np.array([r[metric] for r in results["divided"]])
+        assert abs(silos.mean() - divided.mean()) < 0.02, (metric, silos, divided)
+
+
+def test_a_feature_partys_ids_not_held_by_any_sensitive_party_stop_the_run_before_any_budget_is_spent(
+    monkeypatch,
+) -> None:
+    config = _config(topology="central-sensitive")
+    real = silo_data._parties.__wrapped__
+
+    def missing(spec):
+        features, sensitive = real(spec)
+        party = sensitive[0]
+        drop = np.isin(party.train_ids, features[1].train_ids[:5])
+        return features, (
+            dataclasses.replace(party, train_ids=party.train_ids[~drop], train_groups=party.train_groups[~drop]),
+        )
+
+    monkeypatch.setattr(silo_data, "_parties", missing)
+    grid = RecordingGrid(client_app, config.num_nodes)
+    with pytest.raises(RoundError, match=r"features party 1 .*5 of its \d+ train record ids are held by no sensitive"):
+        run_federation(grid, config)
+    kinds = {m.metadata.message_type for m, _ in grid.log}
+    assert msg.GROUPS not in kinds and pm.SENSITIVE_QUERY not in kinds  # nothing private was asked
+
+
+def test_ids_held_by_two_sensitive_parties_are_refused(monkeypatch) -> None:
+    config = _config(topology="general", **{"sensitive-parties": 2})
+    real = silo_data._parties.__wrapped__
+
+    def twice(spec):
+        features, (a, b) = real(spec)
+        extra = a.train_ids[:3]
+        b = dataclasses.replace(
+            b,
+            train_ids=np.concatenate([b.train_ids, extra]),
+            train_groups=np.concatenate([b.train_groups, a.train_groups[:3]]),
+        )
+        return features, (a, b)
+
+    monkeypatch.setattr(silo_data, "_parties", twice)
+    with pytest.raises(RoundError, match=r"held .* times by the sensitive parties"):
+        run_federation(InProcessGrid(client_app, config.num_nodes), config)
+
+
+def test_topology_options_belong_to_steffle_and_fit_the_topology() -> None:
+    from protocols.config import ConfigError
+
+    with pytest.raises(ConfigError, match="topology"):
+        RunConfig.parse({"algorithm": "mu2fl", "dataset": "synthetic", "rounds": 2, "topology": "divided"})
+    with pytest.raises(ConfigError, match="'sensitive-parties' is for topology 'general'"):
+        _config(topology="divided", **{"sensitive-parties": 2})
+    with pytest.raises(ConfigError, match="'keep-rate'"):
+        _config(**{"keep-rate": 0.5})
+    assert _config(topology="general", **{"sensitive-parties": 4}).num_nodes == 7
+
+
+def test_a_node_with_a_party_role_in_a_silos_run_is_refused_naming_it() -> None:
+    config = _config(rounds=1)
+    configs = [{}, {}, {pm.ROLE_KEY: "sensitive"}]
+    with pytest.raises(RoundError, match=r"has role 'sensitive' but the run's topology is 'silos'"):
+        run_federation(InProcessGrid(client_app, 3, node_configs=configs), config)
+
+
+def test_silofl_run_with_a_topology_shows_the_parties(tmp_path, capsys) -> None:
+    from server.cli import main
+
+    code = main(
+        ["run", "steffle", "--topology", "central-sensitive", "--rounds", "3", "--epsilon", "1", "--out", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "3 feature and 1 sensitive parties" in out
+    assert (tmp_path / "result.json").is_file()
+
+
+def test_without_noise_or_fairness_term_every_topology_gives_the_silos_numbers_evaluated_through_the_parties() -> None:
+    """lambda = 0 and epsilon = inf: the feature parties take the silos' steps on the same Poisson samples, and the
+    evaluation counted by group at the sensitive parties equals the silos' own counts, metric for metric."""
+    common = {"epsilon": math.inf, "lambda": 0.0, "rounds": 6, "eval-every": 3}
+    silos = run_job(_config(**common), progress=False)
+    for topology, extra in (("divided", {}), ("central-sensitive", {}), ("general", {"sensitive-parties": 2})):
+        parties = run_job(_config(topology=topology, **common, **extra), progress=False)
+        assert parties["final"] == silos["final"], topology
+        assert [r.get("accuracy") for r in parties["rounds"]] == [r.get("accuracy") for r in silos["rounds"]]
+
+
+@pytest.mark.parametrize("fairness", ["eo", "eopp"])
+def test_equalized_odds_and_equal_opportunity_run_on_parties(fairness: str) -> None:
+    """P_{S|Y} from the sensitive parties' histograms over the labels the feature parties sent in setup; W has one
+    block per label (eo) or the positive label's (eopp)."""
+    result = run_job(_config(topology="general", fairness=fairness, **{"sensitive-parties": 2}), progress=False)
+    assert result["config"]["fairness"] == fairness
+    assert np.asarray(result["server_state"]["prior"]).shape == (2, 2)  # (labels, groups)
+    assert 0.5 < result["final"]["accuracy"] <= 1 and math.isfinite(result["final"]["eo_violation"])
+    assert all(0 < p["epsilon_spent"] <= 1.0 for p in result["privacy"]["per_silo"].values())
+
+
+def test_a_sensitive_party_refuses_past_its_budget_and_charges_nothing_more() -> None:
+    """The census's operator caps its epsilon (node config `epsilon-budget`) below the run's: its noise is
+    calibrated to the cap, and a server that keeps asking past the announced rounds is refused, naming the party,
+    with its ledger unchanged."""
+    config = _config(topology="central-sensitive", rounds=3)
+    _, grid = _run(config)
+    sent = next(m for m, _ in grid.log if m.metadata.message_type == pm.SENSITIVE_QUERY)
+    node_config = dict(grid.context(sent.metadata.dst_node_id).node_config) | {"epsilon-budget": 0.4}
+    context = _fresh_sensitive_node(config, node_config)
+    instruction = msg.read_instruction(sent.content)
+    spent, refused = [], None
+    for server_round in range(1, 20):
+        content = RecordDict(dict(sent.content.items()))
+        content[msg.CONFIG] = instruction.model_copy(update={"server_round": server_round}).to_config_record()
+        reply = deliver(client_app, Message(content, 7, pm.SENSITIVE_QUERY), context)
+        if reply.has_error():
+            refused = reply.error.reason
+            break
+        spent.append(msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT).epsilon_spent)
+    assert refused is not None, "the sensitive party answered 19 rounds on a budget calibrated for 3"
+    assert "BudgetExceededError" in refused and "sensitive party 0" in refused
+    assert len(spent) >= 3 and max(spent) <= 0.4 * (1 + 1e-9)
+    ledger = dict(context.state["silofl.ledger"])
+    content[msg.CONFIG] = instruction.model_copy(update={"server_round": server_round + 1}).to_config_record()
+    assert deliver(client_app, Message(content, 7, pm.SENSITIVE_QUERY), context).has_error()
+    assert dict(context.state["silofl.ledger"]) == ledger
