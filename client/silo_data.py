@@ -106,6 +106,7 @@ def _parties(spec: DataSpec) -> tuple[tuple, tuple]:
         feature_parties=spec.num_silos,
         sensitive_parties=spec.sensitive_parties,
         seed=spec.seed,
+        sensitive_by=spec.sensitive_by,
         **_split(spec),
     )
     if spec.max_train_records:

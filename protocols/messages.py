@@ -112,6 +112,7 @@ class DataSpec(_Schema):
     #: sensitive ones; "silos": none apart (every node holds both divisions).
     topology: Literal["silos", "divided", "central-sensitive", "general"] = "silos"
     sensitive_parties: int = Field(default=0, ge=0, le=1000)
+    sensitive_by: str = Field(default="", max_length=200)
 
 
 class SiloInfo(_Schema):

@@ -231,6 +231,12 @@ class TopologyOptions(OptionGroup):
     sensitive_parties: int = Field(
         default=1, ge=1, le=1000, description="sensitive parties of topology general (the others fix it)"
     )
+    sensitive_by: str = Field(
+        default="",
+        max_length=200,
+        description="topology general: deal the ids to the sensitive parties by this feature column (categorical: "
+        "one value per party, round robin; numeric: equal-frequency bins) instead of at random",
+    )
     share_rows: Literal["sampled", "all"] = Field(
         default="sampled",
         description="which records' (id, y, F, J_F) a feature party sends each round: those of its Poisson sample "

@@ -65,6 +65,7 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
         seed=config.seed,
         topology=config.topology_name,
         sensitive_parties=config.sensitive_nodes,
+        sensitive_by=str(getattr(config, "sensitive_by", "")),
     )
     nodes = _wait_for_nodes(grid, expected_silos or config.num_nodes, config.round_timeout)
     messages = [

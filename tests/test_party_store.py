@@ -81,6 +81,10 @@ def test_a_node_with_the_wrong_role_or_a_bad_directory_is_refused(parties, tmp_p
             ["--topology", "general", "--sensitive-parties", "2"],
             ["features_0", "features_1", "features_2", "sensitive_0", "sensitive_1"],
         ),
+        (
+            ["--topology", "general", "--sensitive-parties", "2", "--sensitive-by", "age"],
+            ["features_0", "features_1", "features_2", "sensitive_0", "sensitive_1"],
+        ),
     ],
 )
 def test_silofl_data_split_writes_one_directory_per_party(argv, dirs, tmp_path: Path, capsys) -> None:
@@ -106,6 +110,9 @@ def test_silofl_data_split_writes_one_directory_per_party(argv, dirs, tmp_path: 
         (["--topology", "general"], "needs --sensitive-parties"),
         (["--topology", "divided", "--sensitive-parties", "2"], "--sensitive-parties is for --topology general"),
         (["--sensitive-parties", "2"], "--sensitive-parties is for --topology general"),
+        (["--sensitive-by", "age"], "--sensitive-by is for --topology general"),
+        (["--topology", "central-sensitive", "--sensitive-by", "age"], "--sensitive-by is for --topology general"),
+        (["--topology", "general", "--sensitive-parties", "2", "--sensitive-by", "zip"], "'zip' is not a feature"),
         (["--topology", "star"], "invalid choice"),
     ],
 )

@@ -69,7 +69,12 @@ def _arrays(record) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     ("topology", "extra", "sensitive"),
-    [("divided", {}, 3), ("central-sensitive", {}, 1), ("general", {"sensitive-parties": 2, "keep-rate": 0.5}, 2)],
+    [
+        ("divided", {}, 3),
+        ("central-sensitive", {}, 1),
+        ("general", {"sensitive-parties": 2, "keep-rate": 0.5}, 2),
+        ("general", {"sensitive-parties": 3, "sensitive-by": "age"}, 3),  # one census office per age band
+    ],
 )
 def test_every_topology_runs_with_each_sensitive_party_spending_its_own_budget(topology, extra, sensitive) -> None:
     config = _config(topology=topology, **extra)

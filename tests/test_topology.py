@@ -92,3 +92,35 @@ def test_bad_topologies_and_party_sets_are_refused_naming_the_party(ds) -> None:
         dataclasses.replace(sensitive[0], train_ids=np.zeros(len(sensitive[0].train_ids), dtype=np.int64))
     with pytest.raises(DataError, match="one id per record"):
         dataclasses.replace(features[0], train_ids=features[0].train_ids[:-1])
+
+
+def test_general_deals_ids_by_a_numeric_column_in_equal_frequency_bins(ds) -> None:
+    features, sensitive = split_parties(
+        ds, "general", feature_parties=2, sensitive_parties=3, seed=0, sensitive_by="age"
+    )
+    age = ds.train.nonsensitive.features[:, ds.info.feature_names.index("age")]
+    sizes = [len(s.train_ids) for s in sensitive]
+    assert max(sizes) - min(sizes) <= 0.05 * len(age)  # equal-frequency bins (ages tie, so not exactly equal)
+    ranges = [(age[s.train_ids].min(), age[s.train_ids].max()) for s in sensitive]
+    assert ranges[0][1] <= ranges[1][0] and ranges[1][1] <= ranges[2][0]  # party c holds the c-th age bin
+    assert sum(len(s.test_ids) for s in sensitive) == len(ds.test)
+    check_parties(features, sensitive)
+
+
+def test_general_deals_ids_by_a_categorical_column_one_value_per_party(data_dir) -> None:
+    adult = load_dataset("adult", data_dir=data_dir, seed=0)
+    races = [n for n in adult.info.feature_names if n.startswith("race=")]
+    _, sensitive = split_parties(
+        adult, "general", feature_parties=3, sensitive_parties=len(races), seed=0, sensitive_by="race"
+    )
+    x = adult.train.nonsensitive.features
+    for party, race in zip(sensitive, races, strict=True):
+        column = x[:, adult.info.feature_names.index(race)]
+        np.testing.assert_array_equal(party.train_ids, np.flatnonzero(column > 0), err_msg=race)  # one per race
+
+
+def test_dealing_by_a_column_names_the_columns_when_it_is_not_one(ds) -> None:
+    with pytest.raises(DataError, match=r"'zip' is not a feature column of synthetic; choose one of age, x1"):
+        split_parties(ds, "general", feature_parties=2, sensitive_parties=2, sensitive_by="zip")
+    with pytest.raises(DataError, match="topology 'general', not 'divided'"):
+        split_parties(ds, "divided", feature_parties=2, sensitive_parties=2, sensitive_by="age")

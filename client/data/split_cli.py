@@ -116,6 +116,13 @@ def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="S",
         help="sensitive parties of --topology general (ids dealt at random with --seed); default: as the topology",
     )
+    split.add_argument(
+        "--sensitive-by",
+        default="",
+        metavar="COL",
+        help="--topology general: deal the ids to the sensitive parties by this feature column (categorical: one "
+        "value per party, round robin; numeric: equal-frequency bins) instead of at random",
+    )
     split.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
     split.add_argument("--overwrite", action="store_true", help="replace silo directories already in DIR")
     split.set_defaults(func=split_command)
@@ -164,6 +171,8 @@ def _split_parties(args: argparse.Namespace, console: Console) -> None:
     defaults = {"divided": args.silos, "central-sensitive": 1}
     if args.sensitive_parties and args.topology != "general":
         raise DataError(f"--sensitive-parties is for --topology general; {args.topology!r} fixes the number")
+    if args.sensitive_by and args.topology != "general":
+        raise DataError(f"--sensitive-by is for --topology general; {args.topology!r} fixes who holds which id")
     count = args.sensitive_parties or defaults.get(args.topology, 0)
     if count < 1:
         raise DataError("--topology general needs --sensitive-parties S (S >= 1)")
@@ -187,6 +196,7 @@ def _split_parties(args: argparse.Namespace, console: Console) -> None:
         classes_per_silo=args.classes_per_silo,
         dirichlet_alpha=args.dirichlet_alpha,
         seed=args.seed,
+        sensitive_by=args.sensitive_by,
     )
     _prepare_out(args.out, args.overwrite)
     for party in features:
@@ -220,8 +230,9 @@ def split_command(args: argparse.Namespace) -> int:
         if args.topology != "silos":
             _split_parties(args, console)
             return 0
-        if args.sensitive_parties:
-            raise DataError("--sensitive-parties is for --topology general")
+        for flag, given in (("--sensitive-parties", args.sensitive_parties), ("--sensitive-by", args.sensitive_by)):
+            if given:
+                raise DataError(f"{flag} is for --topology general")
         ds, silos = load_federation(
             args.dataset,
             args.silos,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -63,6 +64,12 @@ class SensitivePartyData:
     train_groups: np.ndarray
     test_ids: np.ndarray
     test_groups: np.ndarray
+
+    @cached_property
+    def sorted_train(self) -> tuple[np.ndarray, np.ndarray]:
+        """(train ids ascending, their groups): what a round's lookup searches, sorted once per party."""
+        order = np.argsort(self.train_ids, kind="stable")
+        return self.train_ids[order], self.train_groups[order]
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -107,11 +114,12 @@ def split_parties(
     classes_per_silo: int = 2,
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
+    sensitive_by: str = "",
 ) -> tuple[list[FeaturePartyData], list[SensitivePartyData]]:
     """The parties of `topology` over `ds`: feature parties by the silo split, sensitive parties by the preset
     (``divided``: party k holds the ids of feature party k; ``central-sensitive``: one party holds every id;
-    ``general``: `sensitive_parties` parties, ids dealt at random with `seed`). ``silos`` has no separate parties:
-    use :func:`client.data.partition.partition_dataset`."""
+    ``general``: `sensitive_parties` parties, ids dealt at random with `seed`, or by the column `sensitive_by`:
+    :func:`deal_by_column`). ``silos`` has no separate parties: use :func:`client.data.partition.partition_dataset`."""
     if topology not in TOPOLOGIES:
         raise DataError(f"topology {topology!r} is not one of {', '.join(TOPOLOGIES)}")
     if topology == "silos":
@@ -125,6 +133,8 @@ def split_parties(
         raise DataError(f"topology 'central-sensitive' has one sensitive party, got {sensitive_parties}")
     if sensitive_parties < 1:
         raise DataError(f"sensitive_parties must be >= 1, got {sensitive_parties}")
+    if sensitive_by and topology != "general":
+        raise DataError(f"sensitive_by deals ids to the sensitive parties of topology 'general', not {topology!r}")
     parts = partition_dataset_indices(
         ds,
         feature_parties,
@@ -152,11 +162,14 @@ def split_parties(
     elif topology == "central-sensitive":
         deal = [(np.arange(len(train_ids)), np.arange(len(test_ids)))]
     else:  # general: independent of the feature split
-        rng = np.random.default_rng([seed, 18])
-        to_train, to_test = (
-            rng.integers(0, sensitive_parties, len(train_ids)),
-            rng.integers(0, sensitive_parties, len(test_ids)),
-        )
+        if sensitive_by:
+            to_train, to_test = deal_by_column(ds, sensitive_by, sensitive_parties)
+        else:
+            rng = np.random.default_rng([seed, 18])
+            to_train, to_test = (
+                rng.integers(0, sensitive_parties, len(train_ids)),
+                rng.integers(0, sensitive_parties, len(test_ids)),
+            )
         deal = [(np.flatnonzero(to_train == c), np.flatnonzero(to_test == c)) for c in range(sensitive_parties)]
     sensitive = [
         SensitivePartyData(
@@ -166,6 +179,35 @@ def split_parties(
     ]
     check_parties(features, sensitive)
     return features, sensitive
+
+
+def deal_by_column(ds: TabularDataset, column: str, parties: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sensitive party of each train and test record by a feature column (e.g. one census office per region):
+    for a categorical column (one-hot features ``COLUMN=value``) the k-th value, in the order of the features, goes to
+    party k mod `parties` (a record with none of the values, to the party after the last value's); for a numeric
+    column, `parties` equal-frequency bins of its training values (the first bin to party 0). Raises DataError
+    naming the column and the dataset's columns if it is neither."""
+    names = ds.info.feature_names
+    onehot = [i for i, name in enumerate(names) if name.startswith(f"{column}=")]
+    if onehot:
+
+        def party(features: np.ndarray) -> np.ndarray:
+            block = features[:, onehot]
+            value = np.where(block.max(axis=1) > 0, block.argmax(axis=1), len(onehot))
+            return (value % parties).astype(np.int64)
+
+        return party(ds.train.nonsensitive.features), party(ds.test.nonsensitive.features)
+    if column in names:
+        at = names.index(column)
+        train, test = ds.train.nonsensitive.features[:, at], ds.test.nonsensitive.features[:, at]
+        edges = np.quantile(train, np.linspace(0, 1, parties + 1)[1:-1])
+        return np.searchsorted(edges, train, side="right").astype(np.int64), np.searchsorted(
+            edges, test, side="right"
+        ).astype(np.int64)
+    columns = sorted({name.split("=", 1)[0] for name in names})
+    raise DataError(
+        f"sensitive_by {column!r} is not a feature column of {ds.info.name}; choose one of {', '.join(columns)}"
+    )
 
 
 def _nonsensitive(division: NonSensitiveDivision, idx: np.ndarray) -> NonSensitiveDivision:

@@ -120,6 +120,11 @@ def check(config: Any) -> None:
             f"'sensitive-parties' is for topology 'general'; topology {config.topology!r} fixes the number of "
             "sensitive parties (drop the key)"
         )
+    if config.topology != "general" and config.sensitive_by:
+        raise ValueError(
+            f"'sensitive-by' deals the ids to the sensitive parties of topology 'general'; topology "
+            f"{config.topology!r} fixes who holds which id (drop the key)"
+        )
     if config.topology == "silos" and config.keep_rate != 1.0:
         raise ValueError(
             "'keep-rate' (q_s) is the sampling rate of separate sensitive parties: give a topology other than "
