@@ -142,7 +142,10 @@ def feature_party_step(
 
 @dataclass(frozen=True)
 class SensitiveParty:
-    """What sensitive party c holds: its ids S_c and their groups (aligned). The only place s is read."""
+    """What sensitive party c holds: its ids S_c and their groups (aligned). The only place s is read.
+
+    Kept sorted by id (sorted here unless given sorted: a party that answers every round builds it from its data's
+    cached sorted arrays, `SensitivePartyData.sorted_train`, so a round costs a lookup, not a sort)."""
 
     ids: np.ndarray
     groups: np.ndarray
@@ -150,16 +153,24 @@ class SensitiveParty:
     def __post_init__(self) -> None:
         if self.ids.shape != self.groups.shape or self.ids.ndim != 1:
             raise ValueError(f"ids {self.ids.shape} and groups {self.groups.shape} must be aligned 1-D arrays")
-        if len(np.unique(self.ids)) != len(self.ids):
-            raise ValueError("a sensitive party holds a record id twice")
+        if not _strictly_increasing(self.ids):
+            order = np.argsort(self.ids, kind="stable")
+            object.__setattr__(self, "ids", self.ids[order])
+            object.__setattr__(self, "groups", self.groups[order])
+            if not _strictly_increasing(self.ids):
+                raise ValueError("a sensitive party holds a record id twice")
 
     def lookup(self, requested: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions in `requested` of the ids this party holds, their groups): R_c = S_c intersect requested."""
-        order = np.argsort(self.ids, kind="stable")
-        sorted_ids = self.ids[order]
-        positions = np.flatnonzero(np.isin(requested, sorted_ids)).astype(np.int64)
-        where = np.searchsorted(sorted_ids, requested[positions])
-        return positions, self.groups[order[where]].astype(np.int64)
+        if not len(self.ids):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        where = np.minimum(np.searchsorted(self.ids, requested), len(self.ids) - 1)
+        positions = np.flatnonzero(self.ids[where] == requested).astype(np.int64)
+        return positions, self.groups[where[positions]].astype(np.int64)
+
+
+def _strictly_increasing(ids: np.ndarray) -> bool:
+    return bool(np.all(ids[1:] > ids[:-1]))
 
 
 def sensitive_party_step(

@@ -131,7 +131,7 @@ def group_counts(
     rows = pm.read_columns(message.content, pm.TRAIN_ROWS, ("ids", "labels"), max_rows=MAX_ROWS, what=what)
     pm.check_ids(rows["ids"], what)
     _labels_in_range(rows["labels"], info.num_labels, what)
-    positions, groups = algo.SensitiveParty(party.train_ids, party.train_groups).lookup(rows["ids"])
+    positions, groups = algo.SensitiveParty(*party.sorted_train).lookup(rows["ids"])
     counts = np.zeros((info.num_groups, info.num_labels), dtype=np.float64)
     np.add.at(counts, (groups, rows["labels"][positions]), 1.0)
     plan = plan_for(context, instr)
@@ -171,7 +171,7 @@ def sensitive_round(
         )
     keys = _keys(party.party_id, instr, instr.server_round)
     theta, w_sum = algo.sensitive_party_step(
-        algo.SensitiveParty(party.train_ids, party.train_groups),
+        algo.SensitiveParty(*party.sorted_train),
         algo.FeatureRows(
             rows["ids"], torch.from_numpy(rows["labels"]), torch.from_numpy(outputs), torch.from_numpy(jacobians)
         ),
