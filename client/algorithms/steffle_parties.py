@@ -38,7 +38,7 @@ from torch.func import functional_call, jacrev, vmap
 from client.algorithms.dp_fedsgd import poisson_sample
 from client.algorithms.steffle import w_radius_of
 from protocols.ermi import GroupPrior, psi_output_cotangents, psi_w_gradients
-from protocols.models import clip_factors, loss_fn
+from protocols.models import TabularModel, clip_factors, loss_fn
 from protocols.privacy.gaussian import GaussianMechanism
 
 
@@ -94,8 +94,11 @@ class FeatureRows:
 
 
 def output_jacobians(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(F, J): F(x_i) = softmax(model(x_i)) (n, l) and d F(x_i) / d theta (n, l, P), per record via ``torch.func``
-    (``vmap(jacrev(...))``), flattened in the model's parameter order."""
+    """(F, J): F(x_i) = softmax(model(x_i)) (n, l) and d F(x_i) / d theta (n, l, P), flattened in the model's
+    parameter order: in closed form for silofl's tabular models (:func:`tabular_output_jacobians`), else per record
+    via ``torch.func`` (``vmap(jacrev(...))``)."""
+    if isinstance(model, TabularModel):
+        return tabular_output_jacobians(model, x)
     params = {name: p.detach() for name, p in model.named_parameters()}
 
     def outputs(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
@@ -109,6 +112,29 @@ def output_jacobians(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, t
     jac = vmap(jacrev(outputs), in_dims=(None, 0))(params, x)  # {name: (n, l, *shape)}
     n, l_out = F.shape
     return F, torch.cat([jac[name].reshape(n, l_out, -1) for name in params], dim=2)
+
+
+def tabular_output_jacobians(model: TabularModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F, J) of :func:`output_jacobians` for a :class:`protocols.models.TabularModel`, by the chain rule instead of
+    one reverse pass per record and output (a whole-row request, `share-rows = all`, is n_j records every round).
+
+    With logits = to_logits(z), z = head(h), h = x (logistic regression) or relu(a), a = hidden(x):
+    dF/dlogits = diag(F) - F F^T; G = dF/dz (the binary head's logits are [0, z]: column 1); the head's weight
+    Jacobian is G (x) h and its bias' G; the hidden layer's, with G_h = (G W_head) * [a > 0], G_h (x) x and G_h.
+    """
+    with torch.no_grad():
+        a = None if model.hidden is None else model.hidden(x)
+        h = x if a is None else torch.relu(a)
+        F = torch.softmax(model.to_logits(model.head(h)), dim=-1)
+        n, l_out = F.shape
+        d_logits = torch.diag_embed(F) - F[:, :, None] * F[:, None, :]  # (n, l, l)
+        G = d_logits[:, :, 1:] if model.num_labels == 2 else d_logits  # (n, l, k)
+        parts = []
+        if a is not None:
+            G_h = (G @ model.head.weight) * (a > 0).to(G.dtype)[:, None, :]  # (n, l, H)
+            parts += [(G_h[..., None] * x[:, None, None, :]).reshape(n, l_out, -1), G_h]
+        parts += [(G[..., None] * h[:, None, None, :]).reshape(n, l_out, -1), G]
+        return F, torch.cat(parts, dim=2)
 
 
 def feature_party_step(
