@@ -345,3 +345,24 @@ def test_a_sensitive_party_refuses_past_its_budget_and_charges_nothing_more() ->
     content[msg.CONFIG] = instruction.model_copy(update={"server_round": server_round + 1}).to_config_record()
     assert deliver(client_app, Message(content, 7, pm.SENSITIVE_QUERY), context).has_error()
     assert dict(context.state["silofl.ledger"]) == ledger
+
+
+def test_party_folders_given_to_an_algorithm_that_runs_on_silos_only_are_refused_naming_it(tmp_path) -> None:
+    """Nodes started on party folders (a census and two banks) asked to run dp-fedsgd: the setup round stops the
+    run with the algorithm named, before anything private is asked."""
+    from client.data.loaders import load_dataset
+    from client.data.party_store import save_party
+    from client.data.topology import split_parties
+
+    features, sensitive = split_parties(load_dataset("synthetic", seed=0), "central-sensitive", feature_parties=2)
+    configs = []
+    for party in (*features, *sensitive):
+        role = pm.FEATURES if party in features else pm.SENSITIVE
+        folder = tmp_path / f"{role}_{party.party_id}"
+        save_party(party, folder, num_parties=len(features) if role == pm.FEATURES else 1)
+        configs.append({"data-path": str(folder), pm.ROLE_KEY: role})
+    config = RunConfig.parse({"algorithm": "dp-fedsgd", "num-silos": 2, "rounds": 2, "epsilon": 1.0})
+    grid = RecordingGrid(client_app, 3, node_configs=configs)
+    with pytest.raises(RoundError, match=r"separate parties .* dp-fedsgd runs on silos only"):
+        run_federation(grid, config)
+    assert {m.metadata.message_type for m, _ in grid.log} == {msg.SETUP}
