@@ -581,6 +581,139 @@ def steffle_section(result: SweepResult, doc_dir: Path) -> list[str]:
     return lines
 
 
+# -- SteFFLe with the sensitive attributes held apart (issue 18, ../shared/specs/steffle-hybrid.md) ---------------
+
+#: The topology sweep: (name = sweep file stem = run folder, dataset, fairness notion).
+TOPOLOGY_SWEEP = ("steffle_adult_topologies", "adult", "dp")
+TOPOLOGY_HEADING = "## SteFFLe with separate sensitive parties: silos, divided, central-sensitive"
+MU2_HEADING = "## DP-mu2-FL: the paper's Tables 1 and 2 (MNIST)"
+
+
+def noise_on_h(folder: Path) -> float | None:
+    """The std per coordinate of the noise on the server's h_theta in one round (the fairness gradient that enters
+    theta's step as lambda h), from a run's result.json: silos: sqrt(sum_j (w_j sigma_j C / (q_j n_j))^2), w_j = n_j/n
+    (each silo's noised sum over its own sample divided by q_j n_j, averaged with weights w_j); separate parties:
+    sqrt(sum_c sigma_c^2) C / (q_s R), R the rows sent per round (3 m expected with sampled rows, n with all rows).
+    None for a non-private run or one without the fairness term."""
+    result = _read_json(folder / "result.json")
+    config, privacy = result.get("config") or {}, result.get("privacy") or {}
+    per = list((privacy.get("per_silo") or {}).values())
+    if not per or float(config.get("lambda", 0)) == 0 or not math.isfinite(float(privacy.get("epsilon_target", 0))):
+        return None
+    clip = float(config.get("clip", 1.0))
+    if str(config.get("topology", "silos")) == "silos":
+        n = sum(p["n_train"] for p in per)
+        return clip * math.sqrt(
+            sum((p["n_train"] / n * p["noise_multiplier"] / (p["sampling_rate"] * p["n_train"])) ** 2 for p in per)
+        )
+    features = (result.get("federation") or {}).get("silos") or []
+    rows = (
+        sum(f["n_train"] for f in features)
+        if config.get("share-rows") == "all"
+        else int(config["batch-size"]) * len(features)
+    )
+    keep = float(config.get("keep-rate", 1.0))
+    return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (keep * rows)
+
+
+def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
+    """Markdown of the topology comparison: its figure, and per (epsilon, curve, lambda) the error, violation, the
+    noise each topology puts on h and the seconds per round (each mean ± sd over seeds)."""
+    name, dataset, fairness = TOPOLOGY_SWEEP
+    folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
+    command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
+    lines = [
+        TOPOLOGY_HEADING,
+        "",
+        "The same SteFFLe mechanism with the sensitive attributes at separate parties (`--topology`, "
+        "../shared/specs/steffle-hybrid.md): `silos` (each silo holds both divisions), `divided` (each silo's "
+        "sensitive division on a node of its own) and `central-sensitive` (one census-style party holding every "
+        "record's sensitive attribute, 3 feature parties). A separate sensitive party knows which records the "
+        "feature parties sampled, so it claims amplification only from its own secret coins (`keep-rate` q_s): with "
+        "`share-rows sampled` it gets the rows of the feature parties' samples (3 x 256 per round) and its noise "
+        "multiplier is that of T un-amplified (q_s = 1) or q_s-subsampled Gaussian releases over those rows; with "
+        "`share-rows all` it gets every record's row each round and keeps each with its coin at q_s = 3 m / n, "
+        "which restores the silos' amplification at n rows per round (bytes and seconds: "
+        "`benchmarks/steffle_parties.py`, benchmarks/README.md).",
+        "",
+    ]
+    if not folder.is_dir():
+        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
+    records, incomplete = plots.load_runs([folder])
+    metric = plots.FAIRNESS_METRIC[fairness]
+    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
+    files = _records_files(records)
+    state = f"{len(records)} completed runs in `{_rel(folder)}`" + (
+        f", {incomplete} incomplete skipped" if incomplete else ""
+    )
+    from server.sweep import SweepError, load_sweep, run_state
+
+    try:
+        expected = load_sweep(sweep_file, out=folder).runs
+        done = sum(run_state(run) == "finished" for run in expected)
+        state += f"; the sweep file has {len(expected)} runs, {done} finished"
+    except (SweepError, OSError) as exc:
+        state += f"; the sweep file does not load: {exc}"
+    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only topologies", "```", ""]
+    lines += [f"Runs: {state}. Grid: {_grid_text(records)}.", ""]
+    if not records:
+        return lines, files
+    drawn = [(f"topologies-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
+    for path in plots.save_figures(drawn, figures, ("png",)):
+        lines += [f"![SteFFLe topologies: fairness violation vs test error]({_rel(path, doc_dir)})", ""]
+    for _, fig in drawn:
+        fig.clear()
+    lines += [
+        f"Test error and {plots.METRIC_LABELS[metric]} (mean ± sd over seeds); noise on h: the std per coordinate "
+        "of the noise on the server's fairness gradient h_theta in one round (`noise_on_h`: the silos' or the "
+        "sensitive parties' noise multipliers sigma, times C, over the records the sum is divided by), the cost "
+        "each topology pays for its privacy; sensitive-side sigma and its sampling rate; seconds per round of the "
+        "run on the in-process engine (`timing.seconds_per_round`, two runs at a time on 2 cores).",
+        "",
+        "| epsilon | topology | q_s | lambda | seeds | test error | violation | noise on h | sigma (rate) | s/round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
+    for r in records:
+        key = (r.epsilon, r.method, _fmt(r.get("keep-rate")), plots._float(r.get("lambda")))
+        groups[key].append(r)
+    order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
+    for (eps, _, keep, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
+        error = plots.mean_sd([r.final["error"] for r in runs])
+        violation = plots.mean_sd([r.final[metric] for r in runs])
+        noise = [v for r in runs if (v := noise_on_h(r.folder)) is not None]
+        result = _read_json(runs[0].folder / "result.json")
+        per = list(((result.get("privacy") or {}).get("per_silo") or {}).values())
+        sigma = f"{per[0]['noise_multiplier']:.3g} ({per[0]['sampling_rate']:.3g})" if per and lam > 0 else "-"
+        seconds = plots.mean_sd(
+            [float(_read_json(r.folder / "result.json")["timing"]["seconds_per_round"]) for r in runs]
+        )
+        topology = str(runs[0].get("topology") or "silos")
+        rows = ", all rows" if runs[0].get("share-rows") == "all" else ""
+        noise_text = f"{statistics.mean(noise):.4f}" if noise else "-"
+        lines.append(
+            f"| {_fmt(eps)} | {topology}{rows} | {keep if topology != 'silos' else '-'} | {_fmt(lam)} | {len(runs)} | "
+            f"{error[0]:.4f} ± {error[1]:.4f} | {violation[0]:.4f} ± {violation[1]:.4f} | {noise_text} | {sigma} | "
+            f"{seconds[0]:.3f} |"
+        )
+    return [*lines, ""], files
+
+
+def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
+    """`document` with its `heading` section (up to the next heading of the same level) replaced by `section`, or
+    with `section` inserted before the heading `before` (at the end if that is missing too)."""
+    level = heading.split(" ", 1)[0] + " "
+    text = "\n".join(section).rstrip() + "\n\n"
+    lines = document.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == heading]
+    if starts:
+        start = starts[0]
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(level)), len(lines))
+        return "".join(lines[:start]) + text + "".join(lines[end:])
+    at = next((i for i, line in enumerate(lines) if line.rstrip("\n") == before), len(lines))
+    return "".join(lines[:at]) + text + "".join(lines[at:])
+
+
 def _claim_name(baseline: str) -> str:
     return {"tran": "Tran et al.", "fedfdp": "FedFDP"}.get(baseline, baseline)
 
@@ -783,7 +916,7 @@ def mu2_section(
     sweep_cells = mu2_cells_from_runs(records)
     cache_cells = mu2_cells_from_cache(cache)
     files = RunFiles()
-    lines = ["## DP-mu2-FL: the paper's Tables 1 and 2 (MNIST)", ""]
+    lines = [MU2_HEADING, ""]
     sweep_command = f"{DATA_ENV} silofl sweep {_rel(sweep_files / 'mu2_mnist.toml', ROOT)}"
     if sweep_cells and (expected is None or len(records) >= expected or not cache_cells):
         cells, source = sweep_cells, f"the run folders of `{_rel(folder)}` ({len(records)} completed runs"
@@ -1051,6 +1184,8 @@ def header(files: Mapping[str, RunFiles], now: dt.datetime) -> list[str]:
         "sections whose runs are missing say so and name the command that makes them.",
         "",
         "Contents: [SteFFLe](#steffle-fairness-violation-vs-test-error), "
+        "[SteFFLe with separate sensitive parties]"
+        "(#steffle-with-separate-sensitive-parties-silos-divided-central-sensitive), "
         "[DP-mu2-FL](#dp-mu2-fl-the-papers-tables-1-and-2-mnist), "
         "[FedSC](#fedsc-vs-fedavgsc-fashion-mnist-10-silos-x-1-class-cpu-scale).",
         "",
@@ -1088,9 +1223,12 @@ def build_document(
     for result in results:
         body += steffle_section(result, doc_dir)
     body += summary_section(results)
+    topology_lines, topology_files = topology_section(sweeps, sweep_files, figures, doc_dir)
+    body += topology_lines
     mu2_lines, mu2_files = mu2_section(sweeps, mu2_cache, figures, doc_dir, sweep_files)
     fedsc_lines, fedsc_files = fedsc_section(sweeps, fedsc_runs, figures, doc_dir, sweep_files)
     files = {r.name: r.files for r in results}
+    files[TOPOLOGY_SWEEP[0]] = topology_files
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files
     now = now or dt.datetime.now().astimezone()
@@ -1106,12 +1244,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--figures", default="", help="folder of the PNG figures (default: <out's folder>/figures)")
     parser.add_argument("--mu2-cells", default="runs/mu2_tables", help="benchmarks/mu2_tables.py's cell cache")
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
+    parser.add_argument(
+        "--only",
+        choices=["topologies"],
+        help="regenerate only this section of the existing document from its runs (the others stay as they are)",
+    )
     args = parser.parse_args(argv)
     import matplotlib
 
     matplotlib.use("Agg")
     out = Path(args.out)
     figures = Path(args.figures) if args.figures else out.parent / "figures"
+    if args.only == "topologies":
+        if not out.is_file():
+            parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
+        section, files = topology_section(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
+        out.write_text(replace_section(out.read_text(), TOPOLOGY_HEADING, section, MU2_HEADING))
+        print(f"wrote the section '{TOPOLOGY_HEADING[3:]}' of {out} ({files.runs} runs)")
+        return 0
     text, results = build_document(
         sweeps=Path(args.sweeps),
         sweep_files=Path(args.sweep_files),
