@@ -1,12 +1,18 @@
 """`silofl silo start`: how one site joins a deployed federation by hand.
 
     silofl silo start --data DIR --superlink HOST:PORT [--root-certificates CA.crt --auth-key silo_k.key | --insecure]
-        [--epsilon-budget E] [--state-dir DIR] [--allow-trusted-server] [--deterministic-noise] [--clientapp-port N]
-        [--dry-run]
+        [--role silo|features|sensitive] [--epsilon-budget E] [--state-dir DIR] [--allow-trusted-server]
+        [--deterministic-noise] [--clientapp-port N] [--dry-run]
 
-It loads the silo folder (written by `silofl data split`) once, so that a bad folder fails here with the file named
+It loads the data folder (written by `silofl data split`) once, so that a bad folder fails here with the file named
 instead of at the first message of a run, prints the exact `flower-supernode` command and replaces itself with it
 (`os.execve`): the SuperNode then owns the process id, its signals and its exit code.
+
+The folder is a silo's (`silo_k`: both divisions of its records, role ``silo``) or a party's (`silofl data split
+--topology ...` writes `features_k`: record ids, features and labels; `sensitive_c`: record ids and sensitive groups;
+../shared/specs/steffle-hybrid.md). The node's role is the one the folder's info.json names; `--role` states it
+explicitly and must agree with the folder (a bank's node started on the census bureau's data, or the other way
+round, is refused here, before the SuperNode exists).
 
 Secure by default: TLS (the federation's CA certificate, `--root-certificates`) and SuperNode authentication (the
 site's OpenSSH ECDSA private key, `--auth-key`; its public key must be registered on the SuperLink with
@@ -14,7 +20,8 @@ site's OpenSSH ECDSA private key, `--auth-key`; its public key must be registere
 deprecates `--auth-supernode-public-key`, so only the private key is passed. `--insecure` (plain gRPC, no
 authentication) must be asked for explicitly and excludes both.
 
-The node config carries the settings the ClientApp reads: `data-path` (:mod:`client.silo_data`), `epsilon-budget` and
+The node config carries the settings the ClientApp reads: `data-path` and `role` (:mod:`client.silo_data`: `node_role`
+reads `role`, default ``silo``, so it is only written for a feature or sensitive party), `epsilon-budget` and
 `state-dir` (:mod:`client.privacy_state`: the folder where the silo keeps its ledger and answers across restarts,
 docs/FAULTS.md), `allow-trusted-server` (:mod:`client.rounds.mu2fl`), `deterministic-noise` (:mod:`client.randomness`).
 """
@@ -30,13 +37,30 @@ import sys
 from pathlib import Path
 
 __all__ = [
+    "ROLES",
     "RUNTIME_ENV",
     "SiloStartError",
     "add_silo_parser",
+    "choose_role",
+    "folder_role",
     "node_config_string",
     "silo_start_command",
     "supernode_command",
 ]
+
+# The node config key and its values, as `protocols.parties` (ROLE_KEY, ROLES) defines them; not imported from there
+# because that module imports flwr, and this command must start without it.
+ROLE_KEY = "role"
+ROLES: tuple[str, ...] = ("silo", "features", "sensitive")
+_HOLDS = {
+    "silo": "a silo's data: both divisions of its records",
+    "features": "a feature party's data: record ids, features and labels",
+    "sensitive": "a sensitive party's data: record ids and sensitive groups",
+}
+_AS = {"silo": "a silo", "features": "a feature party", "sensitive": "a sensitive party"}
+# info.json `format` of a silo folder and of a party folder (client.data.silo_store.FORMAT, party_store.FORMAT;
+# copied so that reading a folder's role imports no numpy).
+SILO_FORMAT, PARTY_FORMAT = "silofl-silo", "silofl-party"
 
 RUNTIME_ENV: dict[str, str] = {
     # A SuperNode installs nothing unless asked (`--allow-runtime-dependency-installation`); the variable also
@@ -85,13 +109,20 @@ def node_config_string(
     *,
     state_dir: Path | None = None,
     allow_trusted_server: bool = False,
+    role: str | None = None,
 ) -> str:
-    """The `--node-config` value: `data-path='...'` (absolute), and the optional privacy settings.
+    """The `--node-config` value: `data-path='...'` (absolute), `role='features'` or `role='sensitive'` for a party
+    (nothing for a silo, the ClientApp's default, so a silo's node config is what it was before parties), and the
+    optional privacy settings.
 
     Flower parses it as space-separated `key=value` pairs whose values are TOML; the path is a TOML literal string
     (single quotes, no escapes), so it may contain spaces but not a single quote.
     """
     parts = [f"data-path={_literal_path(data, '--data')}"]
+    if role is not None and role not in ROLES:
+        raise SiloStartError(f"--role {role!r}: choose one of {', '.join(ROLES)}")
+    if role not in (None, "silo"):
+        parts.append(f"{ROLE_KEY}='{role}'")
     if epsilon_budget is not None:
         if not (epsilon_budget > 0) or math.isnan(epsilon_budget):
             raise SiloStartError(f"--epsilon-budget must be a positive number, got {epsilon_budget}")
@@ -106,8 +137,49 @@ def node_config_string(
     return " ".join(parts)
 
 
+def folder_role(data: Path) -> str | None:
+    """The role a data folder was written for: ``silo`` (a silo folder), ``features`` or ``sensitive`` (a party
+    folder's info.json `role`); None when its info.json is missing or unreadable (loading the folder says why)."""
+    import json
+
+    try:
+        info = json.loads((Path(data).expanduser() / "info.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    if info.get("format") == SILO_FORMAT:
+        return "silo"
+    if info.get("format") == PARTY_FORMAT and info.get("role") in ROLES:
+        return str(info["role"])
+    return None
+
+
+def choose_role(data: Path, requested: str | None) -> str:
+    """The node's role: `requested` (`--role`) if given, else the folder's; SiloStartError naming both and the fix
+    when they disagree."""
+    if requested is not None and requested not in ROLES:
+        raise SiloStartError(f"--role {requested!r}: choose one of {', '.join(ROLES)}")
+    written = folder_role(data)
+    if requested is None:
+        return written or "silo"
+    if written is not None and written != requested:
+        where = Path(data).expanduser().resolve()
+        fix = (
+            "a silo's folder (`silofl data split ... --out DIR` writes DIR/silo_K)"
+            if requested == "silo"
+            else f"{_AS[requested]}'s folder (`silofl data split ... --topology ...` writes DIR/{requested}_K)"
+        )
+        raise SiloStartError(
+            f"--role {requested}, but --data {where} holds {_HOLDS[written]} (info.json: role {written!r}). "
+            f"Drop --role to start this node as {_AS[written]}, or point --data at {fix}"
+        )
+    return requested
+
+
 def supernode_command(args: argparse.Namespace) -> list[str]:
     """The `flower-supernode` command line for a parsed `silofl silo start` (no side effects beyond file checks)."""
+    role = choose_role(args.data, getattr(args, "role", None))
     superlink = _check_address(str(args.superlink))
     command = [getattr(args, "supernode_executable", None) or "flower-supernode", "--superlink", superlink]
     if args.insecure:
@@ -137,32 +209,47 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
             args.deterministic_noise,
             state_dir=getattr(args, "state_dir", None),
             allow_trusted_server=getattr(args, "allow_trusted_server", False),
+            role=role,
         ),
     ]
     return command
 
 
-def _validate_data(data: Path) -> str:
-    """Load the silo folder once; a clear SiloStartError naming the file if it is not a valid silo."""
+def _validate_data(data: Path, role: str = "silo") -> str:
+    """Load the silo or party folder once (as a node of `role` will); a clear SiloStartError naming the file if it
+    is not a valid one; a one-line summary naming the role and the silo's or party's id."""
+    from client.data.party_store import load_party, read_party_info
     from client.data.silo_store import load_silo
     from client.data.tabular import DataError
 
+    folder = Path(data).expanduser()
     try:
-        silo = load_silo(Path(data).expanduser())
+        if role == "silo":
+            silo = load_silo(folder)
+        else:
+            info = read_party_info(folder)
+            party = load_party(folder, role=role)
     except DataError as exc:
         raise SiloStartError(f"--data: {exc}") from None
     except OSError as exc:  # e.g. a folder the silo's user may not read (silo files are written owner-only)
         raise SiloStartError(f"--data: cannot read {exc.filename or data}: {exc.strerror}") from None
+    if role == "silo":
+        return (
+            f"silo {silo.silo_id} of {silo.num_silos} ({silo.info.name}): {len(silo.train)} training and "
+            f"{len(silo.test)} test records"
+        )
+    holds = "ids, features and labels" if role == "features" else "ids and sensitive groups"
     return (
-        f"silo {silo.silo_id} of {silo.num_silos} ({silo.info.name}): {len(silo.train)} training and "
-        f"{len(silo.test)} test records"
+        f"{_AS[role].partition(' ')[2]} {party.party_id} of {info['num_parties']} ({party.info.name}): {holds} of "
+        f"{len(party.train_ids)} training and {len(party.test_ids)} test records"
     )
 
 
 def silo_start_command(args: argparse.Namespace) -> int:
     """Validate, print the SuperNode command and exec it (or, with --dry-run, only print it)."""
     try:
-        summary = _validate_data(args.data)
+        role = choose_role(args.data, args.role)
+        summary = _validate_data(args.data, role)
         command = supernode_command(args)
     except SiloStartError as exc:
         print(f"silofl silo start: {exc}", file=sys.stderr)
@@ -191,14 +278,29 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
     silo_sub = silo.add_subparsers(dest="silo_command", metavar="COMMAND", required=True)
     start = silo_sub.add_parser(
         "start",
-        help="join a deployed federation: start a Flower SuperNode for one silo folder",
-        description="Validate the silo folder, print the flower-supernode command and run it: TLS and SuperNode "
-        "authentication unless --insecure.",
+        help="join a deployed federation: start a Flower SuperNode for one silo or party folder",
+        description="Validate the silo or party folder, print the flower-supernode command and run it: TLS and "
+        "SuperNode authentication unless --insecure.",
     )
-    start.add_argument("--data", type=Path, required=True, metavar="DIR", help="the silo folder (silofl data split)")
+    start.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the silo folder, or a feature or sensitive party's folder (silofl data split [--topology ...])",
+    )
+    start.add_argument(
+        "--role",
+        choices=ROLES,
+        default=None,
+        help="this node's role: silo (both divisions), features (ids, features, labels) or sensitive (ids, "
+        "sensitive groups); default: the role the folder was written for; refused if it disagrees with the folder",
+    )
     start.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink's Fleet API address")
     start.add_argument("--root-certificates", type=Path, metavar="FILE", help="the federation's CA certificate")
-    start.add_argument("--auth-key", type=Path, metavar="FILE", help="this silo's OpenSSH ECDSA private key")
+    start.add_argument(
+        "--auth-key", type=Path, metavar="FILE", help="this node's OpenSSH ECDSA private key (e.g. silo_0.key)"
+    )
     start.add_argument("--insecure", action="store_true", help="no TLS, no authentication (trusted networks only)")
     start.add_argument("--epsilon-budget", type=float, metavar="E", help="cap this silo's epsilon below any run's")
     start.add_argument(

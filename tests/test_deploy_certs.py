@@ -1,4 +1,5 @@
-"""`server.deploy.certs`: the CA, the SuperLink certificate and the silos' keys, in the formats Flower 1.39 reads."""
+"""`server.deploy.certs`: the CA, the SuperLink certificate and the silos' (or parties') keys, in the formats Flower
+1.39 reads."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key
 
-from server.deploy.certs import CertError, CertPaths, make_certs
+from server.deploy.certs import CertError, CertPaths, ensure_certs, make_certs
 from server.deploy.cli import add_deploy_parser
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -122,9 +123,69 @@ def test_cli_writes_certs_and_refuses_a_second_time(tmp_path: Path, capsys: pyte
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_parties_get_key_pairs_named_after_their_data_folders(tmp_path: Path) -> None:
+    """With a topology, one key pair per feature and per sensitive party, named as `silofl data split --topology`
+    names their folders (features_k, sensitive_c), each loadable as Flower loads a silo's."""
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    paths = make_certs(tmp_path, 3, hosts=(), topology="central-sensitive")
+    names = ("features_0", "features_1", "features_2", "sensitive_0")
+    assert paths.names == names
+    assert paths == CertPaths.layout(tmp_path, 3, topology="central-sensitive")
+    assert [p.name for p in paths.silo_keys] == [f"{n}.key" for n in names]
+    assert not list(tmp_path.glob("silo_*"))
+    csv_keys = paths.public_keys_csv.read_text().strip().split(",")
+    assert [line.rsplit(" ", 1)[1] for line in csv_keys] == list(names)
+    for name in names:
+        key, pub = paths.key_pair(name)
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+        private = load_ssh_private_key(key.read_bytes(), None)
+        assert try_load_public_key(pub) == public_key_to_bytes(private.public_key())
+    general = CertPaths.layout(tmp_path, 2, topology="general", sensitive_parties=3)
+    assert general.names == ("features_0", "features_1", "sensitive_0", "sensitive_1", "sensitive_2")
+    assert CertPaths.layout(tmp_path, 2, topology="divided").names[2:] == ("sensitive_0", "sensitive_1")
+    with pytest.raises(CertError, match="needs --sensitive-parties"):
+        make_certs(tmp_path / "g", 2, topology="general")
+    with pytest.raises(CertError, match="--sensitive-parties is for --topology general"):
+        make_certs(tmp_path / "c", 2, topology="central-sensitive", sensitive_parties=2)
+    with pytest.raises(CertError, match="no key pair for 'silo_0'"):
+        paths.key_pair("silo_0")
+
+
+def test_ensure_certs_adds_missing_key_pairs_under_the_existing_ca(tmp_path: Path) -> None:
+    """`deploy up` in a folder first used for silos: the CA and the silos' keys stay, the parties' keys are added."""
+    silos = make_certs(tmp_path, 2, hosts=())
+    before = {p.name: p.read_bytes() for p in silos.files() if p != silos.public_keys_csv}
+    parties = ensure_certs(tmp_path, 2, topology="central-sensitive")
+    assert all(p.exists() for p in parties.files())
+    assert all((tmp_path / name).read_bytes() == data for name, data in before.items())
+    assert parties.public_keys_csv.read_text().count(",") == 2  # the three keys of this layout
+    again = {p: p.read_bytes() for p in parties.files()}
+    assert ensure_certs(tmp_path, 2, topology="central-sensitive") == parties
+    assert {p: p.read_bytes() for p in parties.files()} == again  # complete: reused as it is
+    (tmp_path / "ca.key").unlink()
+    with pytest.raises(CertError, match=r"ca\.key missing"):
+        ensure_certs(tmp_path, 2, topology="divided")
+    fresh = ensure_certs(tmp_path / "new", 1, topology="divided")
+    assert fresh.names == ("features_0", "sensitive_0") and all(p.exists() for p in fresh.files())
+
+
+def test_cli_makes_party_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["deploy", "certs", "--out", str(tmp_path), "--silos", "2", "--topology", "general"]
+    args = _parse([*argv, "--sensitive-parties", "2"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "features:  " in out and "sensitive: " in out and "register sensitive_1.pub" in out
+    args = _parse([*argv, "--overwrite"])
+    assert args.func(args) == 2
+    assert "--topology general needs --sensitive-parties S" in capsys.readouterr().err
+
+
 def test_cryptography_is_imported_lazily() -> None:
     code = (
-        "import sys, server.deploy.cli, server.deploy.certs, server.deploy.local, client.silo_cli; "
+        "import sys, server.deploy.cli, server.deploy.certs, server.deploy.local, server.deploy.topology, "
+        "client.silo_cli; "
         "print(sorted(m for m in ('cryptography', 'torch', 'flwr') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)

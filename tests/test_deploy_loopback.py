@@ -1,9 +1,11 @@
 """silofl on Flower's deployment runtime, on loopback: a SuperLink and 3 SuperNodes as separate processes with TLS
 and SuperNode authentication (`server.deploy.local`), runs submitted with `flwr run . silofl-local`, and the
-`silofl silo start` command line (`client.silo_cli`).
+`silofl silo start` command line (`client.silo_cli`); also a census-style federation of separate parties (three
+feature parties and one sensitive party, ../shared/specs/steffle-hybrid.md) running SteFFLe.
 
-The federation is started once for the module and always torn down; each message round costs ~10 s in deployment
-(a fresh `flwr-clientapp` process per message, SuperNodes poll every 3 s), so the runs are 2 rounds long.
+The silos' federation is started once for the module and always torn down; each message round costs ~10 s in
+deployment (a fresh `flwr-clientapp` process per message, SuperNodes poll every 3 s), so the runs are 2 rounds long.
+The parties' federation is started by its one test, before the silos' (so the two never run at once).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 from client.silo_cli import SiloStartError, add_silo_parser, node_config_string, supernode_command
 from server.deploy import local
 from server.deploy.certs import make_certs
+from server.deploy.topology import NodeLayout
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT = 240
@@ -123,6 +126,165 @@ def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, ca
     assert "silo 0 of 2 (synthetic)" in captured.err
 
 
+# --- `silofl silo start` with a party folder (no processes) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def party_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`silofl data split synthetic --silos 3 --topology central-sensitive`: features_0..2 and sensitive_0."""
+    from server.deploy.local import _write_synthetic_parties
+
+    root = tmp_path_factory.mktemp("parties with space")
+    _write_synthetic_parties(root, NodeLayout("central-sensitive", 3, 1))
+    return root
+
+
+def _node_config(stdout: str) -> dict:
+    """The --node-config of the command `silofl silo start --dry-run` printed, as Flower parses it."""
+    import shlex
+
+    from flwr.common.config import parse_config_args
+
+    command = shlex.split(stdout.strip().splitlines()[-1])
+    return parse_config_args([command[command.index("--node-config") + 1]])
+
+
+def test_silo_start_puts_a_party_folders_role_in_the_node_config(party_root: Path, silo_dir: Path, capsys) -> None:
+    """The role comes from the folder (or an agreeing --role) and reaches the ClientApp's `node_role` as written."""
+    from flwr.app import Context, RecordDict
+
+    from client.silo_data import node_role
+    from protocols.messages import DataSpec
+
+    base = ["--superlink", "127.0.0.1:9092", "--insecure", "--dry-run"]
+    for folder, role, flags in (
+        ("sensitive_0", "sensitive", []),
+        ("features_1", "features", ["--role", "features"]),
+    ):
+        args = _silo_args(["--data", str(party_root / folder), *base, *flags])
+        assert args.func(args) == 0
+        captured = capsys.readouterr()
+        config = _node_config(captured.out)
+        assert config == {"data-path": str((party_root / folder).resolve()), "role": role}
+        party_id, of = (0, 1) if role == "sensitive" else (1, 3)
+        assert f"{'feature' if role == 'features' else role} party {party_id} of {of} (synthetic)" in captured.err
+        context = Context(run_id=1, node_id=1, node_config=config, state=RecordDict(), run_config={})
+        assert node_role(context, DataSpec(dataset="synthetic", num_silos=3)) == (role, None)
+    args = _silo_args(["--data", str(silo_dir), *base])  # a silo's node config is what it was before parties
+    assert args.func(args) == 0
+    assert "role" not in _node_config(capsys.readouterr().out)
+    from client import silo_cli
+    from client.data import party_store, silo_store
+    from protocols import parties
+
+    assert (silo_cli.ROLE_KEY, silo_cli.ROLES) == (parties.ROLE_KEY, parties.ROLES)  # copied to keep flwr out
+    assert (silo_cli.SILO_FORMAT, silo_cli.PARTY_FORMAT) == (silo_store.FORMAT, party_store.FORMAT)
+
+
+@pytest.mark.parametrize(
+    ("folder", "role", "holds"),
+    [
+        ("features_0", "sensitive", "a feature party's data"),
+        ("sensitive_0", "features", "a sensitive party's data"),
+        ("features_0", "silo", "a feature party's data"),
+        (None, "features", "a silo's data"),
+    ],
+)
+def test_silo_start_refuses_a_role_the_folder_disagrees_with(
+    party_root: Path, silo_dir: Path, folder: str | None, role: str, holds: str, capsys
+) -> None:
+    data = silo_dir if folder is None else party_root / folder
+    args = _silo_args(["--data", str(data), "--superlink", "127.0.0.1:9092", "--insecure", "--dry-run", "--role", role])
+    assert args.func(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no command printed, nothing started
+    assert f"--role {role}, but --data {data.resolve()} holds {holds}" in captured.err
+    assert "Drop --role" in captured.err and "point --data at" in captured.err
+    with pytest.raises(SiloStartError, match=f"--role {role}, but"):
+        supernode_command(args)
+    with pytest.raises(SiloStartError, match="choose one of silo, features, sensitive"):
+        node_config_string(data, role="census")
+
+
+def test_deploy_up_checks_the_topology_and_its_data_before_starting_anything(
+    tmp_path: Path, party_root: Path, silo_dir: Path
+) -> None:
+    cases = [
+        ({"topology": "general"}, "--topology general needs --sensitive-parties"),
+        ({"topology": "divided", "sensitive_parties": 3}, "--sensitive-parties is for --topology general"),
+        ({"topology": "ring"}, "--topology 'ring': choose one of"),
+        ({"topology": "central-sensitive", "data": silo_dir.parent}, "holds silo folders .* drop --topology"),
+        ({"data": party_root}, "it holds party folders .* pass the --topology"),
+        ({"topology": "divided", "data": party_root}, "sensitive_0 is sensitive party 0 of 1, but --topology divided"),
+        ({"topology": "general", "sensitive_parties": 2, "data": party_root}, "sensitive_0 is sensitive party 0 of 1"),
+    ]
+    for kwargs, match in cases:
+        silos = 2 if kwargs.get("data") == silo_dir.parent else 3
+        with pytest.raises(local.DeployError, match=match):
+            local.up(tmp_path / "fed", silos, **kwargs)
+        assert not (tmp_path / "fed" / local.STATE_FILE).exists()  # nothing was started
+
+
+def test_submit_command_names_the_topology() -> None:
+    def deployment(topology: str, names: list[str], sensitive: int) -> local.Deployment:
+        processes = [local.ProcessInfo(name, 1, 1, "log") for name in ["superlink", *names]]
+        return local.Deployment("d", False, "f", "c", "h", processes=processes, topology=topology,
+                                sensitive_parties=sensitive)  # fmt: skip
+
+    silos = deployment("silos", ["silo_0", "silo_1"], 0)
+    assert silos.submit_command("/o") == (
+        "FLWR_HOME=h flwr run . silofl-local --stream --run-config 'num-silos=2 out-dir=\"/o\"'"
+    )  # as before parties existed
+    census = deployment("central-sensitive", ["features_0", "features_1", "features_2", "sensitive_0"], 1)
+    assert census.num_silos == 3
+    assert '--run-config \'algorithm="steffle" topology="central-sensitive" num-silos=3 out-dir=' in (
+        census.submit_command("/o")
+    )
+    general = deployment("general", ["features_0", "features_1", "sensitive_0", "sensitive_1"], 2)
+    assert 'topology="general" sensitive-parties=2 num-silos=2' in general.submit_command()
+
+
+# --- a census-style federation of parties on loopback ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_census_and_three_feature_parties_run_steffle(tmp_path: Path) -> None:
+    """One sensitive party (a census bureau holding every record's group) and three feature parties (banks), each
+    a SuperNode with its own registered key, TLS; a 3-round SteFFLe run submitted with the run config `deploy up`
+    prints; result.json names the four parties, and the census party spent at most its epsilon."""
+    root, out = tmp_path / "census", tmp_path / "out"
+    with local.running(root, 3, topology="central-sensitive") as dep:
+        assert [p.name for p in dep.processes] == ["superlink", "features_0", "features_1", "features_2", "sensitive_0"]
+        assert not dep.insecure and (Path(dep.certs) / "sensitive_0.key").is_file()
+        first_lines = {p.name: Path(p.log).read_text().splitlines()[0] for p in dep.processes[1:]}
+        for name, line in first_lines.items():  # the command `silofl silo start` built for each node
+            assert f"--auth-supernode-private-key {Path(dep.certs) / name}.key" in line
+            assert f"role='{name.partition('_')[0]}'" in line
+        run_config = (
+            f"{dep.layout.run_config()} rounds=3 epochs=0 epsilon=1.0 lambda=1.0 eval-every=3 "
+            f'round-timeout=300 out-dir="{out}"'
+        )
+        assert 'topology="central-sensitive"' in run_config
+        done = _flwr_run(dep, run_config, timeout=900)
+        result = _result(done, out)
+    federation = result["federation"]
+    assert federation["topology"] == "central-sensitive"
+    assert len(federation["silos"]) == 3 and [s["silo_id"] for s in federation["silos"]] == [0, 1, 2]
+    assert len(federation["sensitive_parties"]) == 1
+    census = federation["sensitive_parties"][0]
+    assert census["n_train"] == sum(s["n_train"] for s in federation["silos"])  # it holds every record's group
+    assert len({s["node_id"] for s in federation["silos"]} | {census["node_id"]}) == 4
+    assert federation["rounds"] == 3 and len(result["rounds"]) == 3
+    privacy = result["privacy"]
+    assert privacy["epsilon_target"] == 1.0 and 0 < privacy["epsilon_spent"] <= 1.0
+    assert list(privacy["per_silo"]) == ["0"]  # the census party's ledger; the banks add no noise
+    assert 0 < privacy["per_silo"]["0"]["epsilon_spent"] <= 1.0
+    assert privacy["per_silo"]["0"]["rounds_answered"] == 3
+    # 3 noisy steps at epsilon 1 from a zero model: 0.51 - 0.77 over 22 seeds on the in-process engine
+    assert 0.4 < result["final"]["accuracy"] <= 1.0
+    assert result["final"]["dp_violation"] is not None
+
+
 # --- a deployed federation on loopback ---------------------------------------------------------------------------
 
 
@@ -140,10 +302,10 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Deplo
         assert not local._descendants(current.processes)
 
 
-def _flwr_run(dep: local.Deployment, run_config: str) -> subprocess.CompletedProcess[str]:
+def _flwr_run(dep: local.Deployment, run_config: str, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess[str]:
     env = local.flower_env(Path(dep.flwr_home))
     command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
-    return subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _result(done: subprocess.CompletedProcess[str], out: Path) -> dict:

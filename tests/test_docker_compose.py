@@ -1,5 +1,7 @@
 """silofl in docker compose, end to end: images built from a local Debian base, a SuperLink and three silos with TLS
-and SuperNode authentication, a 2-round FedAvg run submitted with `flwr run`, its result.json read back.
+and SuperNode authentication, a 2-round FedAvg run submitted with `flwr run`, its result.json read back; then a
+census-style federation of parties (docker-compose.parties.yml: one sensitive party, three feature parties) running
+a 2-round SteFFLe, from the same images (built once for the module).
 
 Sets up what it needs and stops what it started: without a running Docker engine it installs `docker.io
 docker-compose debootstrap` (apt-get, as root) and starts `dockerd` in the background with its own data root under
@@ -27,6 +29,7 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[1]
 DOCKER_DIR = PROJECT / "docker"
 COMPOSE_FILE = DOCKER_DIR / "docker-compose.yml"
+PARTIES_COMPOSE_FILE = DOCKER_DIR / "docker-compose.parties.yml"
 BASE_TAG = "silofl/base:bookworm"
 SILOS = 3
 ROUNDS = 2
@@ -199,12 +202,12 @@ def _wait(what: str, timeout: float, check, on_timeout=lambda: "") -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{on_timeout()}")
 
 
-@pytest.mark.slow  # several minutes: in the default selection (CI), not in `-m "not slow"`
-def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
+@pytest.fixture(scope="module")
+def images(docker_env: dict[str, str]) -> Iterator[dict[str, float]]:
+    """The silofl images, built once for the module: a Debian base (built once, then cached in the engine), the
+    wheelhouse, then superlink and silo (tag `test`; both compose files use these two). Yields the build timings."""
     timings: dict[str, float] = {}
-    env = dict(docker_env)
-
-    # 1. Images: a Debian base (built once, then cached in the engine), the wheelhouse, the two silofl images.
+    env = {**docker_env, **_image_settings()}
     # Every build re-tags the silofl images, leaving the previous ones dangling in the engine's cache: remove them
     # first (the tagged base image stays), or the cache grows by a few GB per run until the disk is full (measured:
     # 47 GB after a few dozen CI runs, then "no space left on device" while building).
@@ -215,16 +218,42 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
     t0 = time.monotonic()
     _run([str(DOCKER_DIR / "wheels.sh"), "--python", sys.executable], timeout=900, env=env)
     timings["wheels_s"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    _run(["docker-compose", "-f", str(COMPOSE_FILE), "-p", f"silofltest{os.getpid()}", "build"], timeout=900, env=env)
+    timings["image_build_s"] = time.monotonic() - t0
+    try:
+        yield timings
+    finally:
+        _prune_dangling_images(env)
 
-    project_name = f"silofltest{os.getpid()}"
+
+def _image_settings() -> dict[str, str]:
+    return {"SILOFL_SUPERLINK_BASE": BASE_TAG, "SILOFL_SILO_BASE": BASE_TAG, "SILOFL_TAG": "test"}
+
+
+def _compose_run(
+    docker_env: dict[str, str],
+    tmp_path: Path,
+    *,
+    compose_file: Path,
+    project: str,
+    nodes: list[str],
+    split: list[str],
+    run_config: str,
+    out: str,
+) -> tuple[dict, dict[str, float]]:
+    """Keys and data for `nodes` (`silofl deploy certs` / `silofl data split` with the `split` flags), the compose
+    federation of `compose_file` up (SuperLink, keys registered, every node online), one run submitted with
+    `flwr run` from the host, its result.json read back, and everything taken down again. (result, timings)."""
+    timings: dict[str, float] = {}
+    env = dict(docker_env)
     control_port, fleet_port = _free_port(), _free_port()
-    certs, silos, results, flwr_home = (tmp_path / d for d in ("certs", "silos", "results", "flwr_home"))
+    certs, data, results, flwr_home = (tmp_path / d for d in ("certs", "data", "results", "flwr_home"))
     env.update(
-        SILOFL_SUPERLINK_BASE=BASE_TAG,
-        SILOFL_SILO_BASE=BASE_TAG,
-        SILOFL_TAG="test",
+        _image_settings(),
         SILOFL_CERTS=str(certs),
-        SILOFL_SILOS=str(silos),
+        SILOFL_SILOS=str(data),
+        SILOFL_PARTIES=str(data),
         SILOFL_RESULTS=str(results),
         SILOFL_CONTROL_PORT=str(control_port),
         SILOFL_FLEET_PORT=str(fleet_port),
@@ -232,17 +261,15 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         FLWR_DISABLE_UPDATE_CHECK="1",
     )
-    compose = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", project_name]
-    t0 = time.monotonic()
-    _run([*compose, "build"], timeout=900, env=env)
-    timings["image_build_s"] = time.monotonic() - t0
+    compose = ["docker-compose", "-f", str(compose_file), "-p", project]
 
-    # 2. Data, keys, results folder, the `flwr` connection.
-    _silofl("data", "split", "synthetic", "--silos", str(SILOS), "--out", str(silos))
-    _silofl("deploy", "certs", "--out", str(certs), "--silos", str(SILOS), "--hosts", "superlink")
-    # The containers run as uid 49999: they must read the private keys and the silo folders, which are written
+    # 1. Data, keys, results folder, the `flwr` connection.
+    _silofl("data", "split", "synthetic", *split, "--out", str(data))
+    _silofl("deploy", "certs", "--out", str(certs), *split, "--hosts", "superlink")
+    assert sorted(p.name for p in data.iterdir()) == sorted(nodes)
+    # The containers run as uid 49999: they must read the private keys and the data folders, which are written
     # readable by their owner only.
-    private = [certs / "superlink.key", *(certs / f"silo_{k}.key" for k in range(SILOS)), *silos.rglob("*")]
+    private = [certs / "superlink.key", *(certs / f"{name}.key" for name in nodes), *data.rglob("*")]
     for path in private:
         if os.geteuid() == 0:
             os.chown(path, APP_UID, -1)
@@ -260,11 +287,11 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
         return _run([*compose, "logs", "--no-color", "--tail", "25"], timeout=60, env=env, check=False).stdout
 
     try:
-        # 3. SuperLink up, silo keys registered through its Control API, silos up and connected.
+        # 2. SuperLink up, the nodes' keys registered through its Control API, the nodes up and connected.
         t0 = time.monotonic()
         _run([*compose, "up", "-d", "superlink"], timeout=300, env=env)
-        for k in range(SILOS):
-            key = certs / f"silo_{k}.pub"
+        for name in nodes:
+            key = certs / f"{name}.pub"
             _wait(
                 f"the Control API to register {key.name}",
                 90,
@@ -277,22 +304,19 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
 
         def online() -> int:
             listing = _json_reply(_flwr(["supernode", "list", CONNECTION, "--format", "json"], env, check=False))
-            nodes = listing.get("nodes", [])
-            return sum(1 for n in nodes if str(n.get("status", "")).lower() == "online")
+            return sum(1 for n in listing.get("nodes", []) if str(n.get("status", "")).lower() == "online")
 
-        _wait(f"{SILOS} silos online", 180, lambda: online() == SILOS, logs)
+        _wait(f"{len(nodes)} nodes online", 180, lambda: online() == len(nodes), logs)
         timings["compose_up_s"] = time.monotonic() - t0
 
-        # 4. A short FedAvg run, submitted from the host; result.json appears in the mounted results folder.
+        # 3. One run, submitted from the host; result.json appears in the mounted results folder.
         t0 = time.monotonic()
-        run_config = (
-            f'algorithm="fedavg" epsilon="inf" rounds={ROUNDS} epochs=0 num-silos={SILOS} out-dir="runs/compose-test"'
-        )
+        run_config += f' out-dir="runs/{out}"'
         submitted = _flwr(["run", ".", CONNECTION, "--run-config", run_config, "--format", "json"], env, timeout=180)
         reply = _json_reply(submitted)
         assert reply.get("success"), submitted.stdout + submitted.stderr
         run_id = str(reply["run-id"])
-        result_path = results / "compose-test" / "result.json"
+        result_path = results / out / "result.json"
 
         def finished() -> bool:
             if result_path.exists():
@@ -303,21 +327,67 @@ def test_compose_federation_runs_fedavg(docker_env, tmp_path, record_property):
                 raise AssertionError(f"run {run_id} {status['status']}: {status.get('status-details')}\n{logs()}")
             return False
 
-        _wait("result.json", 600, finished, logs)
+        _wait("result.json", 900, finished, logs)
         time.sleep(0.5)  # written in one go, but give the writer a moment
         result = json.loads(result_path.read_text())
         timings["run_wall_s"] = time.monotonic() - t0
     finally:
         _run([*compose, "down", "-v", "--remove-orphans"], timeout=300, env=env, check=False)
-        _prune_dangling_images(env)
+    seconds_per_round = float(result["timing"]["seconds_per_round"])
+    assert seconds_per_round > 0
+    timings["seconds_per_round"] = seconds_per_round
+    return result, timings
 
+
+def _report(timings: dict[str, float], record_property, what: str) -> None:
+    for name, value in timings.items():
+        record_property(name, round(value, 2))
+    print(f"docker compose timings ({what}): " + ", ".join(f"{k}={v:.2f}" for k, v in timings.items()))
+
+
+@pytest.mark.slow  # several minutes: in the default selection (CI), not in `-m "not slow"`
+def test_compose_federation_runs_fedavg(docker_env, images, tmp_path, record_property):
+    result, timings = _compose_run(
+        docker_env,
+        tmp_path,
+        compose_file=COMPOSE_FILE,
+        project=f"silofltest{os.getpid()}",
+        nodes=[f"silo_{k}" for k in range(SILOS)],
+        split=["--silos", str(SILOS)],
+        run_config=f'algorithm="fedavg" epsilon="inf" rounds={ROUNDS} epochs=0 num-silos={SILOS}',
+        out="compose-test",
+    )
     assert result["config"]["algorithm"] == "fedavg"
     assert len(result["federation"]["silos"]) == SILOS
     assert len(result["rounds"]) == ROUNDS
     assert 0.5 < result["final"]["accuracy"] <= 1.0
-    seconds_per_round = float(result["timing"]["seconds_per_round"])
-    assert seconds_per_round > 0
-    timings["seconds_per_round"] = seconds_per_round
-    for name, value in timings.items():
-        record_property(name, round(value, 2))
-    print("docker compose timings: " + ", ".join(f"{k}={v:.2f}" for k, v in timings.items()))
+    _report({**images, **timings}, record_property, "silos, fedavg")
+
+
+@pytest.mark.slow
+def test_compose_census_federation_runs_steffle(docker_env, images, tmp_path, record_property):
+    """docker-compose.parties.yml: a census bureau (sensitive-0) and three banks (features-0..2), each a container
+    with its own key; a 2-round SteFFLe with topology central-sensitive, from the images the module built."""
+    nodes = [f"features_{k}" for k in range(SILOS)] + ["sensitive_0"]
+    result, timings = _compose_run(
+        docker_env,
+        tmp_path,
+        compose_file=PARTIES_COMPOSE_FILE,
+        project=f"silofltest{os.getpid()}parties",
+        nodes=nodes,
+        split=["--silos", str(SILOS), "--topology", "central-sensitive"],
+        run_config=(
+            f'algorithm="steffle" topology="central-sensitive" epsilon=1.0 lambda=1.0 rounds={ROUNDS} epochs=0 '
+            f"eval-every={ROUNDS} num-silos={SILOS}"
+        ),
+        out="compose-parties",
+    )
+    federation = result["federation"]
+    assert result["config"]["algorithm"] == "steffle" and federation["topology"] == "central-sensitive"
+    assert len(federation["silos"]) == SILOS and len(federation["sensitive_parties"]) == 1
+    assert federation["sensitive_parties"][0]["n_train"] == sum(s["n_train"] for s in federation["silos"])
+    assert len(result["rounds"]) == ROUNDS
+    privacy = result["privacy"]
+    assert list(privacy["per_silo"]) == ["0"] and 0 < privacy["per_silo"]["0"]["epsilon_spent"] <= 1.0
+    assert 0.4 < result["final"]["accuracy"] <= 1.0  # 2 noisy steps at epsilon 1: a check of sanity, not of skill
+    _report(timings, record_property, "census + 3 banks, steffle")

@@ -1,4 +1,8 @@
-"""Certificates and keys for a deployed federation: one CA, the SuperLink's TLS certificate, one key pair per silo.
+"""Certificates and keys for a deployed federation: one CA, the SuperLink's TLS certificate, one key pair per node.
+
+Nodes are named as `server.deploy.topology` names them: ``silo_k`` for a federation of silos (the default), else
+``features_k`` and ``sensitive_c`` for the feature and sensitive parties (the names of their data folders from
+`silofl data split --topology`), so a reader sees which party uses which key.
 
 What Flower 1.39 expects (read from its source, `flwr/supernode/cli/flower_supernode.py` and
 `flwr/cli/supernode/register.py`):
@@ -28,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_HOSTS", "CertError", "CertPaths", "make_certs"]
+__all__ = ["DEFAULT_HOSTS", "CertError", "CertPaths", "ensure_certs", "make_certs"]
 
 DEFAULT_HOSTS: tuple[str, ...] = ("superlink",)
 """Extra names on the SuperLink certificate by default: the compose service name."""
@@ -44,7 +48,8 @@ class CertError(ValueError):
 
 @dataclass(frozen=True)
 class CertPaths:
-    """Where `make_certs` wrote each file."""
+    """Where `make_certs` wrote each file. `silo_keys` / `silo_public_keys` hold one key pair per node, in the order
+    of `names` (the silos, or the feature then the sensitive parties; the field names predate parties)."""
 
     out: Path
     ca_cert: Path
@@ -54,10 +59,15 @@ class CertPaths:
     silo_keys: tuple[Path, ...]
     silo_public_keys: tuple[Path, ...]
     public_keys_csv: Path
+    names: tuple[str, ...] = ()
 
     @classmethod
-    def layout(cls, out: Path, silos: int) -> CertPaths:
-        """The file names `make_certs(out, silos)` writes (also used to find them again)."""
+    def layout(
+        cls, out: Path, silos: int, *, topology: str = "silos", sensitive_parties: int | None = None
+    ) -> CertPaths:
+        """The file names `make_certs(out, silos, topology=..., sensitive_parties=...)` writes (also used to find
+        them again): `silo_k.key`/`.pub` for silos, `features_k` and `sensitive_c` key pairs for parties."""
+        names = _node_names(silos, topology, sensitive_parties)
         out = Path(out)
         return cls(
             out=out,
@@ -65,10 +75,18 @@ class CertPaths:
             ca_key=out / "ca.key",
             superlink_cert=out / "superlink.crt",
             superlink_key=out / "superlink.key",
-            silo_keys=tuple(out / f"silo_{k}.key" for k in range(silos)),
-            silo_public_keys=tuple(out / f"silo_{k}.pub" for k in range(silos)),
+            silo_keys=tuple(out / f"{name}.key" for name in names),
+            silo_public_keys=tuple(out / f"{name}.pub" for name in names),
             public_keys_csv=out / "supernode_public_keys.csv",
+            names=names,
         )
+
+    def key_pair(self, name: str) -> tuple[Path, Path]:
+        """(private key, public key) of node `name` (e.g. "sensitive_0")."""
+        if name not in self.names:
+            raise CertError(f"no key pair for {name!r} in {self.out}; it has {', '.join(self.names)}")
+        k = self.names.index(name)
+        return self.silo_keys[k], self.silo_public_keys[k]
 
     def files(self) -> tuple[Path, ...]:
         return (
@@ -91,6 +109,17 @@ def _write(path: Path, data: bytes, *, private: bool) -> None:
     finally:
         os.close(fd)
     os.chmod(path, mode)  # O_CREAT's mode is masked by the umask and ignored for an existing file
+
+
+def _node_names(silos: int, topology: str, sensitive_parties: int | None) -> tuple[str, ...]:
+    from server.deploy.topology import TopologyError, node_layout
+
+    if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
+        raise CertError(f"silos must be a positive integer (one key pair per silo), got {silos!r}")
+    try:
+        return node_layout(silos, topology, sensitive_parties).names
+    except TopologyError as exc:
+        raise CertError(str(exc)) from None
 
 
 def _check_hosts(hosts: Sequence[str]) -> list[str]:
@@ -118,9 +147,19 @@ def _san_entries(names: Sequence[str]) -> list:
     return entries
 
 
-def make_certs(out: Path, silos: int, hosts: Sequence[str] = DEFAULT_HOSTS, overwrite: bool = False) -> CertPaths:
-    """Write a CA, a SuperLink certificate signed by it and one OpenSSH ECDSA P-384 key pair per silo into `out`.
+def make_certs(
+    out: Path,
+    silos: int,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    overwrite: bool = False,
+    *,
+    topology: str = "silos",
+    sensitive_parties: int | None = None,
+) -> CertPaths:
+    """Write a CA, a SuperLink certificate signed by it and one OpenSSH ECDSA P-384 key pair per node into `out`.
 
+    The nodes are `silos` silos (`silo_k`), or with another `topology` `silos` feature parties (`features_k`) and
+    its sensitive parties (`sensitive_c`; `sensitive_parties` for topology general), see `server.deploy.topology`.
     The SuperLink certificate's subject alternative names are localhost, 127.0.0.1, ::1 and every name in `hosts`.
     Private keys are 0600. Refuses (CertError) to replace any existing file unless `overwrite`.
     """
@@ -129,10 +168,8 @@ def make_certs(out: Path, silos: int, hosts: Sequence[str] = DEFAULT_HOSTS, over
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
-        raise CertError(f"silos must be a positive integer (one key pair per silo), got {silos!r}")
     names = [*LOOPBACK_NAMES, *_check_hosts(hosts)]
-    paths = CertPaths.layout(Path(out), silos)
+    paths = CertPaths.layout(Path(out), silos, topology=topology, sensitive_parties=sensitive_parties)
     if paths.out.exists() and not paths.out.is_dir():
         raise CertError(f"--out {paths.out} exists and is not a directory")
     existing = [p.name for p in paths.files() if p.exists()]
@@ -194,14 +231,44 @@ def make_certs(out: Path, silos: int, hosts: Sequence[str] = DEFAULT_HOSTS, over
     _write(paths.superlink_key, link_key.private_bytes(pem, pkcs8, none), private=True)
     _write(paths.superlink_cert, link_cert.public_bytes(pem), private=False)
 
-    public_lines = []
-    for k, (key_path, pub_path) in enumerate(zip(paths.silo_keys, paths.silo_public_keys, strict=True)):
+    _write_key_pairs(paths, paths.names)
+    return paths
+
+
+def _write_key_pairs(paths: CertPaths, names: Sequence[str]) -> None:
+    """Create the key pairs of `names` (OpenSSH ECDSA P-384; the public key's comment is the node name), then
+    rewrite `supernode_public_keys.csv` with every public key of `paths`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    none = serialization.NoEncryption()
+    for name in names:
+        key_path, pub_path = paths.key_pair(name)
         key = ec.generate_private_key(ec.SECP384R1())
-        private = key.private_bytes(pem, serialization.PrivateFormat.OpenSSH, none)
+        private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, none)
         public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        line = public.decode() + f" silo_{k}"
         _write(key_path, private, private=True)
-        _write(pub_path, (line + "\n").encode(), private=False)
-        public_lines.append(line)
-    _write(paths.public_keys_csv, (",".join(public_lines) + "\n").encode(), private=False)
+        _write(pub_path, (public.decode() + f" {name}\n").encode(), private=False)
+    lines = [pub.read_text().strip() for pub in paths.silo_public_keys]
+    _write(paths.public_keys_csv, (",".join(lines) + "\n").encode(), private=False)
+
+
+def ensure_certs(out: Path, silos: int, *, topology: str = "silos", sensitive_parties: int | None = None) -> CertPaths:
+    """The certificates and keys of a loopback deployment (`silofl deploy up`): reused when every file is there,
+    made by :func:`make_certs` when none of the CA's files are, and otherwise (a folder made for another set of
+    nodes, e.g. silos before parties) completed with the missing nodes' key pairs under the existing CA."""
+    paths = CertPaths.layout(Path(out), silos, topology=topology, sensitive_parties=sensitive_parties)
+    if all(p.exists() for p in paths.files()):
+        return paths
+    authority = (paths.ca_cert, paths.ca_key, paths.superlink_cert, paths.superlink_key)
+    if not any(p.exists() for p in authority):
+        return make_certs(out, silos, topology=topology, sensitive_parties=sensitive_parties, overwrite=True)
+    missing = [p.name for p in authority if not p.exists()]
+    if missing:
+        raise CertError(
+            f"{paths.out} holds part of a CA and SuperLink certificate ({', '.join(missing)} missing); remove the "
+            "folder to make new ones, or restore the files"
+        )
+    absent = [n for n in paths.names if not all(p.exists() for p in paths.key_pair(n))]
+    _write_key_pairs(paths, absent)
     return paths

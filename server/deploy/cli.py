@@ -1,8 +1,12 @@
 """`silofl deploy`: certificates and a loopback federation of real Flower processes.
 
-    silofl deploy certs --out DIR [--silos N] [--hosts NAME,...] [--overwrite]
-    silofl deploy up --dir DIR --silos N [--data SPLITDIR] [--insecure]
+    silofl deploy certs --out DIR [--silos N] [--topology T [--sensitive-parties S]] [--hosts NAME,...] [--overwrite]
+    silofl deploy up --dir DIR --silos N [--topology T [--sensitive-parties S]] [--data SPLITDIR] [--insecure]
     silofl deploy down --dir DIR
+
+`--topology` (silos, the default; divided, central-sensitive, general: `server.deploy.topology`) deploys separate
+feature and sensitive parties instead of silos: N = `--silos` feature parties and the topology's sensitive parties
+(`--sensitive-parties S` for general), each a SuperNode with its own key pair (`features_k`, `sensitive_c`).
 
 `add_deploy_parser` registers the commands on the `silofl` console script's subparsers; each parsed namespace
 carries `func`.
@@ -28,7 +32,14 @@ def certs_command(args: argparse.Namespace) -> int:
     from server.deploy.certs import CertError, make_certs
 
     try:
-        paths = make_certs(args.out, args.silos, hosts=args.hosts, overwrite=args.overwrite)
+        paths = make_certs(
+            args.out,
+            args.silos,
+            hosts=args.hosts,
+            overwrite=args.overwrite,
+            topology=args.topology,
+            sensitive_parties=args.sensitive_parties,
+        )
     except CertError as exc:
         print(f"silofl deploy certs: {exc}", file=sys.stderr)
         return 2
@@ -37,8 +48,9 @@ def certs_command(args: argparse.Namespace) -> int:
         f"SuperLink: {paths.superlink_cert}, {paths.superlink_key} (names: localhost, 127.0.0.1, ::1, "
         f"{', '.join(args.hosts)})"
     )
-    for key, pub in zip(paths.silo_keys, paths.silo_public_keys, strict=True):
-        print(f"silo:      {key} -> that site only; {pub} -> `flwr supernode register {pub.name} <connection>`")
+    for name, key, pub in zip(paths.names, paths.silo_keys, paths.silo_public_keys, strict=True):
+        who = f"{name.partition('_')[0]}:".ljust(10)  # silo: / features: / sensitive:
+        print(f"{who} {key} -> that site only; {pub} -> `flwr supernode register {pub.name} <connection>`")
     print(f"all public keys: {paths.public_keys_csv}")
     return 0
 
@@ -47,14 +59,21 @@ def up_command(args: argparse.Namespace) -> int:
     from server.deploy.local import DeployError, up
 
     try:
-        dep = up(args.dir, args.silos, data=args.data, insecure=args.insecure)
+        dep = up(
+            args.dir,
+            args.silos,
+            data=args.data,
+            insecure=args.insecure,
+            topology=args.topology,
+            sensitive_parties=args.sensitive_parties,
+        )
     except DeployError as exc:
         print(f"silofl deploy up: {exc}", file=sys.stderr)
         return 1
     mode = "insecure (no TLS, no authentication)" if dep.insecure else "TLS + SuperNode authentication"
     print(f"SuperLink: Fleet API {dep.fleet_address}, Control API {dep.control_address}; {mode}")
     for proc in dep.processes:
-        print(f"  {proc.name:<10} pid {proc.pid:<8} log {proc.log}")
+        print(f"  {proc.name:<12} pid {proc.pid:<8} log {proc.log}")
     print("submit a run from the project folder:")
     print(f"  {dep.submit_command(str(Path(dep.dir) / 'out'))}")
     print(f"stop: silofl deploy down --dir {dep.dir}")
@@ -73,6 +92,27 @@ def down_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_topology_flags(parser: argparse.ArgumentParser, nodes: str) -> None:
+    """`--topology` and `--sensitive-parties`, shared by `deploy certs` and `deploy up` (`nodes`: what is made)."""
+    from server.deploy.topology import TOPOLOGIES
+
+    parser.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default="silos",
+        help=f"silos (default): {nodes} for N silos holding both divisions; divided: N feature and N sensitive "
+        "parties; central-sensitive: N feature parties and one sensitive party (a census bureau); general: N "
+        "feature and S sensitive parties",
+    )
+    parser.add_argument(
+        "--sensitive-parties",
+        type=int,
+        default=None,
+        metavar="S",
+        help="sensitive parties of --topology general (the other topologies fix the number)",
+    )
+
+
 def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `deploy certs|up|down` on an argparse subparsers object (e.g. the `silofl` command's)."""
     from server.deploy.certs import DEFAULT_HOSTS
@@ -82,13 +122,16 @@ def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
 
     certs = sub.add_parser(
         "certs",
-        help="a CA, the SuperLink's TLS certificate and one authentication key pair per silo",
+        help="a CA, the SuperLink's TLS certificate and one authentication key pair per silo or party",
         description="Write ca.crt/ca.key, superlink.crt/superlink.key (signed by the CA), silo_<k>.key/.pub "
-        "(OpenSSH ECDSA P-384, the format Flower 1.39's SuperNode authentication reads) and "
-        "supernode_public_keys.csv into DIR.",
+        "(with --topology: features_<k>.key/.pub and sensitive_<c>.key/.pub; OpenSSH ECDSA P-384, the format "
+        "Flower 1.39's SuperNode authentication reads) and supernode_public_keys.csv into DIR.",
     )
     certs.add_argument("--out", type=Path, required=True, metavar="DIR")
-    certs.add_argument("--silos", type=int, default=3, metavar="N", help="key pairs to create (default 3)")
+    certs.add_argument(
+        "--silos", type=int, default=3, metavar="N", help="silos, or feature parties with --topology (default 3)"
+    )
+    _add_topology_flags(certs, "key pairs")
     certs.add_argument(
         "--hosts",
         type=_hosts,
@@ -103,17 +146,18 @@ def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
         "up",
         help="start a SuperLink and N SuperNodes on this machine (loopback)",
         description="Start flower-superlink (TLS + SuperNode authentication unless --insecure) and one "
-        "flower-supernode per silo as background processes; pids and logs in DIR; writes the 'silofl-local' "
-        "connection to DIR/flwr_home/config.toml.",
+        "flower-supernode per silo (or per feature and sensitive party, with --topology) as background processes; "
+        "pids and logs in DIR; writes the 'silofl-local' connection to DIR/flwr_home/config.toml.",
     )
     up.add_argument("--dir", type=Path, required=True, metavar="DIR")
-    up.add_argument("--silos", type=int, required=True, metavar="N")
+    up.add_argument("--silos", type=int, required=True, metavar="N", help="silos, or feature parties with --topology")
+    _add_topology_flags(up, "SuperNodes")
     up.add_argument(
         "--data",
         type=Path,
         metavar="SPLITDIR",
-        help="silo_0 ... silo_<N-1> from `silofl data split` (default: "
-        "the embedded synthetic dataset, split into DIR/data)",
+        help="silo_0 ... silo_<N-1> from `silofl data split` (with --topology: features_0 ... and sensitive_0 ... "
+        "from `silofl data split --topology`; default: the embedded synthetic dataset, split into DIR/data)",
     )
     up.add_argument("--insecure", action="store_true", help="no TLS and no authentication")
     up.set_defaults(func=up_command)

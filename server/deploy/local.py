@@ -2,13 +2,18 @@
 
 This is the real deployment runtime (gRPC Fleet API, one `flwr-clientapp` process per message, TLS and SuperNode
 authentication) with every site on localhost: the documented "bring up / submit / collect / tear down" path, and
-what the loopback tests and `benchmarks/deployment.py` run. Layout of DIR:
+what the loopback tests and `benchmarks/deployment.py` run. The SuperNodes are N silos (`silo_k`), or with a
+`topology` other than ``silos`` (`server.deploy.topology`) N feature parties (`features_k`) and the topology's
+sensitive parties (`sensitive_c`), each started with its role (`silofl silo start` reads it from the party folder).
+Layout of DIR:
 
-* `certs/`: from :func:`server.deploy.certs.make_certs` (reused if present), unless insecure;
-* `data/silo_k/`: the silos' folders when no split is given (the embedded synthetic dataset, `silofl data split`);
+* `certs/`: from :func:`server.deploy.certs.make_certs` (reused if present, completed with missing nodes' key
+  pairs), unless insecure;
+* `data/silo_k/` (or `data/features_k/`, `data/sensitive_c/`): the nodes' folders when no split is given (the
+  embedded synthetic dataset, as `silofl data split synthetic --silos N [--topology T]` writes it);
 * `superlink/`: the SuperLink's FLWR_HOME (it installs each submitted app under `apps/`) and working directory:
   the ServerApp runs there, so a relative run-config `out-dir` lands under `DIR/superlink/`;
-* `silo_k/`: SuperNode k's FLWR_HOME and working directory;
+* `silo_k/` (`features_k/`, `sensitive_c/`): that SuperNode's FLWR_HOME and working directory;
 * `logs/`: one log per process; `flwr_home/config.toml`: the `silofl-local` connection for `flwr run`;
 * `deploy.json`: pids (with their start times, so a recycled pid is never signalled), ports and paths.
 
@@ -32,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from client.silo_cli import RUNTIME_ENV
+from server.deploy.topology import NodeLayout, TopologyError, node_layout
 
 __all__ = [
     "CONNECTION",
@@ -80,6 +86,8 @@ class Deployment:
     certs: str = ""
     data: str = ""
     processes: list[ProcessInfo] = field(default_factory=list)
+    topology: str = "silos"
+    sensitive_parties: int = 0
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE
@@ -102,15 +110,23 @@ class Deployment:
         return cls(**raw)
 
     def submit_command(self, out_dir: str = "/abs/path/to/out") -> str:
-        """The shell command that submits a run of the app in the current directory to this federation."""
+        """The shell command that submits a run of the app in the current directory to this federation (with
+        parties, its run config names the algorithm that runs on them and the topology)."""
         return (
             f"FLWR_HOME={self.flwr_home} flwr run . {self.connection} --stream "
-            f"--run-config 'num-silos={self.num_silos} out-dir=\"{out_dir}\"'"
+            f"--run-config '{self.layout.run_config()} out-dir=\"{out_dir}\"'"
         )
 
     @property
     def num_silos(self) -> int:
-        return sum(1 for p in self.processes if p.name.startswith("silo_"))
+        """The silos, or the feature parties (the run config's `num-silos`)."""
+        prefix = "silo_" if self.topology == "silos" else "features_"
+        return sum(1 for p in self.processes if p.name.startswith(prefix))
+
+    @property
+    def layout(self) -> NodeLayout:
+        """The nodes this deployment runs (its topology)."""
+        return NodeLayout(self.topology, self.num_silos, self.sensitive_parties)
 
 
 def free_port() -> int:
@@ -291,9 +307,18 @@ def register_supernodes(public_keys: Sequence[Path], flwr_home: Path, connection
 
 
 def start_supernode(
-    dep: Deployment, name: str, data: Path, *, auth_key: Path | None, port: int | None = None
+    dep: Deployment,
+    name: str,
+    data: Path,
+    *,
+    auth_key: Path | None,
+    port: int | None = None,
+    role: str | None = None,
 ) -> ProcessInfo:
-    """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for."""
+    """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for.
+
+    `role` (silo, features, sensitive) defaults to the one the folder's info.json names, as `silofl silo start`'s.
+    """
     from argparse import Namespace
 
     from client.silo_cli import supernode_command
@@ -309,6 +334,7 @@ def start_supernode(
         epsilon_budget=None,
         deterministic_noise=False,
         clientapp_port=port,
+        role=role,
         supernode_executable=str(_bin_dir() / "flower-supernode"),
     )
     command = supernode_command(args)
@@ -345,12 +371,83 @@ def _silo_folders(data: Path | None, silos: int, root: Path) -> list[Path]:
         try:
             silo = load_silo(folder)
         except DataError as exc:
+            hint = (
+                "; it holds party folders (features_*, sensitive_*): pass the --topology it was split with"
+                if (Path(data) / "features_0").is_dir()
+                else ""
+            )
             raise DeployError(
-                f"--data: {exc} (expected silo_0 ... silo_{silos - 1} from `silofl data split`)"
+                f"--data: {exc} (expected silo_0 ... silo_{silos - 1} from `silofl data split`{hint})"
             ) from None
         if silo.num_silos != silos:
             raise DeployError(f"--data: {folder} is one of {silo.num_silos} silos, but --silos is {silos}")
     return folders
+
+
+def _party_folders(data: Path | None, layout: NodeLayout, root: Path) -> list[Path]:
+    """The folders of `layout`'s parties (features_k, sensitive_c): `data`'s, checked, or (`data` None) the embedded
+    synthetic dataset split as `silofl data split synthetic --silos N --topology T` does, into DIR/data."""
+    from client.data.party_store import load_party, read_party_info
+    from client.data.tabular import DataError
+
+    def fits(folder: Path, role: str, party_id: int) -> str:
+        """What is wrong with `folder` as `role` party `party_id` of `layout` (empty if nothing)."""
+        try:
+            info = read_party_info(folder)
+        except DataError as exc:
+            return str(exc)
+        count = layout.silos if role == "features" else layout.sensitive
+        if info["role"] != role or info["party_id"] != party_id or info["num_parties"] != count:
+            kind = {"features": "feature", "sensitive": "sensitive"}
+            return (
+                f"{folder} is {kind[info['role']]} party {info['party_id']} of {info['num_parties']}, but --topology "
+                f"{layout.topology} with --silos {layout.silos} needs {kind[role]} party {party_id} of {count} here"
+            )
+        return ""
+
+    if data is None:
+        data = root / "data"
+        if any(fits(data / name, role, k) for name, role, k in layout.nodes):
+            _write_synthetic_parties(data, layout)
+    data = Path(data).resolve()
+    expected = (
+        f"expected {', '.join(layout.names)} from `silofl data split DATASET --silos {layout.silos} --topology "
+        f"{layout.topology}{f' --sensitive-parties {layout.sensitive}' if layout.topology == 'general' else ''}`"
+    )
+    if not any((data / name).is_dir() for name in layout.names) and (data / "silo_0").is_dir():
+        raise DeployError(
+            f"--data {data} holds silo folders (silo_0, ...) but --topology is {layout.topology}: drop --topology to "
+            f"deploy silos, or {expected}"
+        )
+    folders = []
+    for name, role, k in layout.nodes:
+        folder = data / name
+        problem = fits(folder, role, k)
+        if not problem:
+            try:
+                load_party(folder, role=role)  # every file, not just info.json: a bad folder fails here
+            except DataError as exc:
+                problem = str(exc)
+        if problem:
+            raise DeployError(f"--data: {problem} ({expected})")
+        folders.append(folder)
+    return folders
+
+
+def _write_synthetic_parties(out: Path, layout: NodeLayout) -> None:
+    """`silofl data split synthetic --silos N --topology T [--sensitive-parties S] --out OUT`, with its defaults."""
+    from client.data.loaders import load_dataset
+    from client.data.party_store import save_party
+    from client.data.topology import split_parties
+
+    ds = load_dataset("synthetic", seed=0)
+    features, sensitive = split_parties(
+        ds, layout.topology, feature_parties=layout.silos, sensitive_parties=layout.sensitive, seed=0
+    )
+    for party in features:
+        save_party(party, out / f"features_{party.party_id}", num_parties=len(features))
+    for party in sensitive:
+        save_party(party, out / f"sensitive_{party.party_id}", num_parties=len(sensitive))
 
 
 def up(
@@ -360,26 +457,37 @@ def up(
     data: Path | None = None,
     insecure: bool = False,
     timeout: float = STARTUP_TIMEOUT,
+    topology: str = "silos",
+    sensitive_parties: int | None = None,
 ) -> Deployment:
-    """Start a SuperLink (TLS + SuperNode authentication unless `insecure`) and `silos` SuperNodes on loopback.
+    """Start a SuperLink (TLS + SuperNode authentication unless `insecure`) and the SuperNodes of `topology` on
+    loopback: `silos` silos, or `silos` feature parties and the topology's sensitive parties (`sensitive_parties`
+    for topology general), each with its own key pair and its role.
 
     Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
     """
-    from server.deploy.certs import CertPaths, make_certs
+    from server.deploy.certs import CertError, CertPaths, ensure_certs
 
     if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
         raise DeployError(f"--silos must be a positive integer, got {silos!r}")
+    try:
+        layout = node_layout(silos, topology, sensitive_parties)
+    except TopologyError as exc:
+        raise DeployError(str(exc)) from None
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     if (root / STATE_FILE).exists():
         old = Deployment.load(root)
         if any(_alive(p) for p in old.processes):
             raise DeployError(f"{root} already runs a federation; `silofl deploy down --dir {root}` first")
-    folders = _silo_folders(data, silos, root)
+    folders = _party_folders(data, layout, root) if layout.parties else _silo_folders(data, silos, root)
 
-    certs = CertPaths.layout(root / "certs", silos)
-    if not insecure and not all(p.exists() for p in certs.files()):
-        certs = make_certs(certs.out, silos)
+    certs = CertPaths.layout(root / "certs", silos, topology=topology, sensitive_parties=sensitive_parties)
+    if not insecure:
+        try:
+            certs = ensure_certs(certs.out, silos, topology=topology, sensitive_parties=sensitive_parties)
+        except CertError as exc:
+            raise DeployError(f"certificates: {exc}") from None
     fleet_port, control_port = free_port(), free_port()
     dep = Deployment(
         dir=str(root),
@@ -389,6 +497,8 @@ def up(
         flwr_home=str(root / "flwr_home"),
         certs="" if insecure else str(certs.out),
         data=str(folders[0].parent),
+        topology=layout.topology,
+        sensitive_parties=layout.sensitive,
     )
     command = [
         str(_bin_dir() / "flower-superlink"),
@@ -432,9 +542,9 @@ def up(
         )
         if not insecure:
             register_supernodes(certs.silo_public_keys, Path(dep.flwr_home))
-        for k, folder in enumerate(folders):
+        for k, ((name, role, _), folder) in enumerate(zip(layout.nodes, folders, strict=True)):
             key = None if insecure else certs.silo_keys[k]
-            dep.processes.append(start_supernode(dep, f"silo_{k}", folder, auth_key=key))
+            dep.processes.append(start_supernode(dep, name, folder, auth_key=key, role=role))
             dep.save()
         for proc in dep.processes[1:]:
             wait_for_supernode(proc, timeout)
