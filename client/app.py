@@ -97,10 +97,11 @@ def _answer(
     instr: msg.TrainInstruction,
     compute: Callable[[], RecordDict],
     what: str,
+    role: str = parties.SILO,
 ) -> Message:
-    """Answer a checked request once (see `client.privacy_state`): bind the silo's job, replay a journaled answer to
+    """Answer a checked request once (see `client.privacy_state`): bind the node's job, replay a journaled answer to
     the same request, else compute it and journal it before it is released."""
-    privacy_state.open_job(context, silo_id=silo_id, instr=instr, what=what)
+    privacy_state.open_job(context, silo_id=silo_id, instr=instr, what=what, role=role)
     digest = privacy_state.request_digest(message.content) if privacy_state.persistent(context) else ""
     cached = privacy_state.replay(context, kind, instr, digest, what=what)
     if cached is not None:
@@ -273,7 +274,7 @@ def _feature_train(message: Message, context: Context) -> Message:
             model = _model_from_arrays(message, party.info, instr.model, getattr(instr, "hidden", 64), what)
             return round_fn(model, party, instr, context, message)
 
-    return _answer("train", message, context, party.party_id, instr, compute, what)
+    return _answer("train", message, context, party.party_id, instr, compute, what, parties.FEATURES)
 
 
 def _feature_evaluate(message: Message, context: Context) -> Message:
@@ -299,7 +300,7 @@ def _sensitive_answer(kind: str, message_kind: str, message: Message, context: C
         with _single_thread():
             return handler(party, instr, context, message)
 
-    return _answer(kind, message, context, party.party_id, instr, compute, what)
+    return _answer(kind, message, context, party.party_id, instr, compute, what, parties.SENSITIVE)
 
 
 def _party_for(context: Context, role: str, kind: str):

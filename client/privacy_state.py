@@ -302,8 +302,12 @@ def _private(instr: TrainInstruction) -> bool:
     return math.isfinite(instr.epsilon) or float(getattr(instr, "rho", 0.0)) > 0
 
 
-def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: str) -> None:
+def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: str, role: str = "silo") -> None:
     """Bind this context to the job of `instr` on its first message, loading the silo's saved state for the job.
+
+    The state file is named by the node's role and id (``silo0-job-...``, ``sensitive0-job-...``), so that a
+    feature and a sensitive party given one state-dir by mistake do not read each other's ledgers. (The run's data
+    spec, ``run-<id>.json``, is the same for every node of a run.)
 
     A context serves one job: later messages with other parameters are refused by :func:`noise_plan`. A silo with no
     state for a private job refuses to start it after round 1: its ledger would start from zero and forget the
@@ -313,7 +317,7 @@ def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: s
         return
     fingerprint = job_fingerprint(instr)
     directory = state_dir(context)
-    path = directory / f"silo{silo_id}-job-{fingerprint}.json" if directory is not None else None
+    path = directory / f"{role}{silo_id}-job-{fingerprint}.json" if directory is not None else None
     if path is not None and path.is_file():
         _load_job(context, path, silo_id, fingerprint)
     elif _private(instr) and instr.server_round > 1:

@@ -366,3 +366,14 @@ def test_party_folders_given_to_an_algorithm_that_runs_on_silos_only_are_refused
     with pytest.raises(RoundError, match=r"separate parties .* dp-fedsgd runs on silos only"):
         run_federation(grid, config)
     assert {m.metadata.message_type for m, _ in grid.log} == {msg.SETUP}
+
+
+def test_a_feature_and_a_sensitive_party_sharing_a_state_dir_keep_apart_ledgers(tmp_path) -> None:
+    """Feature party 0 and sensitive party 0 given one state-dir by mistake: their job files are named by role, so
+    the census's ledger is its own (a shared file would have refused or mixed their answers)."""
+    config = _config(topology="central-sensitive", rounds=2)
+    shared = {"state-dir": str(tmp_path)}
+    result = run_federation(InProcessGrid(client_app, config.num_nodes, node_configs=[shared] * 4), config)
+    assert result["privacy"]["per_silo"]["0"]["rounds_answered"] == 2
+    names = sorted(p.name.split("-job-")[0] for p in tmp_path.glob("*-job-*.json"))
+    assert names == ["features0", "features1", "features2", "sensitive0"]
