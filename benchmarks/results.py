@@ -181,8 +181,9 @@ class Reduction:
             return None
         return sum(p.reduction for p in self.matched) / len(self.matched)
 
-    def text(self) -> str:
-        """`48.2% (2/3)`: the mean reduction and matched / baseline points; `n/a (0/1: ...)` when none matched."""
+    def text(self, reference: str = "SteFFLe") -> str:
+        """`48.2% (2/3)`: the mean reduction and matched / baseline points; `n/a (0/1: ...)` when none matched
+        (`reference`: whose curve the points were matched to)."""
         count = f"{len(self.matched)}/{self.total}"
         if self.total == 0:
             return "no runs"
@@ -191,13 +192,23 @@ class Reduction:
         reasons = [
             f"{n} {what}"
             for n, what in (
-                (self.below, "below SteFFLe's error range"),
-                (self.above, "above SteFFLe's error range"),
+                (
+                    self.below,
+                    f"below {reference}' error range"
+                    if reference.endswith("s")
+                    else f"below {reference}'s error range",
+                ),
+                (
+                    self.above,
+                    f"above {reference}' error range"
+                    if reference.endswith("s")
+                    else f"above {reference}'s error range",
+                ),
                 (self.zero, "with zero violation"),
             )
             if n
         ]
-        return f"n/a ({count}: {', '.join(reasons) or 'no SteFFLe point'})"
+        return f"n/a ({count}: {', '.join(reasons) or f'no {reference} point'})"
 
 
 def matched_error_reduction(steffle: Sequence[Point], baseline: Sequence[Point]) -> Reduction:
@@ -670,33 +681,64 @@ def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Pa
         "each topology pays for its privacy; sensitive-side sigma and its sampling rate; seconds per round of the "
         "run on the in-process engine (`timing.seconds_per_round`, two runs at a time on 2 cores).",
         "",
-        "| epsilon | topology | q_s | lambda | seeds | test error | violation | noise on h | sigma (rate) | s/round |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| epsilon | method | q_s | batch | lambda | seeds | test error | violation | noise on h | sigma (rate) | "
+        "s/round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
     for r in records:
-        key = (r.epsilon, r.method, _fmt(r.get("keep-rate")), plots._float(r.get("lambda")))
-        groups[key].append(r)
+        groups[(r.epsilon, r.method, _fmt(r.get("keep-rate")), plots._float(r.get("lambda")))].append(r)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
-    for (eps, _, keep, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
+    curves: dict[tuple, list[tuple[Point, float | None]]] = defaultdict(list)  # (eps, method, q_s) -> points
+    for (eps, method, keep, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
         error = plots.mean_sd([r.final["error"] for r in runs])
         violation = plots.mean_sd([r.final[metric] for r in runs])
         noise = [v for r in runs if (v := noise_on_h(r.folder)) is not None]
-        result = _read_json(runs[0].folder / "result.json")
-        per = list(((result.get("privacy") or {}).get("per_silo") or {}).values())
+        results = [_read_json(r.folder / "result.json") for r in runs]
+        per = list(((results[0].get("privacy") or {}).get("per_silo") or {}).values())
         sigma = f"{per[0]['noise_multiplier']:.3g} ({per[0]['sampling_rate']:.3g})" if per and lam > 0 else "-"
-        seconds = plots.mean_sd(
-            [float(_read_json(r.folder / "result.json")["timing"]["seconds_per_round"]) for r in runs]
-        )
-        topology = str(runs[0].get("topology") or "silos")
-        rows = ", all rows" if runs[0].get("share-rows") == "all" else ""
+        seconds = plots.mean_sd([float(res["timing"]["seconds_per_round"]) for res in results])
+        parties = str(runs[0].get("topology") or "silos") != "silos"
         noise_text = f"{statistics.mean(noise):.4f}" if noise else "-"
         lines.append(
-            f"| {_fmt(eps)} | {topology}{rows} | {keep if topology != 'silos' else '-'} | {_fmt(lam)} | {len(runs)} | "
-            f"{error[0]:.4f} ± {error[1]:.4f} | {violation[0]:.4f} ± {violation[1]:.4f} | {noise_text} | {sigma} | "
-            f"{seconds[0]:.3f} |"
+            f"| {_fmt(eps)} | {method} | {keep if parties else '-'} | {_fmt(runs[0].get('batch-size'))} | "
+            f"{_fmt(lam)} | {len(runs)} | {error[0]:.4f} ± {error[1]:.4f} | {violation[0]:.4f} ± {violation[1]:.4f} | "
+            f"{noise_text} | {sigma} | {seconds[0]:.3f} |"
         )
+        curves[(eps, method, keep if parties else "-")].append(
+            ((error[0], violation[0]), statistics.mean(noise) if noise else None)
+        )
+    lines += ["", *_topology_summary(curves)]
     return [*lines, ""], files
+
+
+def _topology_summary(curves: Mapping[tuple, list[tuple[Point, float | None]]]) -> list[str]:
+    """Per epsilon and curve: its noise on h against the silos' (batch 256) and the silos' violation at the same test
+    error (:func:`matched_error_reduction` with the silos as "SteFFLe": positive = the silos' violation is lower)."""
+    lines = [
+        "What each topology pays, per epsilon: the mean noise on h over the curve's points against the silos' (same "
+        "batch 256), and the silos' violation at the curve's test errors (`matched_error_reduction` with the silos' "
+        "curve as the reference: positive = the silos reach a lower violation at the same error; in brackets the "
+        "curve's points matched inside the silos' error range).",
+        "",
+        "| epsilon | method | q_s | noise on h | x silos | silos' violation at the same error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for eps in sorted({key[0] for key in curves}):
+        silos = curves.get((eps, "silos", "-"), [])
+        base = [n for _, n in silos if n is not None]
+        for (e, method, keep), points in curves.items():
+            if e != eps or method == "silos":
+                continue
+            noise = [n for _, n in points if n is not None]
+            mean = statistics.mean(noise) if noise else None
+            ratio = f"{mean / statistics.mean(base):.1f}" if mean is not None and base else "-"
+            reduction = matched_error_reduction([p for p, _ in silos], [p for p, _ in points])
+            lines.append(
+                f"| {_fmt(eps)} | {method} | {keep} | {'-' if mean is None else f'{mean:.4f}'} | {ratio} | "
+                f"{reduction.text('the silos') if silos else 'no silos runs'} |"
+            )
+    return [*lines, ""]
 
 
 def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:

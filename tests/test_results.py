@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import shutil
 import sys
@@ -175,7 +176,7 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # missing sections say so and name the command
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo"):
         assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
-    assert text.count("Not generated yet: run `") == 5  # three SteFFLe sweeps, mu2, FedSC
+    assert text.count("Not generated yet: run `") == 6  # three SteFFLe sweeps, the topology sweep, mu2, FedSC
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
@@ -367,3 +368,41 @@ def test_fedsc_benchmark_runs_are_grouped_by_configuration_with_the_command_that
     )
     labels = [results._fedsc_label(key) for key in groups]
     assert labels[1] == "60 rounds x 1 epochs, 300 img/silo, batch 100, alpha 0.1 -> 0.1"
+
+
+def test_one_section_is_replaced_in_place_or_inserted_before_the_next_heading():
+    doc = "# t\n\n## A\n\nold a\n\n### A.1\n\nold a1\n\n## B\n\nb\n"
+    replaced = results.replace_section(doc, "## A", ["## A", "", "new a"], "## B")
+    assert replaced == "# t\n\n## A\n\nnew a\n\n## B\n\nb\n"  # its subsections go with it
+    inserted = results.replace_section("# t\n\n## B\n\nb\n", "## A", ["## A", "", "a"], "## B")
+    assert inserted == "# t\n\n## A\n\na\n\n## B\n\nb\n"
+
+
+def _topology_result(folder: Path, config: dict, per_silo: dict, feature_parties: int) -> Path:
+    folder.mkdir(parents=True)
+    silos = [{"n_train": 1000} for _ in range(feature_parties)]
+    result = {
+        "config": {"lambda": 1.0, "clip": 2.0, "batch-size": 100, **config},
+        "privacy": {"epsilon_target": 1.0, "per_silo": per_silo},
+        "federation": {"silos": silos},
+    }
+    (folder / "result.json").write_text(json.dumps(result))
+    return folder
+
+
+def test_noise_on_h_is_the_noise_std_on_the_servers_fairness_gradient(tmp_path: Path):
+    silo = {"noise_multiplier": 10.0, "sampling_rate": 0.1, "n_train": 1000}
+    silos = _topology_result(tmp_path / "s", {}, {"0": silo, "1": silo}, 2)
+    # each silo: sigma C / (q n_j) = 10 * 2 / 100 = 0.2, weighted 1/2 each: sqrt(2 * 0.1^2)
+    assert results.noise_on_h(silos) == pytest.approx(0.2 * math.sqrt(2) / 2)
+    census = {"noise_multiplier": 50.0, "sampling_rate": 0.5, "n_train": 2000}
+    sampled = _topology_result(
+        tmp_path / "c", {"topology": "central-sensitive", "keep-rate": 0.5, "share-rows": "sampled"}, {"0": census}, 2
+    )
+    assert results.noise_on_h(sampled) == pytest.approx(50 * 2 / (0.5 * 2 * 100))  # rows: 2 parties x m = 100
+    every = _topology_result(
+        tmp_path / "a", {"topology": "central-sensitive", "keep-rate": 0.5, "share-rows": "all"}, {"0": census}, 2
+    )
+    assert results.noise_on_h(every) == pytest.approx(50 * 2 / (0.5 * 2000))  # rows: every record
+    off = _topology_result(tmp_path / "o", {"lambda": 0.0}, {"0": silo}, 1)
+    assert results.noise_on_h(off) is None
