@@ -17,6 +17,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -166,6 +167,29 @@ def _party_summary(
     return table
 
 
+def _source(args: argparse.Namespace) -> dict[str, Any]:
+    """The dataset loader's arguments (the same records for silos and parties)."""
+    return {
+        "data_dir": args.data_dir,
+        "seed": args.seed,
+        "test_fraction": args.test_fraction,
+        "target": args.target,
+        "sensitive": args.sensitive,
+        "features": args.features,
+        "download": not args.no_download,
+    }
+
+
+def _partition(args: argparse.Namespace) -> dict[str, Any]:
+    """The silo split's arguments (the feature parties are split as silos are)."""
+    return {
+        "partition": args.partition,
+        "heterogeneity": args.heterogeneity,
+        "classes_per_silo": args.classes_per_silo,
+        "dirichlet_alpha": args.dirichlet_alpha,
+    }
+
+
 def _split_parties(args: argparse.Namespace, console: Console) -> None:
     """`data split --topology T`: one directory per feature and per sensitive party."""
     defaults = {"divided": args.silos, "central-sensitive": 1}
@@ -176,27 +200,15 @@ def _split_parties(args: argparse.Namespace, console: Console) -> None:
     count = args.sensitive_parties or defaults.get(args.topology, 0)
     if count < 1:
         raise DataError("--topology general needs --sensitive-parties S (S >= 1)")
-    ds = load_dataset(
-        args.dataset,
-        data_dir=args.data_dir,
-        seed=args.seed,
-        test_fraction=args.test_fraction,
-        target=args.target,
-        sensitive=args.sensitive,
-        features=args.features,
-        download=not args.no_download,
-    )
+    ds = load_dataset(args.dataset, **_source(args))
     features, sensitive = split_parties(
         ds,
         args.topology,
         feature_parties=args.silos,
         sensitive_parties=count,
-        partition=args.partition,
-        heterogeneity=args.heterogeneity,
-        classes_per_silo=args.classes_per_silo,
-        dirichlet_alpha=args.dirichlet_alpha,
         seed=args.seed,
         sensitive_by=args.sensitive_by,
+        **_partition(args),
     )
     _prepare_out(args.out, args.overwrite)
     for party in features:
@@ -233,21 +245,7 @@ def split_command(args: argparse.Namespace) -> int:
         for flag, given in (("--sensitive-parties", args.sensitive_parties), ("--sensitive-by", args.sensitive_by)):
             if given:
                 raise DataError(f"{flag} is for --topology general")
-        ds, silos = load_federation(
-            args.dataset,
-            args.silos,
-            data_dir=args.data_dir,
-            seed=args.seed,
-            test_fraction=args.test_fraction,
-            target=args.target,
-            sensitive=args.sensitive,
-            features=args.features,
-            download=not args.no_download,
-            partition=args.partition,
-            heterogeneity=args.heterogeneity,
-            classes_per_silo=args.classes_per_silo,
-            dirichlet_alpha=args.dirichlet_alpha,
-        )
+        ds, silos = load_federation(args.dataset, args.silos, **_source(args), **_partition(args))
         _prepare_out(args.out, args.overwrite)
         for silo in silos:
             save_silo(silo, args.out / f"silo_{silo.silo_id}")
