@@ -705,40 +705,65 @@ def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Pa
             f"{_fmt(lam)} | {len(runs)} | {error[0]:.4f} ± {error[1]:.4f} | {violation[0]:.4f} ± {violation[1]:.4f} | "
             f"{noise_text} | {sigma} | {seconds[0]:.3f} |"
         )
-        curves[(eps, method, keep if parties else "-")].append(
+        curves[(eps, method, keep if parties else "-", _fmt(runs[0].get("batch-size")))].append(
             ((error[0], violation[0]), statistics.mean(noise) if noise else None)
         )
-    lines += ["", *_topology_summary(curves)]
+    lines += ["", *_topology_summary(curves), *_same_seed_text(records, metric)]
     return [*lines, ""], files
 
 
 def _topology_summary(curves: Mapping[tuple, list[tuple[Point, float | None]]]) -> list[str]:
-    """Per epsilon and curve: its noise on h against the silos' (batch 256) and the silos' violation at the same test
-    error (:func:`matched_error_reduction` with the silos as "SteFFLe": positive = the silos' violation is lower)."""
+    """Per epsilon and curve with separate parties: its noise on h against the silos' at the same batch size, and the
+    silos' violation at the same test error (:func:`matched_error_reduction` with the silos as the reference curve:
+    positive = the silos' violation is lower)."""
     lines = [
-        "What each topology pays, per epsilon: the mean noise on h over the curve's points against the silos' (same "
-        "batch 256), and the silos' violation at the curve's test errors (`matched_error_reduction` with the silos' "
-        "curve as the reference: positive = the silos reach a lower violation at the same error; in brackets the "
-        "curve's points matched inside the silos' error range).",
+        "What each topology pays, per epsilon: the mean noise on h over the curve's points against the silos' at the "
+        "same batch size, and the silos' violation at the curve's test errors (`matched_error_reduction` with the "
+        "silos' curve as the reference: positive = the silos reach a lower violation at the same error; in brackets "
+        "the curve's points matched inside the silos' error range).",
         "",
-        "| epsilon | method | q_s | noise on h | x silos | silos' violation at the same error |",
-        "|---|---|---|---|---|---|",
+        "| epsilon | method | q_s | batch | noise on h | x silos | silos' violation at the same error |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for eps in sorted({key[0] for key in curves}):
-        silos = curves.get((eps, "silos", "-"), [])
+    for (eps, method, keep, batch), points in curves.items():
+        if keep == "-":
+            continue  # a silos curve: the reference
+        silos = next((p for (e, _, k, b), p in curves.items() if (e, k, b) == (eps, "-", batch)), [])
         base = [n for _, n in silos if n is not None]
-        for (e, method, keep), points in curves.items():
-            if e != eps or method == "silos":
-                continue
-            noise = [n for _, n in points if n is not None]
-            mean = statistics.mean(noise) if noise else None
-            ratio = f"{mean / statistics.mean(base):.1f}" if mean is not None and base else "-"
-            reduction = matched_error_reduction([p for p, _ in silos], [p for p, _ in points])
-            lines.append(
-                f"| {_fmt(eps)} | {method} | {keep} | {'-' if mean is None else f'{mean:.4f}'} | {ratio} | "
-                f"{reduction.text('the silos') if silos else 'no silos runs'} |"
-            )
+        noise = [n for _, n in points if n is not None]
+        mean = statistics.mean(noise) if noise else None
+        ratio = f"{mean / statistics.mean(base):.1f}" if mean is not None and base else "-"
+        reduction = matched_error_reduction([p for p, _ in silos], [p for p, _ in points])
+        lines.append(
+            f"| {_fmt(eps)} | {method} | {keep} | {batch} | {'-' if mean is None else f'{mean:.4f}'} | {ratio} | "
+            f"{reduction.text('the silos') if silos else 'no silos runs'} |"
+        )
     return [*lines, ""]
+
+
+def _same_seed_text(records: Sequence[plots.RunRecord], metric: str) -> list[str]:
+    """Per method with separate parties: how many of its runs give exactly the test error and violation of the silos'
+    run with the same seed, epsilon, lambda and batch (the same mechanism and random streams give the same numbers)."""
+    keys = ("seed", "epsilon", "lambda", "batch-size")
+    silos = {tuple(_fmt(r.get(k)) for k in keys): r for r in records if str(r.get("topology") or "silos") == "silos"}
+    lines = []
+    for method in dict.fromkeys(r.method for r in records if str(r.get("topology") or "silos") != "silos"):
+        pairs = [
+            (r, silos[key])
+            for r in records
+            if r.method == method and (key := tuple(_fmt(r.get(k)) for k in keys)) in silos
+        ]
+        if not pairs:
+            continue
+        same = sum(r.final["error"] == s.final["error"] and r.final[metric] == s.final[metric] for r, s in pairs)
+        gap = max(abs(r.final[metric] - s.final[metric]) for r, s in pairs)
+        lines.append(
+            f"- `{method}`: {same} of its {len(pairs)} runs give exactly the test error and violation of the silos' "
+            f"run with the same seed, epsilon, lambda and batch (largest violation difference {gap:.4f})."
+        )
+    if lines:
+        lines = ["Same seed, same numbers?", "", *lines, ""]
+    return lines
 
 
 def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
