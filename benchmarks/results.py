@@ -1326,6 +1326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not out.is_file():
             parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
         section, files = topology_section(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
+        now = dt.datetime.now().astimezone()
+        section[1:1] = [
+            "",
+            f"This section was regenerated alone (`python benchmarks/results.py --only topologies`) on "
+            f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {files.runs} runs; the header's counts "
+            "are those of the last full regeneration.",
+        ]
         out.write_text(replace_section(out.read_text(), TOPOLOGY_HEADING, section, MU2_HEADING))
         print(f"wrote the section '{TOPOLOGY_HEADING[3:]}' of {out} ({files.runs} runs)")
         return 0
