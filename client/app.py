@@ -62,7 +62,16 @@ def _spec(context: Context) -> msg.DataSpec:
                 "let it continue"
             )
         context.state[DATA_SPEC_KEY] = saved
-    return msg.DataSpec.model_validate(dict(context.state[DATA_SPEC_KEY]))
+    record = context.state[DATA_SPEC_KEY]
+    spec = _DATA_SPECS.get(record)
+    if spec is None:
+        spec = msg.DataSpec.model_validate(dict(record))
+        _DATA_SPECS.put(record, spec)
+    return spec
+
+
+#: The run's data spec as validated from the state record that holds it (validated once, not on every message).
+_DATA_SPECS: msg.RecordCache[msg.DataSpec] = msg.RecordCache()
 
 
 def _silo(context: Context, kind: str) -> tuple[SiloData, msg.DataSpec]:
@@ -122,9 +131,16 @@ def _model_from_message(message: Message, silo: SiloData, kind: str, hidden: int
     return _model_from_arrays(message, silo.info, kind, hidden, what)
 
 
+@functools.lru_cache(maxsize=8)
+def _shell_spec(kind: str, num_features: int, num_labels: int, hidden: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The parameter names and shapes of :func:`_model_shell` (its architecture never changes)."""
+    return tuple(parameter_spec(_model_shell(kind, num_features, num_labels, hidden)))
+
+
 def _model_from_arrays(message: Message, info, kind: str, hidden: int, what: str) -> torch.nn.Module:
-    model = _model_shell(kind, info.num_features, info.num_labels, hidden)
-    params = msg.check_arrays(message.content, msg.MODEL, parameter_spec(model), what=what)
+    key = (kind, info.num_features, info.num_labels, hidden)
+    params = msg.check_arrays(message.content, msg.MODEL, _shell_spec(*key), what=what)
+    model = _model_shell(*key)
     set_parameters(model, params)
     return model
 

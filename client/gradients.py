@@ -28,6 +28,7 @@ __all__ = [
     "clipped_gradient_sum",
     "flatten_per_sample",
     "mean_gradient",
+    "mean_gradient_and_logits",
     "per_sample_gradients",
     "unflatten",
 ]
@@ -145,15 +146,25 @@ def mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     Uses ``torch.autograd.grad`` so the model's ``.grad`` fields are left untouched. The mean of an empty batch is
     undefined, so ``n == 0`` raises; callers decide what an empty Poisson batch contributes.
     """
+    return mean_gradient_and_logits(model, x, y)[0]
+
+
+def mean_gradient_and_logits(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mean_gradient` and the batch's logits (detached) from the same forward pass.
+
+    For callers that also need the model's outputs on the batch (SteFFLe's non-sensitive division needs F = softmax of
+    the logits): a second forward pass would compute the very same values (the forward arithmetic does not depend on
+    whether autograd records it).
+    """
     x, y = _check_batch(x, y)
     if x.shape[0] == 0:
         raise ValueError(
             "mean_gradient of an empty batch is undefined (n == 0); skip the step or report zeros upstream"
         )
     params = _parameters(model)
-    loss = loss_fn(model(x), y)
-    grads = torch.autograd.grad(loss, list(params.values()))
-    return torch.cat([g.reshape(-1) for g in grads])
+    logits = model(x)
+    grads = torch.autograd.grad(loss_fn(logits, y), list(params.values()))
+    return torch.cat([g.reshape(-1) for g in grads]), logits.detach()
 
 
 def unflatten(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:

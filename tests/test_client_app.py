@@ -183,3 +183,31 @@ def test_evaluate_returns_counts_that_add_up() -> None:
     report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT)
     assert counts.shape == (info.num_groups, info.num_labels, info.num_labels)
     assert counts.sum() == report.num_examples == info.n_test and report.silo_id == 1
+
+
+def test_ledger_kept_between_messages_is_the_one_in_the_state() -> None:
+    """The silo reuses the ledger it saved only while its state holds that very record unchanged: a ledger record
+    put in its place (a restored checkpoint) or changed in place is what the next charge starts from."""
+    from client import privacy_state
+    from protocols.privacy.ledger import PrivacyLedger
+
+    context = _context()
+    info = _setup(context)
+    assert not _train(context, info, 1).has_error()
+    assert not _train(context, info, 2).has_error()
+    saved = context.state[privacy_state.LEDGER_KEY]
+    assert PrivacyLedger.from_dict(dict(saved)).rounds() == [1, 2]
+    # the state's record changed in place (as a hand-edited state would be): round 3 then counts as charged
+    saved["round_run_length"] = [3]
+    saved["entry_steps"] = [3]
+    saved["entry_rounds"] = [3]
+    reply = _train(context, info, 3)
+    assert reply.has_error() and "already charged" in reply.error.reason
+    # a record put in its place: the ledger starts from it
+    context.state[privacy_state.LEDGER_KEY] = ConfigRecord(PrivacyLedger.from_dict(dict(saved)).to_dict())
+    assert not _train(context, info, 4).has_error()
+    after = PrivacyLedger.from_dict(dict(context.state[privacy_state.LEDGER_KEY]))
+    assert after.rounds() == [1, 2, 3, 4]
+    privacy_state.clear_caches()  # what benchmarks do between runs: the ledger is read back from the state
+    assert not _train(context, info, 5).has_error()
+    assert PrivacyLedger.from_dict(dict(context.state[privacy_state.LEDGER_KEY])).rounds() == [1, 2, 3, 4, 5]

@@ -438,3 +438,50 @@ def test_ledger_and_accountant_use_no_private_dp_accounting_names() -> None:
                 private += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
             found += [f"{path.name}:{node.lineno}: {name}" for name in private]
     assert not found, f"private attributes / names of other objects (use dp-accounting's public API): {found}"
+
+
+def test_entries_spanning_gaps_in_the_charged_rounds_round_trip_and_bad_ones_are_refused() -> None:
+    """Consecutive charges with one mechanism merge into one entry even across skipped rounds; the consistency check
+    walks entries and round runs side by side (it used to expand every round number)."""
+    ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="rdp")
+    for round_number, sigma in [(0, 4.0), (2, 1.0), (3, 1.0), (7, 1.0), (8, 2.0), (10, 2.0)]:
+        ledger.charge(round=round_number, noise_multiplier=sigma, sampling_rate=0.1)
+    assert ledger.round_runs == [(0, 1), (2, 2), (7, 2), (10, 1)] and [e.round for e in ledger.entries] == [0, 2, 8]
+    assert PrivacyLedger.from_dict(ledger.to_dict()) == ledger
+    data = ledger.to_dict()
+    with pytest.raises(ValueError, match=r"entries\[2\].round is 7 but round_runs say 8"):
+        PrivacyLedger.from_dict(data | {"entry_round": [0, 2, 7]})
+    with pytest.raises(ValueError, match="entries cover"):
+        PrivacyLedger.from_dict(data | {"round_run_length": [1, 2, 2, 2]})
+    overlong = [LedgerEntry(0, 4.0, 1.0, 1, 1), LedgerEntry(1, 1.0, 0.1, 1, 6, 6), LedgerEntry(9, 2.0, 0.1, 1, 1)]
+    with pytest.raises(ValueError, match="starts after the last round"):  # the round counts add up, their places not
+        PrivacyLedger(math.inf, DELTA, entries=[*overlong, LedgerEntry(9, 2.0, 0.1, 1, 1, -2)], round_runs=[(0, 6)])
+
+
+def test_copy_is_independent_of_its_original() -> None:
+    ledger = PrivacyLedger(epsilon_budget=5.0, delta=DELTA, accountant="best")
+    ledger.charge(round=1, noise_multiplier=1.0, sampling_rate=0.1)
+    clone = ledger.copy()
+    assert clone == ledger and clone.spent() == ledger.spent()
+    clone.charge(round=2, noise_multiplier=1.0, sampling_rate=0.1)
+    assert ledger.rounds() == [1] and ledger.entries == [LedgerEntry(1, 1.0, 0.1, 1, 1, 1)]
+    assert clone.rounds() == [1, 2] and clone.spent() > ledger.spent()
+
+
+@pytest.mark.parametrize("relation", ["add_remove", "replace_one"])
+def test_figures_do_not_depend_on_the_module_caches(relation: str) -> None:
+    """clear_caches() (benchmarks call it before each timed run) changes no figure: every cached PLD, prefix and
+    RDP curve is recomputed the same way."""
+    from protocols.privacy.ledger import clear_caches
+
+    def figures() -> list[float]:
+        ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="best", relation=relation)
+        out = [ledger.charge(round=0, noise_multiplier=6.0, sampling_rate=1.0)]
+        out += [ledger.charge(round=r, noise_multiplier=2.0, sampling_rate=0.05, releases=2) for r in range(1, 40)]
+        return [*out, ledger.spent(), *(eps for _, eps in ledger.history(max_points=5))]
+
+    clear_caches()
+    cold = figures()
+    assert figures() == cold
+    clear_caches()
+    assert figures() == cold

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import math
+
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from protocols import messages as msg
 
@@ -81,3 +84,84 @@ def test_check_records_refuses_missing_and_unexpected_parts() -> None:
     with pytest.raises(msg.MessageError, match=r"unexpected \['smuggled'\].*missing \['report'\]"):
         msg.check_records(content, {msg.UPDATE, msg.REPORT}, what="train reply")
     msg.check_records(RecordDict({msg.REPORT: ConfigRecord({"a": 1})}), {msg.REPORT})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.arange(5),
+        np.float32(3.5),
+        np.zeros((0, 3)),
+        np.arange(12.0).reshape(3, 4).T,  # not C-contiguous
+        np.array([True, False]),
+        np.arange(4, dtype=">f8"),  # big-endian
+        np.zeros((2, 3, 4), np.int64),
+    ],
+)
+def test_arrays_record_writes_flowers_own_payload(value: np.ndarray) -> None:
+    """arrays_record writes the .npy bytes itself: byte for byte what Flower's Array(ndarray) holds."""
+    ours = msg.arrays_record({"a": value})["a"]
+    value = np.asarray(value)
+    flowers = Array(value if value.flags.c_contiguous else np.ascontiguousarray(value))
+    assert (ours.dtype, ours.shape, ours.stype, ours.data) == (
+        flowers.dtype,
+        flowers.shape,
+        flowers.stype,
+        flowers.data,
+    )
+
+
+def test_check_arrays_parses_a_header_other_than_numpys_own_in_full() -> None:
+    """A payload whose header is not the one numpy writes for the spec (Fortran order, format 2.0) is parsed and
+    checked in full, and decodes to the same values; one that lies about its shape is refused."""
+    value = np.arange(6, dtype=np.float32).reshape(1, 6)
+    fortran = Array(np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    out = msg.check_arrays(RecordDict({msg.MODEL: ArrayRecord({"w": fortran})}), msg.MODEL, [("w", (2, 3))])
+    assert np.array_equal(out["w"], np.arange(6, dtype=np.float32).reshape(2, 3)) and out["w"].flags.c_contiguous
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, value, version=(2, 0))
+    v2 = Array("float32", (1, 6), "numpy.ndarray", buffer.getvalue())
+    assert np.array_equal(
+        msg.check_arrays(RecordDict({msg.MODEL: ArrayRecord({"w": v2})}), msg.MODEL, [("w", (1, 6))])["w"], value
+    )
+    lying = Array("float32", (1, 6), "numpy.ndarray", msg.arrays_record({"w": value.reshape(2, 3)})["w"].data)
+    with pytest.raises(msg.MessageError, match="decodes to"):
+        msg.check_arrays(RecordDict({msg.MODEL: ArrayRecord({"w": lying})}), msg.MODEL, [("w", (1, 6))])
+    short = Array("float32", (1, 6), "numpy.ndarray", msg.arrays_record({"w": value})["w"].data[:-4])
+    with pytest.raises(msg.MessageError, match="bytes of data"):
+        msg.check_arrays(RecordDict({msg.MODEL: ArrayRecord({"w": short})}), msg.MODEL, [("w", (1, 6))])
+
+
+def test_flower_record_holds_exactly_the_values_and_checks_new_ones() -> None:
+    """Records built from a template of the same keys hold the new values with their types (1, True and 1.0 differ;
+    0.0 and -0.0 differ), every list anew, and a value Flower refuses is still refused."""
+    first = msg.flower_record(ConfigRecord, {"a": 1, "b": 0.0, "c": "x", "d": [1, 2]})
+    second = msg.flower_record(ConfigRecord, {"a": True, "b": -0.0, "c": "x", "d": [1, 2]})
+    assert type(second["a"]) is bool and math.copysign(1.0, second["b"]) == -1.0 and second["d"] is not first["d"]
+    first["d"].append(3)  # a caller changing its record changes no later record
+    third = msg.flower_record(ConfigRecord, {"a": 1.0, "b": -0.0, "c": "x", "d": [1, 2]})
+    assert dict(third) == {"a": 1.0, "b": -0.0, "c": "x", "d": [1, 2]} and type(third["a"]) is float
+    with pytest.raises(TypeError):
+        msg.flower_record(ConfigRecord, {"a": 1.0, "b": -0.0, "c": object(), "d": [1, 2]})
+    with pytest.raises(TypeError):
+        msg.flower_record(ConfigRecord, {"a": 1.0, "b": -0.0, "c": "x", "d": [1, "2"]})
+    metric = msg.flower_record(MetricRecord, {"m": 0.5})
+    assert isinstance(metric, MetricRecord) and dict(metric) == {"m": 0.5}
+
+
+def test_record_cache_serves_only_the_very_record_as_it_was() -> None:
+    cache: msg.RecordCache[str] = msg.RecordCache()
+    record = ConfigRecord({"x": 1, "values": [1.0, 2.0]})
+    cache.put(record, "derived")
+    assert cache.get(record) == "derived"
+    assert cache.get(ConfigRecord({"x": 1, "values": [1.0, 2.0]})) is None  # another record, equal values
+    record["values"].append(3.0)  # changed in place
+    assert cache.get(record) is None
+    record["values"].pop()
+    assert cache.get(record) == "derived"
+    record["x"] = True  # equal to 1, another type
+    assert cache.get(record) is None
+    record["x"] = 1
+    cache.discard(record)
+    assert cache.get(record) is None

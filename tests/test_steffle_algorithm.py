@@ -54,3 +54,26 @@ def test_group_label_counts() -> None:
     s = SensitiveDivision(np.array([0, 0, 1, 1, 1]))
     counts = group_label_counts(ns, s, 2, 2)
     np.testing.assert_array_equal(counts, [[1, 1], [1, 2]])
+
+
+@pytest.mark.parametrize(("kind", "notion", "l_"), [("logreg", "dp", 2), ("mlp", "eo", 3), ("logreg", "eopp", 3)])
+def test_fairness_gradients_keep_f_from_the_clipped_sums_forward_pass_bit_for_bit(kind, notion, l_) -> None:
+    """The sensitive division's theta-sum and F, from one forward pass, are the bits of `clipped_psi_theta_sum` and
+    of a separate forward pass: the round's results do not depend on the shortcut."""
+    from client.algorithms.steffle import _clipped_theta_sum_and_outputs
+    from protocols.ermi import clipped_psi_theta_sum
+    from protocols.models import build_model
+
+    gen = torch.Generator().manual_seed(3)
+    n, d, k = 40, 7, 2
+    model = build_model(kind, d, l_, hidden=5, seed=2)
+    x = torch.randn(n, d, generator=gen)
+    s = torch.randint(0, k, (n,), generator=gen)
+    y = torch.randint(0, l_, (n,), generator=gen)
+    table = np.random.default_rng(1).dirichlet(np.ones(k), size=l_)
+    prior = GroupPrior(notion, table[0] if notion == "dp" else table, num_labels=l_)
+    w = torch.randn(w_shape(notion, k, l_), generator=gen)
+    theta, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, 0.05, y)
+    assert torch.equal(theta, clipped_psi_theta_sum(model, x, s, w, prior, 0.05, labels=y))
+    with torch.no_grad():
+        assert torch.equal(probs, torch.softmax(model(x), dim=1))

@@ -30,8 +30,9 @@ from torch import nn
 
 from client.algorithms.dp_fedsgd import poisson_sample
 from client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from client.gradients import mean_gradient
-from protocols.ermi import GroupPrior, clipped_psi_theta_sum, psi_w_gradients
+from client.gradients import mean_gradient_and_logits
+from protocols.ermi import GroupPrior, clipped_psi_theta_sum, psi_output_cotangents, psi_w_gradients
+from protocols.models import TabularModel, linear_stack_clipped_sum
 from protocols.privacy.gaussian import GaussianMechanism
 
 
@@ -74,9 +75,8 @@ def nonsensitive_step(
     if len(idx) == 0:
         return torch.zeros(sum(p.numel() for p in model.parameters())), torch.zeros_like(w)
     x, y = torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx])
-    with torch.no_grad():
-        probs = torch.softmax(model(x), dim=1)
-    return mean_gradient(model, x, y), w_gradient_base(probs, y, w, prior)
+    g, logits = mean_gradient_and_logits(model, x, y)  # one forward pass for both g and F
+    return g, w_gradient_base(torch.softmax(logits, dim=1), y, w, prior)
 
 
 def fairness_gradients(
@@ -105,14 +105,14 @@ def fairness_gradients(
     x = torch.from_numpy(data.features[idx])
     y = torch.from_numpy(data.labels[idx])
     s = torch.from_numpy(sensitive.groups[idx])
-    theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)
     w_sum = torch.zeros_like(w)
     if len(idx):
-        with torch.no_grad():
-            probs = torch.softmax(model(x), dim=1)
+        theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
         # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
         # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`).
         w_sum = psi_w_gradients(probs, s, torch.zeros_like(w), prior, labels=y).sum(dim=0)
+    else:
+        theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)  # zeros
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
@@ -120,6 +120,38 @@ def fairness_gradients(
         )
     expected = rate * len(sensitive.groups)
     return theta_sum / expected, w_sum / expected
+
+
+def _clipped_theta_sum_and_outputs(
+    model: nn.Module,
+    x: torch.Tensor,
+    s: torch.Tensor,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    clip: float,
+    y: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)` and F = softmax(model(x)) (detached).
+
+    For a TabularModel this is `protocols.ermi`'s own route for it (cotangents a_i from `psi_output_cotangents`, one
+    backward pass of sum_i <a_i, F(x_i)> through `protocols.models.linear_stack_clipped_sum`) with F kept from that
+    pass's forward, where a second forward pass would compute the very same values; the inputs are the silo's own
+    records and the checked W, so `clipped_psi_theta_sum`'s checks of its arguments are not repeated. Tests check
+    that both give the same bits. Other models take `clipped_psi_theta_sum` and a forward pass.
+    """
+    if isinstance(model, TabularModel):
+        a = psi_output_cotangents(s, w, prior, labels=y)
+        kept: list[torch.Tensor] = []
+
+        def total(logits: torch.Tensor) -> torch.Tensor:
+            probs = torch.softmax(logits, dim=-1)
+            kept.append(probs.detach())
+            return (a * probs).sum()
+
+        return linear_stack_clipped_sum(model, x, total, clip), kept[0]
+    theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)
+    with torch.no_grad():
+        return theta_sum, torch.softmax(model(x), dim=1)
 
 
 def group_label_counts(

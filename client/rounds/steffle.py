@@ -12,6 +12,7 @@ parts) at the same noise multiplier.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -78,7 +79,7 @@ def train_round(
     )
     fair = msg.check_arrays(message.content, msg.FAIRNESS, [("w", w_shape), ("prior", prior_shape)], what=what)
     try:
-        prior = GroupPrior(instr.fairness, fair["prior"].astype(np.float64), num_labels=info.num_labels)
+        prior = group_prior(instr.fairness, fair["prior"], info.num_labels)
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
     w = torch.from_numpy(fair["w"])
@@ -123,6 +124,20 @@ def train_round(
         sampling_rate=rate,
     )
     return arrays, report
+
+
+def group_prior(notion: str, probs: np.ndarray, num_labels: int) -> GroupPrior:
+    """The validated group prior of a train message (raises ValueError for an invalid one).
+
+    The server sends the same prior every round: a prior is validated once per distinct (notion, bytes, shape,
+    number of labels) and the (immutable) GroupPrior reused."""
+    probs = np.ascontiguousarray(probs, dtype=np.float64)
+    return _group_prior(notion, probs.tobytes(), probs.shape, num_labels)
+
+
+@functools.lru_cache(maxsize=64)
+def _group_prior(notion: str, data: bytes, shape: tuple[int, ...], num_labels: int) -> GroupPrior:
+    return GroupPrior(notion, np.frombuffer(data, dtype=np.float64).reshape(shape), num_labels=num_labels)
 
 
 def _named(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ from flwr.app import Context, Message, RecordDict
 from client import privacy_state, randomness
 from client.algorithms import steffle_parties as algo
 from client.data.topology import FeaturePartyData, SensitivePartyData
-from client.rounds.steffle import _named
+from client.rounds.steffle import _named, group_prior
 from protocols import messages as msg
 from protocols import parties as pm
 from protocols.ermi import GroupPrior
@@ -67,7 +67,7 @@ def _prior(content: RecordDict, info, instr: msg.TrainInstruction, what: str) ->
     shape = w_shape(instr.fairness, info.num_groups, info.num_labels)
     fair = msg.check_arrays(content, msg.FAIRNESS, [("w", shape), ("prior", prior_shape)], what=what)
     try:
-        prior = GroupPrior(instr.fairness, fair["prior"].astype(np.float64), num_labels=info.num_labels)
+        prior = group_prior(instr.fairness, fair["prior"], info.num_labels)
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
     return prior, torch.from_numpy(fair["w"])

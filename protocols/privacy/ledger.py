@@ -39,6 +39,7 @@ the composition of all entries (one PLD convolution / one RDP sum), never a sum 
 from __future__ import annotations
 
 import bisect
+import copy
 import functools
 import math
 from collections.abc import Mapping
@@ -202,11 +203,25 @@ def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
         return compute_epsilon(orders, rdp, delta)[0]
     a = np.asarray(orders, dtype=np.float64)
     r = np.asarray(rdp, dtype=np.float64)
+    usable, log_term, delta_term = _conversion_terms(a.tobytes(), delta)
     with np.errstate(divide="ignore", invalid="ignore"):
-        eps = np.where(a > 1.01, r + np.log1p(-1.0 / a) - np.log(delta * a) / (a - 1.0), np.inf)
+        eps = np.where(usable, r + log_term - delta_term, np.inf)
         eps = np.where(delta**2 + np.expm1(-r) > 0, 0.0, eps)  # KL bound: epsilon = 0 suffices
         eps = np.where(r < 0, 0.0, eps)  # numerical noise below zero, as the library treats it
     return float(max(0.0, eps[int(np.argmin(eps))]))
+
+
+@functools.lru_cache(maxsize=64)
+def _conversion_terms(orders: bytes, delta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of :func:`rdp_to_epsilon`'s bound that depend only on the orders and delta (the same for every
+    round of a run): which orders are used, log1p(-1/a) and log(delta a) / (a - 1). The bound is then
+    ``rdp + log1p(-1/a) - log(delta a) / (a - 1)``, the very operations in the very order of the formula."""
+    a = np.frombuffer(orders, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = (a > 1.01, np.log1p(-1.0 / a), np.log(delta * a) / (a - 1.0))
+    for term in terms:
+        term.flags.writeable = False
+    return terms
 
 
 @functools.lru_cache(maxsize=16)
@@ -224,24 +239,48 @@ def _pld_step(
 
 def _pld_epsilon(state: State, delta: float, relation: str = "add_remove") -> float:
     """PLD epsilon of ``state`` under ``relation``: what ``PLDAccountant(neighboring_relation=...)`` gives for the
-    composed events, on the finest grid any entry needs (as :func:`~protocols.privacy.accountant.epsilon_spent`)."""
+    composed events, on the finest grid any entry needs (as :func:`~protocols.privacy.accountant.epsilon_spent`).
+
+    The composition is the library's left fold ``identity . e_1 . e_2 ... e_n``; the fold of every entry but the last
+    is cached (:func:`_pld_prefix`), so that the many evaluations of one ledger, which differ only in the last entry's
+    step count (the ladder, the certificates), build and compose the earlier entries (e.g. SteFFLe's histogram) once.
+    The operations, and so the figure, are those of the uncached fold: PLD objects are immutable.
+    """
     if not state:
         return 0.0
     if any(sigma == 0.0 for sigma, _, _ in state):
         return math.inf
     grid = min(pld_value_discretization(sigma, q) for sigma, q, _ in state)
-    distribution = pld_lib.identity(value_discretization_interval=grid)
-    for sigma, q, steps in state:
-        if q == 1.0:  # PLDAccountant on SelfComposed(Gaussian): one Gaussian with std sigma / sqrt(steps)
-            part = pld_lib.from_gaussian_mechanism(
-                standard_deviation=sigma / math.sqrt(steps),
-                value_discretization_interval=grid,
-                neighboring_relation=library_relation(relation),
-            )
-        else:
-            part = _pld_step(sigma, q, grid, relation).self_compose(steps)
-        distribution = distribution.compose(part)
+    *prefix, last = state
+    distribution = _pld_prefix(tuple(prefix), grid, relation).compose(_pld_part(last, grid, relation))
     return float(distribution.get_epsilon_for_delta(delta))
+
+
+@functools.lru_cache(maxsize=64)
+def _pld_prefix(prefix: State, grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
+    """``identity . e_1 ... e_k`` for the entries of ``prefix``, in order, on ``grid`` (see :func:`_pld_epsilon`)."""
+    distribution = pld_lib.identity(value_discretization_interval=grid)
+    for entry in prefix:
+        distribution = distribution.compose(_pld_part(entry, grid, relation))
+    return distribution
+
+
+def _pld_part(entry: tuple[float, float, int], grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
+    """PLD of one ledger entry (``steps`` steps of one mechanism), as ``PLDAccountant`` builds it."""
+    sigma, q, steps = entry
+    if q == 1.0:  # PLDAccountant on SelfComposed(Gaussian): one Gaussian with std sigma / sqrt(steps)
+        return _pld_gaussian(sigma / math.sqrt(steps), grid, relation)
+    return _pld_step(sigma, q, grid, relation).self_compose(steps)
+
+
+@functools.lru_cache(maxsize=16)
+def _pld_gaussian(standard_deviation: float, grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
+    """PLD of one unsampled Gaussian release (e.g. a one-off histogram); cached like :func:`_pld_step`."""
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=standard_deviation,
+        value_discretization_interval=grid,
+        neighboring_relation=library_relation(relation),
+    )
 
 
 _CERTIFICATES: dict[tuple[State, float, float, float, float], tuple[int, float]] = {}
@@ -343,6 +382,21 @@ def _pld_ladder(state: State, delta: float, limit: float, relation: str) -> floa
     return exact
 
 
+def clear_caches() -> None:
+    """Forget every epsilon figure this module keeps between ledgers (RDP curves, PLDs, certificates, ladders).
+
+    The caches are per process and outlive the runs that fill them (a sweep's next run with the same mechanism
+    evaluates nothing again); a benchmark calls this before each run it times, so that every run pays what a run in
+    a fresh process pays. Figures do not change: every cached value is recomputed the same way."""
+    _rdp_curve.cache_clear()
+    _conversion_terms.cache_clear()
+    _pld_step.cache_clear()
+    _pld_prefix.cache_clear()
+    _pld_gaussian.cache_clear()
+    _CERTIFICATES.clear()
+    _LADDERS.clear()
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The ledger
 # --------------------------------------------------------------------------------------------------------------------
@@ -382,7 +436,10 @@ class PrivacyLedger:
         self._check_consistent()
 
     def _check_consistent(self) -> None:
-        """Entries and round runs must describe the same rounds, in increasing order."""
+        """Entries and round runs must describe the same rounds, in increasing order.
+
+        Walks the runs and the entries side by side (O(entries + runs), not O(rounds): a silo's ledger is rebuilt
+        from its state on every message of runs of thousands of rounds)."""
         previous_end = -1
         for start, count in self.round_runs:
             if count < 1 or start <= previous_end:
@@ -391,12 +448,10 @@ class PrivacyLedger:
                     f"got {self.round_runs}"
                 )
             previous_end = start + count - 1
-        rounds = self.rounds()
-        if sum(entry.rounds for entry in self.entries) != len(rounds):
-            raise ValueError(
-                f"entries cover {sum(e.rounds for e in self.entries)} rounds but round_runs list {len(rounds)}"
-            )
-        position = 0
+        total = sum(count for _, count in self.round_runs)
+        if sum(entry.rounds for entry in self.entries) != total:
+            raise ValueError(f"entries cover {sum(e.rounds for e in self.entries)} rounds but round_runs list {total}")
+        run, run_offset = 0, 0  # the round at `position` is round_runs[run][0] + run_offset
         for index, entry in enumerate(self.entries):
             check_noise_multiplier(entry.noise_multiplier, name=f"entries[{index}].noise_multiplier", allow_inf=False)
             check_sampling_rate(entry.sampling_rate, name=f"entries[{index}].sampling_rate")
@@ -407,9 +462,23 @@ class PrivacyLedger:
                 raise ValueError(
                     f"entries[{index}]: steps ({entry.steps}) must be a multiple of rounds ({entry.rounds})"
                 )
-            if entry.round != rounds[position]:
-                raise ValueError(f"entries[{index}].round is {entry.round} but round_runs say {rounds[position]}")
-            position += entry.rounds
+            if run == len(self.round_runs):
+                raise ValueError(f"entries[{index}] starts after the last round that round_runs list")
+            first = self.round_runs[run][0] + run_offset
+            if entry.round != first:
+                raise ValueError(f"entries[{index}].round is {entry.round} but round_runs say {first}")
+            run_offset += entry.rounds  # advance `position` by the entry's rounds, across as many runs as it spans
+            while run < len(self.round_runs) and run_offset >= self.round_runs[run][1]:
+                run_offset -= self.round_runs[run][1]
+                run += 1
+
+    def copy(self) -> PrivacyLedger:
+        """An independent copy of this (valid) ledger, without re-validating it: charging one leaves the other as it
+        was. The epsilon cache is shared: its figures depend only on the state, the delta and the relation."""
+        clone = copy.copy(self)
+        clone.entries = list(self.entries)
+        clone.round_runs = list(self.round_runs)
+        return clone
 
     # -- reading ------------------------------------------------------------------------------------------------------
 
