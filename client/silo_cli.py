@@ -2,11 +2,19 @@
 
     silofl silo start --data DIR --superlink HOST:PORT [--root-certificates CA.crt --auth-key silo_k.key | --insecure]
         [--role silo|features|sensitive] [--epsilon-budget E] [--state-dir DIR] [--allow-trusted-server]
-        [--deterministic-noise] [--clientapp-port N] [--dry-run]
+        [--deterministic-noise] [--clientapp-port N] [--runtime long-lived|per-message|flower] [--dry-run]
 
 It loads the data folder (written by `silofl data split`) once, so that a bad folder fails here with the file named
-instead of at the first message of a run, prints the exact `flower-supernode` command and replaces itself with it
+instead of at the first message of a run, prints the exact SuperNode command and replaces itself with it
 (`os.execve`): the SuperNode then owns the process id, its signals and its exit code.
+
+`--runtime` chooses the SuperNode (:data:`RUNTIMES`). ``long-lived`` (the default) is Flower's `flower-supernode`
+run by :mod:`client.supernode_runtime` (``python -m client.supernode_runtime supernode ...``, the same arguments, in
+Flower's ``--isolation process`` mode): short, backing-off polls instead of Flower's 3 s and 0.5 s sleeps, and one
+long-lived ClientApp process answering every message instead of a fresh process per message. ``per-message`` keeps
+the short polls but answers each message in a fresh process, as Flower does. ``flower`` is Flower's stock
+`flower-supernode`, untouched (a round then costs seconds; the fallback if the installed Flower is not one
+:mod:`client.supernode_runtime` was checked against, which that module refuses naming this option).
 
 The folder is a silo's (`silo_k`: both divisions of its records, role ``silo``) or a party's (`silofl data split
 --topology ...` writes `features_k`: record ids, features and labels; `sensitive_c`: record ids and sensitive groups;
@@ -37,7 +45,9 @@ import sys
 from pathlib import Path
 
 __all__ = [
+    "DEFAULT_RUNTIME",
     "ROLES",
+    "RUNTIMES",
     "RUNTIME_ENV",
     "SiloStartError",
     "add_silo_parser",
@@ -70,6 +80,13 @@ RUNTIME_ENV: dict[str, str] = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_TELEMETRY_ENABLED": "0",
 }
+
+
+#: SuperNode runtimes (`--runtime`): silofl's, with one long-lived ClientApp process or one per message, or Flower's.
+RUNTIMES: tuple[str, ...] = ("long-lived", "per-message", "flower")
+DEFAULT_RUNTIME = "long-lived"
+#: The module that runs the SuperNode for the long-lived and per-message runtimes (not imported here: it needs flwr).
+SUPERNODE_RUNTIME_MODULE = "client.supernode_runtime"
 
 
 class SiloStartError(ValueError):
@@ -178,10 +195,20 @@ def choose_role(data: Path, requested: str | None) -> str:
 
 
 def supernode_command(args: argparse.Namespace) -> list[str]:
-    """The `flower-supernode` command line for a parsed `silofl silo start` (no side effects beyond file checks)."""
+    """The SuperNode command line for a parsed `silofl silo start` (no side effects beyond file checks): Flower's
+    `flower-supernode` arguments, run by `python -m client.supernode_runtime supernode --clientapp-process MODE`
+    (runtime long-lived or per-message) or by `flower-supernode` itself (runtime flower)."""
     role = choose_role(args.data, getattr(args, "role", None))
     superlink = _check_address(str(args.superlink))
-    command = [getattr(args, "supernode_executable", None) or "flower-supernode", "--superlink", superlink]
+    runtime = getattr(args, "runtime", None) or DEFAULT_RUNTIME
+    if runtime not in RUNTIMES:
+        raise SiloStartError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if runtime == "flower":
+        command = [getattr(args, "supernode_executable", None) or "flower-supernode"]
+    else:
+        python = getattr(args, "python_executable", None) or sys.executable
+        command = [python, "-m", SUPERNODE_RUNTIME_MODULE, "supernode", "--clientapp-process", runtime]
+    command += ["--superlink", superlink]
     if args.insecure:
         given = [
             flag
@@ -201,6 +228,11 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
         if not 0 < int(args.clientapp_port) < 65536:
             raise SiloStartError(f"--clientapp-port must be a TCP port (1-65535), got {args.clientapp_port}")
         command += ["--port", str(int(args.clientapp_port))]
+    if runtime != "flower":
+        command += [
+            "--isolation",
+            "process",
+        ]  # silofl's ClientApp worker is a process of its own, next to the SuperNode
     command += [
         "--node-config",
         node_config_string(
@@ -255,14 +287,19 @@ def silo_start_command(args: argparse.Namespace) -> int:
         print(f"silofl silo start: {exc}", file=sys.stderr)
         return 2
     # The SuperNode of this environment (the same flwr as silofl's), else the first on PATH; the SuperNode starts
-    # `flower-superexec` and `flwr-clientapp` by name, so this environment's scripts go first on PATH too.
+    # `flower-superexec` and `flwr-clientapp` by name, so this environment's scripts go first on PATH too. The
+    # silofl runtimes run with this Python (command[0] is sys.executable already).
     bin_dir = Path(sys.executable).parent
-    sibling = bin_dir / command[0]
-    executable = str(sibling) if sibling.is_file() else shutil.which(command[0])
-    if executable is None:
-        print(f"silofl silo start: {command[0]} not found on PATH; install flwr in this environment", file=sys.stderr)
-        return 2
-    command[0] = executable
+    if (args.runtime or DEFAULT_RUNTIME) == "flower":
+        sibling = bin_dir / command[0]
+        found = str(sibling) if sibling.is_file() else shutil.which(command[0])
+        if found is None:
+            print(
+                f"silofl silo start: {command[0]} not found on PATH; install flwr in this environment", file=sys.stderr
+            )
+            return 2
+        command[0] = found
+    executable = command[0]
     print(f"silofl: {summary}", file=sys.stderr)
     print(shlex.join(command), flush=True)
     if args.dry_run:
@@ -319,6 +356,14 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     start.add_argument(
         "--clientapp-port", type=int, metavar="N", help="local port of the SuperNode's ClientApp API (default 9094)"
+    )
+    start.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=DEFAULT_RUNTIME,
+        help="long-lived (default): Flower's SuperNode with short polls and one long-lived ClientApp process; "
+        "per-message: short polls, a fresh ClientApp process per message; flower: Flower's stock SuperNode "
+        "(rounds of seconds)",
     )
     start.add_argument("--dry-run", action="store_true", help="validate and print the command, do not start it")
     start.set_defaults(func=silo_start_command)

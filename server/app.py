@@ -1,7 +1,8 @@
 """The Flower ServerApp: validates the run config and runs the federation (`flwr run .` enters here).
 
 `silofl run` builds the same ServerApp around an already validated config (:func:`make_server_app`), so every engine
-runs :func:`server.orchestrator.run_federation` with identical code.
+runs :func:`server.orchestrator.run_federation` with identical code. In a deployment the Grid Flower hands in is
+wrapped by :func:`server.polling.polling_grid` (same messages, faster pulls of the replies).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ def make_server_app(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         from server.orchestrator import run_federation
+        from server.polling import polling_grid
         from server.progress import RunProgress
 
         cfg = config if config is not None else RunConfig.parse(context.run_config)
+        grid = polling_grid(grid)  # deployed: replies pulled within milliseconds, not every 3 s (server/polling.py)
         with RunProgress(cfg, enabled=progress) as bar:
             result = run_federation(grid, cfg, on_start=bar.start, on_round=bar.update, engine=engine or "flower")
         if sink is not None:

@@ -3,18 +3,22 @@ and SuperNode authentication (`server.deploy.local`), runs submitted with `flwr 
 `silofl silo start` command line (`client.silo_cli`); also a census-style federation of separate parties (three
 feature parties and one sensitive party, ../shared/specs/steffle-hybrid.md) running SteFFLe.
 
-The silos' federation is started once for the module and always torn down; each message round costs ~10 s in
-deployment (a fresh `flwr-clientapp` process per message, SuperNodes poll every 3 s), so the runs are 2 rounds long.
-The parties' federation is started by its one test, before the silos' (so the two never run at once).
+The silos' federation is started once for the module and always torn down. It runs silofl's SuperNode runtime
+(`silofl silo start --runtime long-lived`, the default: short polls, one long-lived ClientApp process per SuperNode,
+`client.supernode_runtime`), so a round costs a fraction of a second; the tests below also check that this runtime
+gives the in-process engine's numbers, survives its ClientApp process being killed, and starts a fresh process for
+another app. The parties' federation is started by its one test, before the silos' (so the two never run at once).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +67,11 @@ def test_supernode_command_is_secure_by_default(silo_dir: Path, keys) -> None:
          "--clientapp-port", "9200"]
     )  # fmt: skip
     command = supernode_command(args)
-    assert command[:3] == ["flower-supernode", "--superlink", "link.example:9092"]
+    assert command[:8] == [
+        sys.executable, "-m", "client.supernode_runtime", "supernode", "--clientapp-process", "long-lived",
+        "--superlink", "link.example:9092",
+    ]  # fmt: skip
+    assert command[command.index("--isolation") + 1] == "process"  # the long-lived ClientApp is its own process
     assert "--insecure" not in command
     assert command[command.index("--root-certificates") + 1] == str(keys.ca_cert.resolve())
     assert command[command.index("--auth-supernode-private-key") + 1] == str(keys.silo_keys[0].resolve())
@@ -75,6 +83,22 @@ def test_supernode_command_is_secure_by_default(silo_dir: Path, keys) -> None:
 
     parsed = parse_config_args([node_config])
     assert parsed == {"data-path": str(silo_dir.resolve()), "epsilon-budget": 0.5, "deterministic-noise": True}
+    # the other runtimes: the same flower-supernode arguments, run by silofl's runtime or by Flower's command
+    per_message = supernode_command(_silo_args([*args_list(args), "--runtime", "per-message"]))
+    assert per_message[4:6] == ["--clientapp-process", "per-message"] and "--isolation" in per_message
+    stock = supernode_command(_silo_args([*args_list(args), "--runtime", "flower"]))
+    assert stock[:3] == ["flower-supernode", "--superlink", "link.example:9092"] and "--isolation" not in stock
+    assert stock[1:] == [a for a in command[6:] if a not in ("--isolation", "process")]
+
+
+def args_list(args: argparse.Namespace) -> list[str]:
+    """The `silofl silo start` flags of a parsed namespace (for re-parsing with one more flag)."""
+    flags = ["--data", str(args.data), "--superlink", args.superlink, "--clientapp-port", str(args.clientapp_port)]
+    flags += ["--root-certificates", str(args.root_certificates), "--auth-key", str(args.auth_key)]
+    flags += ["--epsilon-budget", str(args.epsilon_budget)] + (
+        ["--deterministic-noise"] if args.deterministic_noise else []
+    )
+    return flags
 
 
 def test_supernode_command_requires_tls_and_key_unless_insecure(silo_dir: Path, keys) -> None:
@@ -121,9 +145,15 @@ def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, ca
     assert args.func(args) == 0
     captured = capsys.readouterr()
     first = captured.out.split()
-    assert Path(first[0]).name == "flower-supernode" and Path(first[0]).is_file()
-    assert first[1:4] == ["--superlink", "127.0.0.1:9092", "--insecure"]
+    assert first[:4] == [sys.executable, "-m", "client.supernode_runtime", "supernode"]
+    assert first[6:9] == ["--superlink", "127.0.0.1:9092", "--insecure"]
     assert "silo 0 of 2 (synthetic)" in captured.err
+    args = _silo_args(["--data", str(silo_dir), "--superlink", "127.0.0.1:9092", "--insecure", "--dry-run",
+                       "--runtime", "flower"])  # fmt: skip
+    assert args.func(args) == 0
+    first = capsys.readouterr().out.split()
+    assert Path(first[0]).name == "flower-supernode" and Path(first[0]).is_file()  # this environment's
+    assert first[1:4] == ["--superlink", "127.0.0.1:9092", "--insecure"]
 
 
 # --- `silofl silo start` with a party folder (no processes) -------------------------------------------------------
@@ -380,3 +410,155 @@ def test_unregistered_supernode_is_refused(federation: local.Deployment, tmp_pat
     link_log = Path(federation.processes[0].log).read_text()
     assert "No SuperNode found with the given public key" in link_log
     assert os.path.exists(federation.certs)
+
+
+# --- silofl's SuperNode runtime: one long-lived ClientApp process per SuperNode ------------------------------------
+
+
+def _workers(dep: local.Deployment) -> dict[str, list[int]]:
+    """The long-lived ClientApp worker pids below each SuperNode (`python -m client.supernode_runtime clientapp`)."""
+    found: dict[str, list[int]] = {}
+    for proc in local.Deployment.load(Path(dep.dir)).processes[1:]:
+        for pid in local._descendants([proc]):
+            with contextlib.suppress(OSError):
+                if b"clientapp" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                    found.setdefault(proc.name, []).append(pid)
+    return found
+
+
+@pytest.mark.slow
+def test_each_supernode_runs_one_long_lived_clientapp(federation: local.Deployment, tmp_path: Path) -> None:
+    """One worker per SuperNode, the same process before and after a run (no process per message), and the
+    SuperNodes started in Flower's process isolation mode."""
+    assert federation.runtime == "long-lived"
+    before = _workers(federation)
+    assert sorted(before) == ["silo_0", "silo_1", "silo_2"] and all(len(p) == 1 for p in before.values())
+    out = tmp_path / "fedavg"
+    done = _flwr_run(federation, f'algorithm="fedavg" epsilon="inf" rounds=3 epochs=0 num-silos=3 out-dir="{out}"')
+    result = _result(done, out)
+    assert len(result["rounds"]) == 3
+    assert _workers(federation) == before
+    for proc in federation.processes[1:]:
+        first_line = Path(proc.log).read_text().splitlines()[0]
+        assert "-m client.supernode_runtime supernode --clientapp-process long-lived" in first_line
+        assert "--isolation process" in first_line
+
+
+@pytest.mark.slow
+def test_a_killed_clientapp_process_is_started_again(federation: local.Deployment, tmp_path: Path) -> None:
+    """The SuperNode restarts its ClientApp worker (SIGKILL: as an out-of-memory kill would), and the next run
+    completes."""
+    import signal
+
+    victim = _workers(federation)["silo_1"][0]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _workers(federation).get("silo_1", [victim]) == [victim]:
+        time.sleep(0.2)
+    assert _workers(federation).get("silo_1") not in (None, [victim]), "the ClientApp worker was not restarted"
+    assert "the ClientApp worker exited (code -9); starting it again" in Path(federation.processes[2].log).read_text()
+    out = tmp_path / "after"
+    done = _flwr_run(federation, f'algorithm="fedavg" epsilon="inf" rounds=2 epochs=0 num-silos=3 out-dir="{out}"')
+    assert len(_result(done, out)["rounds"]) == 2
+
+
+OTHER_APP = '''\
+"""Another Flower app (another FAB): its ClientApp echoes the model."""
+import json
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+import numpy as np
+
+client = ClientApp()
+
+
+@client.train()
+def train(msg: Message, context: Context) -> Message:
+    content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
+    return Message(content, reply_to=msg)
+
+
+server = ServerApp()
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=3, min_available_nodes=3)
+    result = strategy.start(grid, ArrayRecord([np.ones(4, dtype=np.float32)]), num_rounds=2)
+    with open(str(context.run_config["out"]), "w") as fh:
+        json.dump(result.arrays.to_numpy_ndarrays()[0].tolist(), fh)
+'''
+
+
+@pytest.mark.slow
+def test_another_app_runs_in_a_fresh_clientapp_process(federation: local.Deployment, tmp_path: Path) -> None:
+    """A run of another app (another FAB) makes each worker replace itself with a fresh interpreter (same pid)
+    before it touches that app's task, so two apps' code never share a process; silofl runs again afterwards."""
+    app = tmp_path / "otherapp"
+    app.mkdir()
+    (app / "otherapp.py").write_text(OTHER_APP)
+    (app / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "otherapp"\nversion = "1.0.0"\ndependencies = ["flwr>=1.39,<1.40"]\n\n'
+        '[tool.flwr.app]\npublisher = "test"\n\n'
+        '[tool.flwr.app.components]\nserverapp = "otherapp:server"\nclientapp = "otherapp:client"\n\n'
+        '[tool.flwr.app.config]\nout = ""\n'
+    )
+    before = _workers(federation)
+    env = local.flower_env(Path(federation.flwr_home))
+    out = tmp_path / "other.json"
+    command = [str(local._bin_dir() / "flwr"), "run", ".", federation.connection, "--stream", "--run-config"]
+    done = subprocess.run(
+        [*command, f'out="{out}"'], cwd=app, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+    assert out.is_file(), f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert json.loads(out.read_text()) == [1.0] * 4
+    for proc in federation.processes[1:]:
+        assert "continuing in a fresh ClientApp process" in Path(proc.log).read_text()
+    assert _workers(federation) == before  # exec: the same processes, fresh interpreters
+    back = tmp_path / "silofl-again"
+    done = _flwr_run(federation, f'algorithm="fedavg" epsilon="inf" rounds=2 epochs=0 num-silos=3 out-dir="{back}"')
+    assert len(_result(done, back)["rounds"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["long-lived", "per-message"])
+def test_deployed_runtimes_give_the_inprocess_numbers(tmp_path: Path, monkeypatch, runtime: str) -> None:
+    """Same seed, same numbers: silos with deterministic noise (node config `deterministic-noise`) on silofl's
+    runtimes give, for DP-FedSGD and SteFFLe, the result of the in-process engine over the same silo folders."""
+    import numpy as np
+
+    import client.silo_cli as silo_cli
+    from protocols.config import RunConfig
+    from server.engines import run_job
+
+    plain = silo_cli.node_config_string
+
+    def seeded(data, epsilon_budget=None, deterministic_noise=False, **options):
+        return plain(data, epsilon_budget, True, **options)
+
+    monkeypatch.setattr(silo_cli, "node_config_string", seeded)
+    configs = {
+        "dp-fedsgd": {"algorithm": "dp-fedsgd", "epsilon": 1.0},
+        "steffle": {"algorithm": "steffle", "epsilon": 1.0, "lambda": 1.0},
+    }
+    common = {"rounds": 3, "epochs": 0, "eval-every": 3, "num-silos": 3, "seed": 5}
+    with local.running(tmp_path / "fed", 3, runtime=runtime) as dep:
+        folders = sorted(Path(dep.data).glob("silo_*"))
+        for name, values in configs.items():
+            out = tmp_path / f"deployed-{name}"
+            text = " ".join(f"{k}={json.dumps(v)}" for k, v in {**values, **common}.items())
+            deployed = _result(_flwr_run(dep, f'{text} out-dir="{out}"'), out)
+            config = RunConfig.parse({**values, **common, "out-dir": str(tmp_path / f"local-{name}")})
+            local_result = run_job(
+                config,
+                progress=False,
+                node_configs=[{"data-path": str(f), "deterministic-noise": True} for f in folders],
+            )
+            assert deployed["final"] == local_result["final"], name
+            assert deployed["privacy"]["epsilon_spent"] == local_result["privacy"]["epsilon_spent"], name
+            for key, value in local_result["model"].items():
+                np.testing.assert_array_equal(np.asarray(deployed["model"][key]), np.asarray(value), err_msg=name)

@@ -532,9 +532,10 @@ def test_state_records_round_trip_exactly() -> None:
 def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path, monkeypatch) -> None:
     """gRPC on loopback: a SuperLink and 2 SuperNodes (TLS, authentication), each silo with a state-dir. SuperNode 1
     is killed (SIGKILL) once the server has the setup round's answers: the run stops (`round-timeout` runs out, or
-    Flower returns an error for the dead node) naming silo 1 and round 1 instead of hanging, result.json says so, and
-    the silo that answered holds its charge for round 1 in its ledger file on disk (written by Flower's
-    per-message ClientApp processes)."""
+    Flower returns an error for the dead node) naming silo 1 and the round it died in instead of hanging, result.json
+    says so, and the silo that answered holds its charges for every round up to that one in its ledger file on disk
+    (written by its ClientApp process). Rounds are fast on silofl's SuperNode runtime, so silo 1 may die in round 1
+    or a little later, possibly after charging the round it died in, but never charged a round it was not sent."""
     import os
     import signal
     import subprocess
@@ -550,10 +551,11 @@ def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path,
 
     monkeypatch.setattr(silo_cli, "node_config_string", with_state_dir)
     root, out = tmp_path / "fed", tmp_path / "out"
-    timeout, silos = 15.0, 2
+    timeout, silos, rounds = 15.0, 2, 5
     with local.running(root, silos) as dep:
         run_config = (
-            'algorithm="dp-fedsgd" epsilon=1.0 rounds=2 epochs=0 eval-every=2 batch-size=64 checkpoint-every=1 '
+            f'algorithm="dp-fedsgd" epsilon=1.0 rounds={rounds} epochs=0 eval-every={rounds} batch-size=64 '
+            "checkpoint-every=1 "
             f'round-timeout={timeout} num-silos={silos} out-dir="{out}"'
         )
         command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
@@ -586,13 +588,18 @@ def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path,
             time.sleep(0.2)
     result = json.loads((out / "result.json").read_text())
     assert result["status"]["state"] == "stopped", output[-3000:]
-    assert result["status"]["rounds_completed"] == 0
+    died_in = result["status"]["rounds_completed"] + 1  # the round the run stopped in
+    assert died_in <= rounds, result["status"]
     error = result["status"]["error"]
-    named = r"silo 1 \(node \d+\) failed in round 1 \(train\)|round 1 \(train\): no reply from .*silo 1 "
+    named = (
+        rf"silo 1 \(node \d+\) failed in round {died_in} \(train\)|round {died_in} \(train\): no reply from .*silo 1 "
+    )
     assert re.search(named, error), error
     assert stopped_after < timeout + 60, stopped_after  # bounded by the round timeout: no hang
-    assert charged == {0: [1]}
-    assert not _has_job(states / "silo_1")  # killed before its first training round: it spent nothing
+    # the healthy silo charged every round it was sent, and nothing else
+    assert charged == {0: list(range(1, died_in + 1))}, (charged, died_in)
+    if _has_job(states / "silo_1"):  # killed after it charged: at most the round it died in
+        assert set(_ledger(states / "silo_1").rounds()) <= set(range(1, died_in + 1))
 
 
 def _has_job(state_dir: Path) -> bool:

@@ -2,6 +2,7 @@
 
     silofl deploy certs --out DIR [--silos N] [--topology T [--sensitive-parties S]] [--hosts NAME,...] [--overwrite]
     silofl deploy up --dir DIR --silos N [--topology T [--sensitive-parties S]] [--data SPLITDIR] [--insecure]
+        [--runtime long-lived|per-message|flower]
     silofl deploy down --dir DIR
 
 `--topology` (silos, the default; divided, central-sensitive, general: `server.deploy.topology`) deploys separate
@@ -66,12 +67,13 @@ def up_command(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             topology=args.topology,
             sensitive_parties=args.sensitive_parties,
+            runtime=args.runtime,
         )
     except DeployError as exc:
         print(f"silofl deploy up: {exc}", file=sys.stderr)
         return 1
     mode = "insecure (no TLS, no authentication)" if dep.insecure else "TLS + SuperNode authentication"
-    print(f"SuperLink: Fleet API {dep.fleet_address}, Control API {dep.control_address}; {mode}")
+    print(f"SuperLink: Fleet API {dep.fleet_address}, Control API {dep.control_address}; {mode}; runtime {dep.runtime}")
     for proc in dep.processes:
         print(f"  {proc.name:<12} pid {proc.pid:<8} log {proc.log}")
     print("submit a run from the project folder:")
@@ -115,6 +117,7 @@ def _add_topology_flags(parser: argparse.ArgumentParser, nodes: str) -> None:
 
 def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `deploy certs|up|down` on an argparse subparsers object (e.g. the `silofl` command's)."""
+    from client.silo_cli import DEFAULT_RUNTIME, RUNTIMES
     from server.deploy.certs import DEFAULT_HOSTS
 
     deploy = subparsers.add_parser("deploy", help="deploy a federation", description="Deploy a federation.")
@@ -160,6 +163,14 @@ def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
         "from `silofl data split --topology`; default: the embedded synthetic dataset, split into DIR/data)",
     )
     up.add_argument("--insecure", action="store_true", help="no TLS and no authentication")
+    up.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=DEFAULT_RUNTIME,
+        help="the SuperNodes' runtime, as `silofl silo start --runtime`: long-lived (default: short polls, one "
+        "long-lived ClientApp process per SuperNode), per-message (short polls, a ClientApp process per message) "
+        "or flower (Flower's stock SuperNode)",
+    )
     up.set_defaults(func=up_command)
 
     down = sub.add_parser("down", help="stop what `deploy up` started", description="Stop the processes of DIR.")

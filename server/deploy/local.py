@@ -1,11 +1,14 @@
 """Bring a deployed federation up on one machine (loopback): a Flower SuperLink and N SuperNodes as processes.
 
-This is the real deployment runtime (gRPC Fleet API, one `flwr-clientapp` process per message, TLS and SuperNode
-authentication) with every site on localhost: the documented "bring up / submit / collect / tear down" path, and
+This is the real deployment runtime (gRPC Fleet API, TLS and SuperNode authentication) with every site on
+localhost: the documented "bring up / submit / collect / tear down" path, and
 what the loopback tests and `benchmarks/deployment.py` run. The SuperNodes are N silos (`silo_k`), or with a
 `topology` other than ``silos`` (`server.deploy.topology`) N feature parties (`features_k`) and the topology's
 sensitive parties (`sensitive_c`), each started with its role (`silofl silo start` reads it from the party folder).
-Layout of DIR:
+`runtime` is `silofl silo start --runtime` for every SuperNode (:data:`client.silo_cli.RUNTIMES`: silofl's SuperNode
+with one long-lived ClientApp process, the default; the same with a ClientApp process per message; Flower's stock
+SuperNode); with one of silofl's, the SuperLink's SuperExec also polls for new ServerApp runs every
+:data:`SUPERLINK_SUPEREXEC_POLL` s instead of Flower's 1 s. Layout of DIR:
 
 * `certs/`: from :func:`server.deploy.certs.make_certs` (reused if present, completed with missing nodes' key
   pairs), unless insecure;
@@ -36,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from client.silo_cli import RUNTIME_ENV
+from client.silo_cli import DEFAULT_RUNTIME, RUNTIME_ENV, RUNTIMES
 from server.deploy.topology import NodeLayout, TopologyError, node_layout
 
 __all__ = [
@@ -56,6 +59,11 @@ __all__ = [
 CONNECTION = "silofl-local"
 STATE_FILE = "deploy.json"
 STARTUP_TIMEOUT = 60.0
+#: FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the SuperLink (its SuperExec starts each run's ServerApp): a run starts
+#: within 0.5 s of `flwr run` instead of 1 s; idle, two local HTTP requests a second (0.1 s would cost ~1% of a core
+#: idle, measured with benchmarks/deployment.py's idle CPU).
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPERLINK_SUPEREXEC_POLL = "0.5"
 
 
 class DeployError(RuntimeError):
@@ -88,6 +96,7 @@ class Deployment:
     processes: list[ProcessInfo] = field(default_factory=list)
     topology: str = "silos"
     sensitive_parties: int = 0
+    runtime: str = DEFAULT_RUNTIME
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE
@@ -314,10 +323,12 @@ def start_supernode(
     auth_key: Path | None,
     port: int | None = None,
     role: str | None = None,
+    runtime: str | None = None,
 ) -> ProcessInfo:
     """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for.
 
-    `role` (silo, features, sensitive) defaults to the one the folder's info.json names, as `silofl silo start`'s.
+    `role` (silo, features, sensitive) defaults to the one the folder's info.json names, as `silofl silo start`'s;
+    `runtime` to the deployment's.
     """
     from argparse import Namespace
 
@@ -335,6 +346,7 @@ def start_supernode(
         deterministic_noise=False,
         clientapp_port=port,
         role=role,
+        runtime=runtime or dep.runtime,
         supernode_executable=str(_bin_dir() / "flower-supernode"),
     )
     command = supernode_command(args)
@@ -459,10 +471,12 @@ def up(
     timeout: float = STARTUP_TIMEOUT,
     topology: str = "silos",
     sensitive_parties: int | None = None,
+    runtime: str = DEFAULT_RUNTIME,
 ) -> Deployment:
     """Start a SuperLink (TLS + SuperNode authentication unless `insecure`) and the SuperNodes of `topology` on
     loopback: `silos` silos, or `silos` feature parties and the topology's sensitive parties (`sensitive_parties`
-    for topology general), each with its own key pair and its role.
+    for topology general), each with its own key pair and its role, each run by `runtime` (`silofl silo start
+    --runtime`).
 
     Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
     """
@@ -470,6 +484,8 @@ def up(
 
     if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
         raise DeployError(f"--silos must be a positive integer, got {silos!r}")
+    if runtime not in RUNTIMES:
+        raise DeployError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     try:
         layout = node_layout(silos, topology, sensitive_parties)
     except TopologyError as exc:
@@ -499,6 +515,7 @@ def up(
         data=str(folders[0].parent),
         topology=layout.topology,
         sensitive_parties=layout.sensitive,
+        runtime=runtime,
     )
     command = [
         str(_bin_dir() / "flower-superlink"),
@@ -518,11 +535,14 @@ def up(
         ]  # fmt: skip
     try:
         link_home = root / "superlink"
+        link_env = flower_env(link_home)
+        if runtime != "flower":
+            link_env.setdefault(SUPEREXEC_POLL_ENV, SUPERLINK_SUPEREXEC_POLL)
         link = _spawn(
             "superlink",
             command,
             cwd=link_home,
-            env=flower_env(link_home),
+            env=link_env,
             log=root / "logs" / "superlink.log",
             port=fleet_port,
         )

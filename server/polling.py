@@ -1,0 +1,132 @@
+"""The ServerApp's side of a deployed round without Flower's 3 s pulls: `send_and_receive` over the public
+`push_messages` / `pull_messages`, polling for the replies with a short interval that backs off while they take long.
+
+Flower 1.39's deployment Grid (`flwr.superlink.grid.http_grid.HttpGrid`, what `flwr run` against a SuperLink hands
+the ServerApp) pulls the replies of a round every 3 s, so a round costs at least 3 s whatever the silos do.
+:class:`PollingGrid` wraps that Grid and keeps everything but `send_and_receive`: the messages are pushed exactly as
+before, and the replies pulled until all have come or `timeout` runs out, with the same result (the replies that
+came, in the order they came); only the pauses between pulls change: :data:`REPLY_POLL` waits a small share of the
+time already waited (a reply that takes 20 ms is seen within a few ms, one that takes 60 s within a second).
+
+:func:`polling_grid` wraps a Flower deployment Grid and returns any other Grid (the in-process engine, Ray
+simulation's) as it is: their numbers and timing are not touched. The strategies keep calling
+`grid.send_and_receive`; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from client.supernode_runtime import Backoff  # the SuperNode's backing-off poll; stdlib-only at import
+
+__all__ = ["REPLY_POLL", "PollingGrid", "polling_grid"]
+
+
+#: The ServerApp's pulls of a round's replies (HTTP to the SuperLink's local Runtime API).
+REPLY_POLL = Backoff(floor=0.005, cap=1.0, ratio=0.1)
+
+
+class PollingGrid(Grid):
+    """A Flower Grid whose `send_and_receive` pushes, then pulls with :data:`REPLY_POLL`'s pauses; every other
+    method (and attribute) is the wrapped Grid's."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        poll: Backoff = REPLY_POLL,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._grid = grid
+        self._poll = poll
+        self._sleep, self._clock = sleep, clock
+
+    @property
+    def wrapped(self) -> Grid:
+        """The Flower Grid underneath."""
+        return self._grid
+
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[Any]:
+        return self._grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push `messages`, then pull their replies until all have come or `timeout` seconds have passed (None:
+        no limit), as Flower's `send_and_receive` does, with short pauses that grow with the wait."""
+        pending = set(self._grid.push_messages(messages))
+        del messages
+        start = self._clock()
+        replies: list[Message] = []
+        while timeout is None or self._clock() - start < timeout:
+            got = list(self._grid.pull_messages(pending))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not pending:
+                break
+            waited = self._clock() - start
+            pause = self._poll.step(waited)
+            if timeout is not None:
+                pause = min(pause, max(0.0, timeout - waited))
+            self._sleep(pause)
+        return replies
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+def polling_grid(grid: Grid) -> Grid:
+    """`grid` wrapped in a :class:`PollingGrid` if it is Flower's deployment Grid (whose `send_and_receive`
+    sleeps 3 s between pulls); any other Grid unchanged.
+
+    With a Flower version that :mod:`client.supernode_runtime` was checked against, this process's object pulls
+    also retry within milliseconds (:func:`client.supernode_runtime.shorten_object_pulls`: a reply seen before its
+    arrays were uploaded otherwise costs 1 s); with another version the pulls stay Flower's, and a warning says so.
+    """
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    if not (isinstance(grid, HttpGrid) and type(grid).send_and_receive is HttpGrid.send_and_receive):
+        return grid
+    from client.supernode_runtime import FlowerChangedError, check_flower, shorten_object_pulls
+
+    try:
+        check_flower()
+    except FlowerChangedError as exc:
+        from logging import WARNING
+
+        from flwr.supercore import log
+
+        log(WARNING, "silofl: replies' arrays pulled with Flower's retries (1 s and more): %s", exc)
+    else:
+        shorten_object_pulls()
+    return PollingGrid(grid)

@@ -1,0 +1,242 @@
+"""silofl's SuperNode runtime (client/supernode_runtime.py) and the ServerApp's polling Grid (server/polling.py),
+without processes: the Flower version pin and fingerprints (this file fails, naming what changed, when Flower changes
+under the runtime), the backing-off polls, the patches of Flower's SuperNode loop and object pulls, and the polling
+`send_and_receive`. The processes themselves (SuperNodes, long-lived ClientApp workers) run in
+tests/test_deploy_loopback.py, tests/test_faults.py and tests/test_docker_compose.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+
+from client import supernode_runtime as rt
+from server.polling import PollingGrid, polling_grid
+
+# --- the Flower this module was checked against -------------------------------------------------------------------
+
+
+def test_installed_flower_is_the_one_the_runtime_was_checked_against() -> None:
+    """Fails loudly when Flower changes under client/supernode_runtime.py: a new version, or the source of a function
+    it patches or mirrors. Re-check those functions against the new Flower, then update CHECKED_FLOWER_VERSIONS and
+    the fingerprints (`python -m client.supernode_runtime fingerprints`)."""
+    from flwr.supercore.version import package_version
+
+    assert package_version in rt.CHECKED_FLOWER_VERSIONS, (
+        f"flwr {package_version} is installed, client/supernode_runtime.py was checked against "
+        f"{rt.CHECKED_FLOWER_VERSIONS}: re-check the functions in its _FINGERPRINTED against this Flower"
+    )
+    changed = {ref: digest for ref, digest in rt.fingerprints().items() if digest != rt._FINGERPRINTED[ref]}
+    assert not changed, f"Flower's source changed under client/supernode_runtime.py: {sorted(changed)}"
+    rt.check_flower()
+    # what the patches rely on, beyond the fingerprints: the sleeps are the module's, the pull defaults are keywords
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    assert sci.time.sleep is not None and "time.sleep(3)" in rt.inspect.getsource(sci.start_client_internal)
+    utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
+    for function in (utils.pull_objects, utils.pull_and_inflate_object_from_tree):
+        assert set(rt.OBJECT_PULL_RETRY) <= set(function.__kwdefaults__)
+
+
+def test_check_flower_refuses_another_version_or_changed_source_naming_the_fix(monkeypatch) -> None:
+    import flwr.supercore.version as version
+
+    monkeypatch.setattr(version, "package_version", "1.40.0")
+    with pytest.raises(rt.FlowerChangedError, match=r"flwr 1\.40\.0 is installed.*--runtime flower"):
+        rt.check_flower()
+    monkeypatch.undo()
+    ref = "flwr.supernode.start_client_internal:_push_messages"
+    monkeypatch.setitem(rt._FINGERPRINTED, ref, "0" * 64)
+    with pytest.raises(rt.FlowerChangedError, match=rf"the source of {ref} differs.*--runtime flower"):
+        rt.check_flower()
+
+
+# --- backing-off polls ----------------------------------------------------------------------------------------------
+
+
+def test_backoff_is_a_share_of_the_wait_between_floor_and_cap() -> None:
+    poll = rt.Backoff(floor=0.01, cap=1.0, ratio=0.1)
+    assert poll.step(0.0) == 0.01 and poll.step(0.05) == 0.01
+    assert poll.step(2.0) == pytest.approx(0.2)
+    assert poll.step(3600.0) == 1.0
+    with pytest.raises(ValueError, match="floor <= cap"):
+        rt.Backoff(floor=2.0, cap=1.0)
+    # the production settings: fast while messages flow, never slower than Flower's own steps when idle
+    assert rt.IDLE_PULL.cap <= rt.FLOWER_IDLE_SLEEP and rt.REPLY_WAIT.cap <= rt.FLOWER_REPLY_SLEEP
+    assert max(rt.IDLE_PULL.floor, rt.REPLY_WAIT.floor, rt.TASK_POLL.floor) <= 0.01
+
+
+def _fake_time():
+    now = [100.0]
+    slept: list[float] = []
+    return now, slept, (lambda: now[0]), slept.append
+
+
+def test_poll_clock_replaces_flowers_two_sleeps_and_nothing_else() -> None:
+    now, slept, clock, sleep = _fake_time()
+    poll = rt.PollClock(rt.Backoff(0.01, 1.0), rt.Backoff(0.002, 0.5), sleep=sleep, clock=clock)
+    poll.message_handled()
+    poll.sleep(3)  # Flower's idle sleep right after a message: the floor
+    now[0] += 5.0
+    poll.sleep(3)  # 5 s without a message: 10% of it
+    now[0] += 600.0
+    poll.sleep(3)  # long idle: the cap
+    poll.reply_wait_started()
+    poll.sleep(0.5)  # Flower's reply-wait step: the reply floor
+    now[0] += 1.0
+    poll.sleep(0.5)
+    poll.sleep(0.2)  # any other sleep is passed through
+    assert slept == [0.01, pytest.approx(0.5), 1.0, 0.002, pytest.approx(0.1), 0.2]
+    assert poll.monotonic is rt.time.monotonic  # the rest of the `time` module is the real one
+
+
+def test_poll_patches_hook_flowers_supernode_loop(monkeypatch) -> None:
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    replies = iter([None, 7])
+    calls: list[str] = []
+    monkeypatch.setattr(sci, "_pull_and_store_message", lambda **kw: next(replies))
+    monkeypatch.setattr(sci, "_push_messages", lambda **kw: calls.append("push"))
+    monkeypatch.setattr(sci, "time", rt.time)  # restored after the test: the patch replaces the module's `time`
+    now, slept, clock, sleep = _fake_time()
+    poll = rt.PollClock(sleep=sleep, clock=clock)
+    first: list[int] = []
+    rt.install_poll_patches(poll, on_first_pull=lambda: first.append(1))
+    assert sci.time is poll
+    now[0] += 50.0
+    assert sci._pull_and_store_message() is None  # nothing came: the clock still counts from its start
+    sci.time.sleep(3)
+    assert slept[-1] == rt.IDLE_PULL.cap
+    assert sci._pull_and_store_message() == 7  # a message: poll fast again
+    sci.time.sleep(3)
+    assert slept[-1] == rt.IDLE_PULL.floor
+    now[0] += 30.0
+    sci._push_messages()  # the reply left: fast again (the next round's message), however long the ClientApp took
+    sci.time.sleep(3)
+    assert slept[-1] == rt.IDLE_PULL.floor and calls == ["push"] and first == [1]  # the callback ran once
+
+
+def test_object_pulls_retry_within_milliseconds(monkeypatch) -> None:
+    utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
+    for function in (utils.pull_objects, utils.pull_and_inflate_object_from_tree):
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))  # restored afterwards
+    assert utils.pull_objects.__kwdefaults__["initial_backoff"] == 1  # Flower's: a pull that comes early waits 1 s
+    rt.shorten_object_pulls()
+    rt.shorten_object_pulls()  # idempotent
+    for function in (utils.pull_objects, utils.pull_and_inflate_object_from_tree):
+        assert function.__kwdefaults__["initial_backoff"] == 0.005 and function.__kwdefaults__["backoff_cap"] == 0.5
+        assert function.__kwdefaults__["max_time"] == 7200  # Flower's patience is kept
+    attempts: list[float] = []
+
+    def pull(object_id: str) -> bytes:
+        attempts.append(rt.time.monotonic())
+        if len(attempts) < 4:
+            raise utils.ObjectUnavailableError(object_id)
+        return b"content"
+
+    t0 = rt.time.monotonic()
+    assert utils.pull_objects(["a"], pull) == {"a": b"content"}
+    assert rt.time.monotonic() - t0 < 0.5  # three misses: about 35 ms instead of Flower's 7 s
+
+
+# --- the supernode command ----------------------------------------------------------------------------------------
+
+
+def test_supernode_main_refuses_what_its_clientapp_worker_cannot_do() -> None:
+    with pytest.raises(SystemExit, match="--isolation subprocess: silofl's ClientApp worker"):
+        rt.supernode_main(["--insecure", "--isolation", "subprocess"], "long-lived")
+    with pytest.raises(SystemExit, match="--allow-runtime-dependency-installation"):
+        rt.supernode_main(["--insecure", "--allow-runtime-dependency-installation"], "long-lived")
+    with pytest.raises(SystemExit, match="choose one of long-lived, per-message"):
+        rt.supernode_main(["--insecure"], "warm")
+    assert rt._flag_value(["--port", "9", "--isolation=process"], "--isolation") == "process"
+    assert rt._flag_value(["--port", "9"], "--isolation") is None
+
+
+def test_worker_command_follows_the_supernodes_runtime_api() -> None:
+    command = rt._worker_command({"runtime_api_address": "0.0.0.0:9094", "runtime_certificates": None})
+    assert command[1:4] == ["-m", "client.supernode_runtime", "clientapp"] and "--per-message" not in command
+    assert "--per-message" in rt._worker_command({"runtime_api_address": "a:1"}, per_message=True)
+    assert command[command.index("--runtime-api-address") + 1] == "127.0.0.1:9094"  # as Flower's SuperExec dials
+    assert command[command.index("--parent-pid") + 1] == str(rt.os.getpid())  # `silofl deploy down` finds it
+    secure = rt._worker_command(
+        {
+            "runtime_api_address": "[::]:9",
+            "runtime_certificates": (b"", b"", b""),
+            "runtime_root_certificates_path": "c",
+        }
+    )
+    assert secure[secure.index("--root-certificates") + 1] == "c"
+
+
+def test_worker_keeps_one_app_and_starts_fresh_for_another() -> None:
+    worker = rt._ClientAppWorker("127.0.0.1:1", None)
+    assert not worker.needs_fresh_process("abc")  # nothing loaded yet
+    worker.fab_hash = "abc"
+    assert not worker.needs_fresh_process("abc") and worker.needs_fresh_process("def")
+    worker.tainted = True  # an app failed to load half-way: its modules may be half-imported
+    assert worker.needs_fresh_process("abc")
+
+
+# --- the ServerApp's polling Grid -----------------------------------------------------------------------------------
+
+
+class _FakeGrid:
+    """Replies to `m1`, `m2`, `m3` become available at given times of a fake clock."""
+
+    def __init__(self, now: list[float], ready: dict[str, float]) -> None:
+        self.now, self.ready, self.pulls = now, ready, 0
+        self.pushed: list = []
+
+    def push_messages(self, messages):
+        self.pushed = list(messages)
+        return list(self.ready)
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        due = [i for i in message_ids if self.ready[i] <= self.now[0]]
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in due]
+
+
+def test_polling_grid_pulls_fast_then_backs_off_and_keeps_flowers_result() -> None:
+    now, slept, clock, _ = _fake_time()
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    fake = _FakeGrid(now, {"m1": 100.02, "m2": 100.05, "m3": 112.0})
+    grid = PollingGrid(fake, rt.Backoff(floor=0.005, cap=1.0, ratio=0.1), sleep=sleep, clock=clock)
+    replies = grid.send_and_receive(["a", "b", "c"], timeout=None)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m1", "m2", "m3"]
+    assert fake.pushed == ["a", "b", "c"]
+    assert slept[0] == 0.005 and max(slept) == 1.0  # milliseconds at first, capped at 1 s
+    assert 12.0 <= now[0] - 100.0 <= 12.0 * 1.1 + 0.01  # seen within 10% of the wait
+    assert fake.pulls < 100  # 69: ten at the floor, then 10% more each; at a fixed 5 ms, 2400
+
+
+def test_polling_grid_returns_what_came_when_the_timeout_runs_out() -> None:
+    now, slept, clock, _ = _fake_time()
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    fake = _FakeGrid(now, {"m1": 100.0, "m2": 1e9})
+    grid = PollingGrid(fake, sleep=sleep, clock=clock)
+    replies = grid.send_and_receive(["a", "b"], timeout=3.0)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m1"]
+    assert now[0] - 100.0 == pytest.approx(3.0)  # no pause past the timeout
+
+
+def test_polling_grid_wraps_only_flowers_deployment_grid() -> None:
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from server.inprocess_grid import InProcessGrid
+
+    http = HttpGrid("127.0.0.1:1", insecure=True, token="t")  # not connected until used
+    wrapped = polling_grid(http)
+    assert isinstance(wrapped, PollingGrid) and wrapped.wrapped is http
+    assert wrapped._insecure is True  # anything else is the wrapped Grid's
+    inprocess = object.__new__(InProcessGrid)
+    assert polling_grid(inprocess) is inprocess
