@@ -48,6 +48,7 @@ model's) dtype.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +71,10 @@ __all__ = [
     "project_frobenius",
     "psi",
     "psi_output_cotangents",
+    "psi_output_cotangents_checked",
     "psi_theta_gradients",
     "psi_w_gradients",
+    "psi_w_sensitive_sum_checked",
     "w_shape",
 ]
 
@@ -341,12 +344,19 @@ def _probs_tensor(prior: GroupPrior, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(prior.block_probs().copy()).to(dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _inv_sqrt_table(prior: GroupPrior, dtype: torch.dtype) -> torch.Tensor:
+    """``p_b(r)^(-1/2)`` ``(blocks, k)`` in ``dtype``, built once per (prior, dtype): a GroupPrior is immutable and the
+    server sends the same one every round. Read-only by convention (every caller only indexes it)."""
+    return _probs_tensor(prior, dtype).rsqrt()
+
+
 def _layout(
     prior: GroupPrior, labels: torch.Tensor | None, n: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample: its W block index ``b_i (n,)``, whether it contributes ``active_i (n,)`` (0/1 in ``dtype``), and
     the table ``p_b(r)^(-1/2)`` ``(blocks, k)`` in ``dtype``."""
-    inv_sqrt = _probs_tensor(prior, dtype).rsqrt()
+    inv_sqrt = _inv_sqrt_table(prior, dtype)
     if prior.notion == "dp":
         return torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=dtype), inv_sqrt
     assert labels is not None and prior.num_labels is not None
@@ -527,6 +537,49 @@ def psi_output_cotangents(
     W = _check_w(W, prior, W.dtype)
     block, active, inv_sqrt = _layout(prior, labels, n, W.dtype)
     return _cotangents(groups, W, prior, block, active, inv_sqrt)
+
+
+# Checked-input kernels: the silo's hot path. A silo calls them once per round with inputs already checked where they
+# entered it: W by `protocols.messages.check_arrays` (shape, dtype, finite values) at the message boundary, the prior
+# as a GroupPrior (validated when built), groups and labels from its own training data (int64 indices in range,
+# checked when the data was loaded) and F = softmax(model(x)) computed by the silo itself. The public functions above
+# re-check every argument on every call (~0.1 ms per call for a batch of 256); these do not, and give the same values
+# bit for bit (same elementwise operations in the same order, same reductions; tests compare them).
+
+
+def psi_output_cotangents_checked(
+    groups: torch.Tensor, W: torch.Tensor, prior: GroupPrior, labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`psi_output_cotangents` (Lemma D.1, theta part: ``a_iu = -sum_r W_ru^2 + 2 W_{s_i,u} / sqrt(p_S(s_i))``)
+    for checked inputs: ``groups`` (and ``labels`` for ``"eo"``/``"eopp"``) int64 in range, ``W`` of the prior's
+    :func:`w_shape`, floating and finite. Dtype of ``W``."""
+    inv_sqrt = _inv_sqrt_table(prior, W.dtype)
+    if prior.notion == "dp":  # one block, every sample active: _cotangents without the block index and the 1.0 factor
+        Wb = _blocks_view(W, prior)
+        col_sq = (Wb * Wb).sum(dim=1)  # (1, l): sum_r W_ru^2
+        return -col_sq[0] + 2.0 * Wb[0][groups] * inv_sqrt[0][groups].unsqueeze(1)
+    block, active, _ = _layout(prior, labels, groups.shape[0], W.dtype)
+    return _cotangents(groups, W, prior, block, active, inv_sqrt)
+
+
+def psi_w_sensitive_sum_checked(
+    F: torch.Tensor, groups: torch.Tensor, prior: GroupPrior, labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``sum_i d psi_i / d W`` at ``W = 0``, shape :func:`w_shape`: the s-dependent term of Lemma D.1's W part,
+    ``2 [b = b_i] [s_i = r] F_iu / sqrt(p_b(r))`` summed over the batch, which SteFFLe's sensitive division releases.
+
+    Equal bit for bit to ``psi_w_gradients(F, groups, torch.zeros(w_shape), prior, labels).sum(dim=0)`` (at ``W = 0``
+    its ``-2 W_ru F_iu`` term is ``-0.0``, which adds nothing), for checked inputs as
+    :func:`psi_output_cotangents_checked`'s and ``F (n, l)`` the silo's own soft predictions."""
+    n = F.shape[0]
+    inv_sqrt = _inv_sqrt_table(prior, F.dtype)
+    member = torch.nn.functional.one_hot(groups, prior.num_groups).to(F.dtype)  # (n, k)
+    if prior.notion == "dp":  # one block, every sample active: no placement (a factor 1.0)
+        return ((2.0 * (member * inv_sqrt[0])).unsqueeze(2) * F.unsqueeze(1)).sum(dim=0)
+    block, active, _ = _layout(prior, labels, n, F.dtype)
+    own = (2.0 * (member * inv_sqrt[block]).unsqueeze(2)) * F.unsqueeze(1)  # (n, k, l)
+    place = torch.nn.functional.one_hot(block, prior.blocks()).to(F.dtype) * active.unsqueeze(1)  # (n, blocks)
+    return (place[:, :, None, None] * own.unsqueeze(1)).reshape(n, *prior.w_shape()).sum(dim=0)
 
 
 def _model_params(model: nn.Module) -> dict[str, torch.Tensor]:

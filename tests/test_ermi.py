@@ -19,8 +19,10 @@ from protocols.ermi import (
     project_frobenius,
     psi,
     psi_output_cotangents,
+    psi_output_cotangents_checked,
     psi_theta_gradients,
     psi_w_gradients,
+    psi_w_sensitive_sum_checked,
     w_shape,
 )
 from protocols.models import build_model, parameter_spec
@@ -178,6 +180,23 @@ def test_psi_w_gradients_match_autograd_per_sample(notion: str, k: int, l_: int)
         for i in range(13):
             others = [y for y in range(l_) if y != int(labels[i])]
             assert torch.all(grads[i, others] == 0) and torch.any(grads[i, int(labels[i])] != 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("notion", FAIRNESS_NOTIONS)
+@pytest.mark.parametrize(("k", "l_"), SHAPES)
+def test_checked_kernels_give_the_public_functions_bits(notion: str, k: int, l_: int, dtype: torch.dtype) -> None:
+    """The silo's checked-input kernels: the same bits as the public (re-checking) functions, batch of 256 as a
+    SteFFLe round's, several batches (torch.equal, not a tolerance: results must not depend on the route)."""
+    for seed in range(4):
+        F, groups, labels = _batch(256 + seed, k, l_, seed=seed, dtype=dtype)
+        prior = _prior(notion, groups, labels, k, l_)
+        W = _random_w(prior, seed=seed + 7, dtype=dtype)
+        assert torch.equal(
+            psi_output_cotangents_checked(groups, W, prior, labels), psi_output_cotangents(groups, W, prior, labels)
+        )
+        expected = psi_w_gradients(F, groups, torch.zeros_like(W), prior, labels).sum(dim=0)
+        assert torch.equal(psi_w_sensitive_sum_checked(F, groups, prior, labels), expected)
 
 
 @pytest.mark.parametrize("notion", FAIRNESS_NOTIONS)

@@ -31,7 +31,12 @@ from torch import nn
 from client.algorithms.dp_fedsgd import poisson_sample
 from client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from client.gradients import mean_gradient_and_logits
-from protocols.ermi import GroupPrior, clipped_psi_theta_sum, psi_output_cotangents, psi_w_gradients
+from protocols.ermi import (
+    GroupPrior,
+    clipped_psi_theta_sum,
+    psi_output_cotangents_checked,
+    psi_w_sensitive_sum_checked,
+)
 from protocols.models import TabularModel, linear_stack_clipped_sum
 from protocols.privacy.gaussian import GaussianMechanism
 
@@ -109,8 +114,9 @@ def fairness_gradients(
     if len(idx):
         theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
         # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
-        # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`).
-        w_sum = psi_w_gradients(probs, s, torch.zeros_like(w), prior, labels=y).sum(dim=0)
+        # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`). Inputs checked
+        # where they entered the silo (W at the message boundary, s and y with the silo's data, probs its own).
+        w_sum = psi_w_sensitive_sum_checked(probs, s, prior, labels=y)
     else:
         theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)  # zeros
     if noise_multiplier > 0:
@@ -133,14 +139,15 @@ def _clipped_theta_sum_and_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)` and F = softmax(model(x)) (detached).
 
-    For a TabularModel this is `protocols.ermi`'s own route for it (cotangents a_i from `psi_output_cotangents`, one
-    backward pass of sum_i <a_i, F(x_i)> through `protocols.models.linear_stack_clipped_sum`) with F kept from that
-    pass's forward, where a second forward pass would compute the very same values; the inputs are the silo's own
-    records and the checked W, so `clipped_psi_theta_sum`'s checks of its arguments are not repeated. Tests check
-    that both give the same bits. Other models take `clipped_psi_theta_sum` and a forward pass.
+    For a TabularModel this is `protocols.ermi`'s own route for it (cotangents a_i, one backward pass of
+    sum_i <a_i, F(x_i)> through `protocols.models.linear_stack_clipped_sum`) with F kept from that pass's forward,
+    where a second forward pass would compute the very same values; the inputs are the silo's own records and the
+    checked W, so `clipped_psi_theta_sum`'s checks of its arguments are not repeated (the cotangents come from
+    `psi_output_cotangents_checked`, the same values as `psi_output_cotangents`). Tests check that both give the same
+    bits. Other models take `clipped_psi_theta_sum` and a forward pass.
     """
     if isinstance(model, TabularModel):
-        a = psi_output_cotangents(s, w, prior, labels=y)
+        a = psi_output_cotangents_checked(s, w, prior, labels=y)
         kept: list[torch.Tensor] = []
 
         def total(logits: torch.Tensor) -> torch.Tensor:
