@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, clip_factors, linear_stack_clipped_sum, loss_fn
+from protocols.models import TabularModel, clip_factors, head_gradient, linear_stack_clipped_sum, loss_fn
 
 __all__ = [
     "clip_rows",
@@ -162,9 +162,25 @@ def mean_gradient_and_logits(model: nn.Module, x: torch.Tensor, y: torch.Tensor)
             "mean_gradient of an empty batch is undefined (n == 0); skip the step or report zeros upstream"
         )
     params = _parameters(model)
+    if isinstance(model, TabularModel) and model.hidden is None:  # logistic regression: no graph, no backward pass
+        with torch.no_grad():
+            logits = model(x)
+        return head_gradient(model, x, _mean_loss_logit_grads(logits, y)), logits
     logits = model(x)
     grads = torch.autograd.grad(loss_fn(logits, y), list(params.values()))
     return torch.cat([g.reshape(-1) for g in grads]), logits.detach()
+
+
+def _mean_loss_logit_grads(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``d loss_fn(logits, y) / d logits`` ``(n, l)``: ``(softmax(logits_i) - e_{y_i}) / n``, by the kernels autograd
+    runs for the backward of ``F.cross_entropy`` (mean reduction: ``nll_loss_backward`` with total weight n, then
+    ``_log_softmax_backward_data``), so the gradient is autograd's, bit for bit (tests compare them)."""
+    log_probs = torch.log_softmax(logits, dim=1)
+    total_weight = torch.tensor(float(logits.shape[0]), dtype=logits.dtype)
+    upstream = torch.ones((), dtype=logits.dtype)
+    mean = 1  # torch's reduction code for "mean"; -100 is cross_entropy's default ignore_index (labels are >= 0)
+    nll = torch.ops.aten.nll_loss_backward(upstream, log_probs, y, None, mean, -100, total_weight)
+    return torch.ops.aten._log_softmax_backward_data(nll, log_probs, 1, log_probs.dtype)
 
 
 def unflatten(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:

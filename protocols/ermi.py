@@ -58,7 +58,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, clip_factors, linear_stack_clipped_sum
+from protocols.models import TabularModel, clip_factors, head_clipped_sum, linear_stack_clipped_sum
 
 __all__ = [
     "FAIRNESS_NOTIONS",
@@ -70,6 +70,7 @@ __all__ = [
     "optimal_w",
     "project_frobenius",
     "psi",
+    "psi_logit_grads",
     "psi_output_cotangents",
     "psi_output_cotangents_checked",
     "psi_theta_gradients",
@@ -697,8 +698,20 @@ def _linear_stack_clipped_sum(
     model: TabularModel, x: torch.Tensor, a: torch.Tensor, prior: GroupPrior, clip: float
 ) -> torch.Tensor:
     """:func:`clipped_psi_theta_sum` for a TabularModel: d psi_i / d theta = J_F^T a_i is the gradient of
-    ``<a_i, F(x_i)>`` (``a_i`` fixed), through the vmap-free route (`protocols.models.linear_stack_clipped_sum`)."""
+    ``<a_i, F(x_i)>`` (``a_i`` fixed), through the vmap-free route (`protocols.models.linear_stack_clipped_sum`);
+    for logistic regression without a backward pass, from :func:`psi_logit_grads` (`protocols.models.head_clipped_sum`,
+    the same bits)."""
+    if model.hidden is None:
+        return head_clipped_sum(model, x, lambda logits: psi_logit_grads(a, _softmax_output(logits, prior)), clip)
     return linear_stack_clipped_sum(model, x, lambda logits: (a * _softmax_output(logits, prior)).sum(), clip)
+
+
+def psi_logit_grads(a: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
+    """``d psi_i / d logits_i (n, l)`` for ``F = softmax(logits)`` (Lemma D.1, theta part, through the softmax):
+    ``F_iu (a_iu - <a_i, F_i>)``, the softmax's vector-Jacobian product of the cotangents ``a_i``
+    (:func:`psi_output_cotangents`). Computed by the kernel torch's autograd runs for it, so a route that uses this
+    gives autograd's bits."""
+    return torch._softmax_backward_data(a, F, -1, F.dtype)
 
 
 def project_frobenius(W: torch.Tensor, radius: float) -> torch.Tensor:

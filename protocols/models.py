@@ -75,6 +75,13 @@ class TabularModel(nn.Module):
             return torch.cat([torch.zeros_like(z), z], dim=-1)
         return z
 
+    def head_output_grads(self, logit_grads: torch.Tensor) -> torch.Tensor:
+        """The vector-Jacobian product of :meth:`to_logits`: d total / d z from d total / d logits ``(n, l)``.
+
+        Binary head: column 1 (the ``z`` of ``[0, z]``), the view autograd's backward of the ``cat`` gives; else the
+        logits themselves."""
+        return logit_grads.narrow(1, 1, 1) if self.num_labels == 2 else logit_grads
+
 
 def _check_positive_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
@@ -217,6 +224,12 @@ def linear_stack_clipped_sum(
             outputs.append(pre)
             h = torch.relu(pre) if index < len(layers) - 1 else pre
         deltas = torch.autograd.grad(total(model.to_logits(h)), outputs)
+    return _clipped_sum_of_layers(inputs, list(deltas), clip_norm)
+
+
+def _clipped_sum_of_layers(inputs: list[torch.Tensor], deltas: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
+    """Per Linear layer its input rows ``a_i`` and output gradients ``delta_i``: the clipped sum of the per-sample
+    gradients ``delta_i a_i^T``, ``delta_i`` (see :func:`linear_stack_clipped_sum`)."""
     sq_norms = sum(
         torch.linalg.vector_norm(d, dim=1) ** 2 * (torch.linalg.vector_norm(a, dim=1) ** 2 + 1.0)
         for a, d in zip(inputs, deltas, strict=True)
@@ -227,6 +240,40 @@ def linear_stack_clipped_sum(
         scaled = d * factors.unsqueeze(1)
         parts += [(scaled.T @ a).reshape(-1), scaled.sum(0)]
     return torch.cat(parts)
+
+
+def _check_head_only(model: TabularModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if model.hidden is not None:
+        raise ValueError("the closed-form head routes are for logistic regression (a model without a hidden layer)")
+    if x.shape[1] != model.head.in_features:
+        raise ValueError(
+            f"x has {x.shape[1]} features but the model was built with num_features={model.head.in_features}"
+        )
+    return model.head.weight.detach(), model.head.bias.detach()
+
+
+def head_clipped_sum(
+    model: TabularModel,
+    x: torch.Tensor,
+    logit_grads: Callable[[torch.Tensor], torch.Tensor],
+    clip_norm: float,
+) -> torch.Tensor:
+    """:func:`linear_stack_clipped_sum` for logistic regression (no hidden layer) when ``d total / d logits`` has a
+    closed form: ``logit_grads(logits)`` returns it ``(n, l)`` (row i: ``d t_i / d logits_i``). No autograd graph and
+    no backward pass (the engine's fixed cost is most of a small batch's time); with ``logit_grads`` computed by the
+    kernels autograd runs for the same total, the result is autograd's route's, bit for bit (tests compare them)."""
+    weight, bias = _check_head_only(model, x)
+    delta = model.head_output_grads(logit_grads(model.to_logits(F.linear(x, weight, bias))))
+    return _clipped_sum_of_layers([x.detach()], [delta], clip_norm)
+
+
+def head_gradient(model: TabularModel, x: torch.Tensor, logit_grads: torch.Tensor) -> torch.Tensor:
+    """The gradient of a total over the batch w.r.t. a logistic regression's parameters, flat (parameter order), from
+    ``d total / d logits`` ``(n, l)``: ``delta^T x`` (weight) and ``sum_i delta_i`` (bias), computed as autograd's
+    backward of the head's ``addmm`` computes them (same kernels, same bits; tests compare them)."""
+    _check_head_only(model, x)
+    delta = model.head_output_grads(logit_grads)
+    return torch.cat([delta.t().mm(x).reshape(-1), delta.sum(0)])
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -591,3 +591,30 @@ def test_model_and_prior_must_agree_on_labels() -> None:
         clipped_psi_theta_sum(model, x, groups, torch.zeros(2, 2), prior, 1.0)
     with pytest.raises(ValueError, match="x has 2 rows but groups has 3"):
         clipped_psi_theta_sum(build_model("logreg", 4, 2), x[:2], groups, torch.zeros(2, 2), prior, 1.0)
+
+
+@pytest.mark.parametrize("notion", FAIRNESS_NOTIONS)
+@pytest.mark.parametrize("l_", [2, 3])
+def test_logreg_clipped_sum_without_backward_pass_gives_autograds_bits(notion: str, l_: int) -> None:
+    """Logistic regression's theta-sum from the closed-form logit gradients (`psi_logit_grads`, no backward pass)
+    equals the backward pass of sum_i <a_i, F(x_i)> (`linear_stack_clipped_sum`) bit for bit, at a SteFFLe round's
+    batch size, with every row clipped, some, and none."""
+    from protocols.models import linear_stack_clipped_sum
+
+    for seed in range(4):
+        model = build_model("logreg", 102, l_, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        n = 256 + seed
+        x = torch.randn(n, 102, generator=gen) * (1 + seed)
+        groups = torch.randint(0, 3, (n,), generator=gen)
+        labels = torch.randint(0, l_, (n,), generator=gen)
+        prior = _prior(notion, groups, labels, 3, l_)
+        W = _random_w(prior, seed=seed, dtype=torch.float32)
+        a = psi_output_cotangents(groups, W, prior, labels)
+
+        def total(logits: torch.Tensor, a: torch.Tensor = a) -> torch.Tensor:
+            return (a * torch.softmax(logits, -1)).sum()
+
+        for clip in (1e-4, 0.05, 1e6):
+            expected = linear_stack_clipped_sum(model, x, total, clip)
+            assert torch.equal(clipped_psi_theta_sum(model, x, groups, W, prior, clip, labels), expected)

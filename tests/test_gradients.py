@@ -13,6 +13,7 @@ from client.gradients import (
     clipped_gradient_sum,
     flatten_per_sample,
     mean_gradient,
+    mean_gradient_and_logits,
     per_sample_gradients,
     unflatten,
 )
@@ -213,3 +214,21 @@ def test_linear_stack_fast_path_equals_torch_func_route(kind: str, labels: int) 
         fast = _linear_stack_clipped_sum(model, x, y, clip)
         torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(clipped_gradient_sum(model, x, y, clip), reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_labels", [2, 3, 5])
+def test_logreg_mean_gradient_without_backward_pass_gives_autograds_bits(num_labels: int) -> None:
+    """Logistic regression's closed-form mean loss gradient (`head_gradient` of cross-entropy's logit gradients, by
+    the kernels autograd runs) equals autograd's backward pass bit for bit, batch of a SteFFLe round's size."""
+    for seed in range(6):
+        model = build_model("logreg", 102, num_labels, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        n = 250 + seed
+        x = torch.randn(n, 102, generator=gen) * (1 + seed)
+        y = torch.randint(0, num_labels, (n,), generator=gen)
+        logits = model(x)
+        expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss_fn(logits, y), list(model.parameters()))])
+        g, fast_logits = mean_gradient_and_logits(model, x, y)
+        assert torch.equal(g, expected)
+        assert torch.equal(fast_logits, logits.detach())
+        assert all(p.grad is None for p in model.parameters())

@@ -34,10 +34,11 @@ from client.gradients import mean_gradient_and_logits
 from protocols.ermi import (
     GroupPrior,
     clipped_psi_theta_sum,
+    psi_logit_grads,
     psi_output_cotangents_checked,
     psi_w_sensitive_sum_checked,
 )
-from protocols.models import TabularModel, linear_stack_clipped_sum
+from protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum
 from protocols.privacy.gaussian import GaussianMechanism
 
 
@@ -149,6 +150,13 @@ def _clipped_theta_sum_and_outputs(
     if isinstance(model, TabularModel):
         a = psi_output_cotangents_checked(s, w, prior, labels=y)
         kept: list[torch.Tensor] = []
+        if model.hidden is None:  # logistic regression: closed-form d/d logits, no backward pass (the same bits)
+
+            def logit_grads(logits: torch.Tensor) -> torch.Tensor:
+                kept.append(torch.softmax(logits, dim=-1))
+                return psi_logit_grads(a, kept[0])
+
+            return head_clipped_sum(model, x, logit_grads, clip), kept[0]
 
         def total(logits: torch.Tensor) -> torch.Tensor:
             probs = torch.softmax(logits, dim=-1)
