@@ -21,7 +21,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, clip_factors, head_gradient, linear_stack_clipped_sum, loss_fn
+from protocols.models import (
+    TabularModel,
+    clip_factors,
+    head_clipped_sum,
+    head_gradient,
+    linear_stack_clipped_sum,
+    loss_fn,
+)
 
 __all__ = [
     "clip_rows",
@@ -136,7 +143,11 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cli
 
 def _linear_stack_clipped_sum(model: TabularModel, x: torch.Tensor, y: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """:func:`clipped_gradient_sum` for silofl's tabular models: the loss through the vmap-free route
-    (:func:`protocols.models.linear_stack_clipped_sum`)."""
+    (:func:`protocols.models.linear_stack_clipped_sum`); for logistic regression without autograd
+    (:func:`protocols.models.head_clipped_sum`, the per-record logit gradients by the kernels autograd runs: same
+    bits, no graph and no backward pass)."""
+    if model.hidden is None:
+        return head_clipped_sum(model, x, lambda logits: _loss_logit_grads(logits, y, reduction="sum"), clip_norm)
     return linear_stack_clipped_sum(model, x, lambda logits: F.cross_entropy(logits, y, reduction="sum"), clip_norm)
 
 
@@ -172,14 +183,24 @@ def mean_gradient_and_logits(model: nn.Module, x: torch.Tensor, y: torch.Tensor)
 
 
 def _mean_loss_logit_grads(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``d loss_fn(logits, y) / d logits`` ``(n, l)``: ``(softmax(logits_i) - e_{y_i}) / n``, by the kernels autograd
-    runs for the backward of ``F.cross_entropy`` (mean reduction: ``nll_loss_backward`` with total weight n, then
-    ``_log_softmax_backward_data``), so the gradient is autograd's, bit for bit (tests compare them)."""
+    """``d loss_fn(logits, y) / d logits`` ``(n, l)``: ``(softmax(logits_i) - e_{y_i}) / n``."""
+    return _loss_logit_grads(logits, y, reduction="mean")
+
+
+#: torch's reduction codes (`torch.nn._reduction.get_enum`), as `F.cross_entropy` passes them to its kernels.
+_REDUCTION = {"mean": 1, "sum": 2}
+
+
+def _loss_logit_grads(logits: torch.Tensor, y: torch.Tensor, *, reduction: str) -> torch.Tensor:
+    """``d F.cross_entropy(logits, y, reduction) / d logits`` ``(n, l)``: row i is ``softmax(logits_i) - e_{y_i}``
+    (divided by n for "mean"), by the kernels autograd runs for cross-entropy's backward (``nll_loss_backward``,
+    then ``_log_softmax_backward_data``), so the gradient is autograd's, bit for bit (tests compare them). For "sum"
+    row i is record i's own loss gradient w.r.t. its logits, what per-record clipping needs."""
     log_probs = torch.log_softmax(logits, dim=1)
     total_weight = torch.tensor(float(logits.shape[0]), dtype=logits.dtype)
     upstream = torch.ones((), dtype=logits.dtype)
-    mean = 1  # torch's reduction code for "mean"; -100 is cross_entropy's default ignore_index (labels are >= 0)
-    nll = torch.ops.aten.nll_loss_backward(upstream, log_probs, y, None, mean, -100, total_weight)
+    # -100: cross_entropy's default ignore_index (labels are >= 0)
+    nll = torch.ops.aten.nll_loss_backward(upstream, log_probs, y, None, _REDUCTION[reduction], -100, total_weight)
     return torch.ops.aten._log_softmax_backward_data(nll, log_probs, 1, log_probs.dtype)
 
 
