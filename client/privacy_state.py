@@ -78,6 +78,9 @@ class NoisePlan:
     epsilon_accountant: float  # what the accountant gives back for noise_multiplier (<= epsilon)
     relation: str = "add_remove"
     one_off: float = 0.0  # noise multiplier of a one-off unsampled release before the rounds (0: none)
+    #: noise multiplier of a second release per round on its own, independent Poisson sample (inf: none; FedFDP's
+    #: loss release): `companion_ratio` x noise_multiplier
+    companion: float = math.inf
 
 
 def _accountant():
@@ -110,6 +113,7 @@ def noise_plan(
     relation: str = "add_remove",
     one_off_share: float = 0.0,
     noise_multiplier: float | None = None,
+    companion_ratio: float = math.inf,
 ) -> NoisePlan:
     """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
 
@@ -123,6 +127,10 @@ def noise_plan(
 
     `noise_multiplier` given: the algorithm fixes its noise itself (DP-mu2-FL's sigma = 2 S sqrt(T) / rho); nothing is
     calibrated, and the accountant's epsilon for it is recorded (the ledger still refuses past the budget).
+
+    `companion_ratio` finite: each round also makes a release on its own, independent Poisson sample of the same
+    rate with multiplier `companion_ratio` x the calibrated one (FedFDP's loss release, sigma_l = 2.5 sigma); both are
+    calibrated and charged together, composed (:func:`protocols.privacy.accountant.calibrate_noise`).
     """
     wanted = {
         "epsilon": epsilon,
@@ -134,13 +142,15 @@ def noise_plan(
         "relation": relation,
         "one-off-share": one_off_share,
         "fixed-multiplier": -1.0 if noise_multiplier is None else noise_multiplier,
+        "companion-ratio": -1.0 if math.isinf(companion_ratio) else companion_ratio,
     }
     if STATE_KEY in context.state:
         rec = context.state[STATE_KEY]
         for key, value in wanted.items():
-            if rec[key] != value:
+            before = rec.get(key, -1.0)  # a state saved before companions has none (-1.0)
+            if before != value:
                 raise MessageError(
-                    f"the server changed '{key}' from {rec[key]!r} to {value!r} mid-run; this silo calibrated its "
+                    f"the server changed '{key}' from {before!r} to {value!r} mid-run; this silo calibrated its "
                     "noise for the first value and refuses to re-calibrate (start a new run)"
                 )
         return _plan_from(rec)
@@ -150,7 +160,13 @@ def noise_plan(
         multiplier = noise_multiplier
         eps_back = (
             _accountant().epsilon_spent(
-                multiplier, sampling_rate, steps, delta, releases=releases, accountant=accountant
+                multiplier,
+                sampling_rate,
+                steps,
+                delta,
+                releases=releases,
+                accountant=accountant,
+                companion=companion_ratio * multiplier,
             )
             if multiplier > 0
             else math.inf
@@ -160,7 +176,7 @@ def noise_plan(
     else:
         if one_off_share > 0:
             one_off = _calibrate(one_off_share * budget, delta, 1.0, 1, 1, accountant, relation, 0.0).noise_multiplier
-        cal = _calibrate(budget, delta, sampling_rate, steps, releases, accountant, relation, one_off)
+        cal = _calibrate(budget, delta, sampling_rate, steps, releases, accountant, relation, one_off, companion_ratio)
         multiplier, eps_back = cal.noise_multiplier, cal.epsilon
     rec = ConfigRecord(
         {**wanted, "budget": budget, "noise-multiplier": multiplier, "epsilon-accountant": eps_back, "one-off": one_off}
@@ -179,11 +195,20 @@ def _calibrate(
     accountant: str,
     relation: str,
     one_off: float,
+    companion_ratio: float = math.inf,
 ):
     """`calibrate_noise` is a pure function of its arguments (0.2-1 s); simulated silos of equal size share it."""
     prior = [(one_off, 1.0, 1)] if one_off > 0 else []
     return _accountant().calibrate_noise(
-        epsilon, delta, sampling_rate, steps, releases=releases, accountant=accountant, relation=relation, prior=prior
+        epsilon,
+        delta,
+        sampling_rate,
+        steps,
+        releases=releases,
+        accountant=accountant,
+        relation=relation,
+        prior=prior,
+        companion_ratio=companion_ratio,
     )
 
 
@@ -200,7 +225,10 @@ def clear_caches() -> None:
 
 
 def _plan_from(rec: ConfigRecord) -> NoisePlan:
+    ratio = float(rec.get("companion-ratio", -1.0))
+    multiplier = float(rec["noise-multiplier"])
     return NoisePlan(
+        companion=math.inf if ratio < 0 else ratio * multiplier,
         noise_multiplier=float(rec["noise-multiplier"]),
         sampling_rate=float(rec["sampling-rate"]),
         releases=int(rec["releases"]),
@@ -264,6 +292,7 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
             sampling_rate=plan.sampling_rate,
             releases=plan.releases,
             silo=silo,
+            companion=plan.companion,
         )
     except ValueError as exc:
         raise ValueError(f"{exc}{_already_hint(context, exc)}") from None

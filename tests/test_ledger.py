@@ -132,6 +132,34 @@ def test_spent_agrees_with_the_library_for_mixed_entries() -> None:
     assert len(ledgers["rdp"].entries) == 3
 
 
+def test_companion_releases_agree_with_the_library_and_round_trip() -> None:
+    """A second release per round on its own Poisson sample (FedFDP's loss release): the ledger's figure is the
+    library's for the composed events, after a plain entry too; the companion survives to_dict / from_dict."""
+    charges = [(1.0, 0.05, 1.0)] * 3 + [(2.0, 0.05, 5.0)] * 6
+    ledgers = {name: PrivacyLedger(math.inf, DELTA, accountant=name) for name in ("rdp", "pld", "best")}
+    for round_number, (sigma, q, companion) in enumerate(charges):
+        second = math.inf if round_number < 3 else companion
+        for ledger in ledgers.values():
+            ledger.charge(round=round_number, noise_multiplier=sigma, sampling_rate=q, companion=second)
+    event = dp_accounting.ComposedDpEvent([dp_event(1.0, 0.05, 3), dp_event(2.0, 0.05, 6), dp_event(5.0, 0.05, 6)])
+    rdp = RdpAccountant().compose(event).get_epsilon(DELTA)
+    grid = min(pld_value_discretization(s, 0.05) for s in (1.0, 2.0, 5.0))
+    pld = PLDAccountant(value_discretization_interval=grid).compose(event).get_epsilon(DELTA)
+    assert ledgers["rdp"].spent() == pytest.approx(rdp, rel=1e-12)
+    assert ledgers["pld"].spent() == pytest.approx(pld, rel=1e-12)
+    assert ledgers["best"].spent() == pytest.approx(min(rdp, pld), rel=1e-12)
+    assert [e.companion for e in ledgers["pld"].entries] == [math.inf, 5.0]
+    alone = PrivacyLedger(math.inf, DELTA, accountant="pld")
+    alone.charge(round=0, noise_multiplier=2.0, sampling_rate=0.05, companion=5.0)
+    assert alone.spent() == epsilon_spent(2.0, 0.05, 1, DELTA, accountant="pld", companion=5.0)
+    stored = json.loads(json.dumps(ledgers["best"].to_dict()))
+    again = PrivacyLedger.from_dict(stored)
+    assert again.entries == ledgers["best"].entries and again.spent() == ledgers["best"].spent()
+    assert PrivacyLedger.from_dict({k: v for k, v in stored.items() if k != "entry_companion"}).entries[
+        1
+    ].companion == (math.inf)  # a dict written before companions: none
+
+
 def test_single_entry_equals_epsilon_spent_bit_for_bit() -> None:
     for name in ("rdp", "pld"):
         ledger = PrivacyLedger(math.inf, DELTA, accountant=name)

@@ -393,8 +393,12 @@ def _epsilons(
     which: Sequence[str],
     relation: str = "add_remove",
     prior: Sequence[PriorRelease] = (),
+    companion: float = math.inf,
 ) -> dict[str, float]:
     """Epsilon by each accountant in ``which`` of ``prior`` followed by the run (validated arguments).
+
+    ``companion`` (``inf``: none) is the multiplier of a second release per step on an independent Poisson sample of
+    the same rate: the run is then ``steps`` of each, composed (see :func:`epsilon_spent`).
 
     Handles the corner cases: parts with no step or an infinite multiplier reveal nothing and are left out (nothing
     left: ``0.0``); a part with multiplier 0 is non-private (``inf``). The parts are composed in that order as one
@@ -402,6 +406,7 @@ def _epsilons(
     """
     parts = [(p.combined_noise_multiplier, p.sampling_rate, p.steps) for p in prior]
     parts.append((noise_multiplier / math.sqrt(releases), sampling_rate, steps))
+    parts.append((companion, sampling_rate, steps))
     parts = [(sigma, q, count) for sigma, q, count in parts if count > 0 and not math.isinf(sigma)]
     if not parts:
         return dict.fromkeys(which, 0.0)
@@ -423,8 +428,14 @@ def epsilon_spent(
     *,
     relation: str = "add_remove",
     prior: Sequence[PriorRelease | tuple] = (),
+    companion: float = math.inf,
 ) -> float:
     """Epsilon at ``delta`` of :func:`dp_event` ``(noise_multiplier, sampling_rate, steps, releases)``, by ``relation``.
+
+    ``companion`` (``inf``, the default: none): each step also makes one Gaussian release with this noise multiplier
+    on its OWN Poisson sample of rate ``sampling_rate``, drawn independently of the first (FedFDP's loss release, spec
+    ``fedfdp.md``). Two samples make two mechanisms, not one (:func:`combined_noise_multiplier` does not apply): the
+    run is ``ComposedDpEvent([dp_event(noise_multiplier, q, steps, releases), dp_event(companion, q, steps)])``.
 
     ``steps = 0`` -> ``0.0``; ``noise_multiplier = 0`` -> ``inf`` (non-private); ``noise_multiplier = inf`` -> ``0.0``.
     ``accountant="best"`` evaluates both RDP and PLD and returns the smaller (PLD alone under ``replace_one``;
@@ -440,7 +451,8 @@ def epsilon_spent(
     rel = check_relation(relation)
     check_accountant_supports(name, rel)
     priors = as_priors(prior)
-    return min(_epsilons(sigma, q, count, d, k, library_accountants(name, rel), rel, priors).values())
+    second = check_noise_multiplier(companion, name="companion")
+    return min(_epsilons(sigma, q, count, d, k, library_accountants(name, rel), rel, priors, second).values())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -492,8 +504,12 @@ def _smallest_admissible(
     max_tries: int = 200,
     relation: str = "add_remove",
     prior: Sequence[PriorRelease] = (),
+    companion_ratio: float = math.inf,
 ) -> float:
     """Smallest ``sigma`` whose epsilon by ``which`` is ``<= target``, to relative ``tolerance``; never below it.
+
+    With a finite ``companion_ratio`` each candidate ``sigma`` comes with a companion release of multiplier
+    ``companion_ratio * sigma`` (see :func:`epsilon_spent`).
 
     Brackets geometrically from ``start`` (factor 2 up, factor 0.8 down: RDP and PLD differ by well under 20 %, so a
     bracket started from the other accountant's answer costs one or two evaluations), then bisects keeping
@@ -505,7 +521,18 @@ def _smallest_admissible(
 
     def gap(sigma: float) -> float:
         return (
-            epsilon_spent(sigma, sampling_rate, steps, delta, releases, which, relation=relation, prior=prior) - target
+            epsilon_spent(
+                sigma,
+                sampling_rate,
+                steps,
+                delta,
+                releases,
+                which,
+                relation=relation,
+                prior=prior,
+                companion=companion_ratio * sigma,
+            )
+            - target
         )
 
     hi = start
@@ -565,8 +592,13 @@ def calibrate_noise(
     *,
     relation: str = "add_remove",
     prior: Sequence[PriorRelease | tuple] = (),
+    companion_ratio: float = math.inf,
 ) -> Calibration:
     """Smallest per-release noise multiplier whose epsilon (by ``accountant``) is ``<= epsilon`` after ``steps`` steps.
+
+    ``companion_ratio`` (``inf``: none): every step also makes a release on its own, independent Poisson sample with
+    multiplier ``companion_ratio * sigma`` (FedFDP's loss release at sigma_l = 2.5 sigma, spec ``fedfdp.md``); the
+    target then bounds both, composed (:func:`epsilon_spent` ``companion``).
 
     ``tolerance`` is relative: the answer is within ``tolerance * sigma*`` above the exact smallest multiplier
     ``sigma*`` and is never below it (its epsilon never exceeds the target). ``epsilon = inf`` -> multiplier ``0``.
@@ -626,20 +658,29 @@ def calibrate_noise(
         )
 
     args = (target, d, q, count, k)
+    if not isinstance(companion_ratio, numbers.Real) or not float(companion_ratio) > 0.0:
+        raise ValueError(f"companion_ratio must be > 0 (inf: no companion release), got {companion_ratio!r}")
+    ratio = float(companion_ratio)
     extra = {"relation": rel, "prior": priors}
     if rel == "add_remove" and floors["rdp"] < target:
-        sigma = _smallest_admissible("rdp", *args, start=_starting_guess(*args), tolerance=tol, **extra)
+        sigma = _smallest_admissible(
+            "rdp", *args, start=_starting_guess(*args), tolerance=tol, companion_ratio=ratio, **extra
+        )
         if name != "rdp" and floors["pld"] < target:
-            at_rdp = epsilon_spent(sigma, q, count, d, k, "pld", **extra) - target
+            at_rdp = epsilon_spent(sigma, q, count, d, k, "pld", companion=ratio * sigma, **extra) - target
             if at_rdp <= 0.0 or name == "pld":  # PLD tighter here (usual), or PLD alone was asked for
-                sigma_pld = _smallest_admissible("pld", *args, start=sigma, tolerance=tol, start_gap=at_rdp, **extra)
+                sigma_pld = _smallest_admissible(
+                    "pld", *args, start=sigma, tolerance=tol, start_gap=at_rdp, companion_ratio=ratio, **extra
+                )
             else:  # "best", and RDP is the tighter one at its own answer: PLD's answer is above it
                 sigma_pld = sigma
             sigma = min(sigma, sigma_pld)
     else:  # PLD alone: replace_one, or RDP cannot meet the target once the prior releases are counted
-        sigma = _smallest_admissible("pld", *args, start=_starting_guess(*args, rel), tolerance=tol, **extra)
+        sigma = _smallest_admissible(
+            "pld", *args, start=_starting_guess(*args, rel), tolerance=tol, companion_ratio=ratio, **extra
+        )
 
-    eps = _epsilons(sigma, q, count, d, k, kinds, rel, priors)
+    eps = _epsilons(sigma, q, count, d, k, kinds, rel, priors, ratio * sigma)
     eps_rdp = eps.get("rdp", math.inf)
     tighter = "rdp" if eps_rdp <= eps["pld"] else "pld"
     return result(sigma, eps, tighter if name == "best" else name)

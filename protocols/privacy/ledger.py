@@ -125,6 +125,12 @@ class LedgerEntry:
     Poisson-sampled steps they made (``rounds * steps per round``). Each step released ``releases`` Gaussian quantities,
     each with noise std ``noise_multiplier * its L2 sensitivity`` (under ``replace_one``: x its ball radius).
     ``sampling_rate = 1.0`` is a release on the whole data set, e.g. a one-off histogram before the sampled rounds.
+
+    ``companion`` (``inf``: none) is a second Gaussian release made each step on its OWN Poisson sample of the same
+    rate, drawn independently of the first (FedFDP's loss release, spec ``fedfdp.md``): its noise multiplier. The
+    two are not one mechanism (different samples), so each step is ``PoissonSampled(q, Gaussian(s)) o
+    PoissonSampled(q, Gaussian(companion))``, composed; the accountants compose ``steps`` of each (composition is
+    commutative, so the interleaving of the two within the rounds does not change the figure).
     """
 
     round: int
@@ -133,6 +139,7 @@ class LedgerEntry:
     releases: int
     steps: int
     rounds: int = 1
+    companion: float = math.inf
 
     @property
     def steps_per_round(self) -> int:
@@ -144,9 +151,12 @@ class LedgerEntry:
         """Noise multiplier of one step's releases taken together (same arithmetic as ``accountant.dp_event``)."""
         return self.noise_multiplier / math.sqrt(self.releases)
 
-    def accounting_key(self) -> tuple[float, float, int]:
-        """What the accountants see of this entry: (combined multiplier, sampling rate, steps)."""
-        return (self.combined_noise_multiplier, self.sampling_rate, self.steps)
+    def accounting_key(self) -> tuple[Mechanism, float, int]:
+        """What the accountants see of this entry: (combined multiplier, sampling rate, steps); with a companion
+        release the multiplier is the pair (combined multiplier, companion multiplier)."""
+        if math.isinf(self.companion):
+            return (self.combined_noise_multiplier, self.sampling_rate, self.steps)
+        return ((self.combined_noise_multiplier, self.companion), self.sampling_rate, self.steps)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -155,7 +165,23 @@ class LedgerEntry:
 # with the expensive per-mechanism parts cached. tests/test_ledger.py checks the results equal the library's.
 # --------------------------------------------------------------------------------------------------------------------
 
-State = tuple[tuple[float, float, int], ...]
+#: One step's noise: a multiplier, or a tuple of multipliers of releases on independent Poisson samples of one rate.
+Mechanism = float | tuple[float, ...]
+State = tuple[tuple[Mechanism, float, int], ...]
+
+
+def _multipliers(mechanism: Mechanism) -> tuple[float, ...]:
+    """The multipliers of a step's independent releases (one for a plain entry)."""
+    return mechanism if isinstance(mechanism, tuple) else (mechanism,)
+
+
+def _non_private(state: State) -> bool:
+    return any(sigma == 0.0 for mechanism, _, _ in state for sigma in _multipliers(mechanism))
+
+
+def _grid(state: State) -> float:
+    """The finest PLD grid any release of the state needs (as ``accountant._epsilons``)."""
+    return min(pld_value_discretization(sigma, q) for mechanism, q, _ in state for sigma in _multipliers(mechanism))
 
 
 @functools.lru_cache(maxsize=64)
@@ -181,14 +207,15 @@ def _rdp_curve(sigma: float, sampling_rate: float) -> tuple[np.ndarray, np.ndarr
 def _rdp_epsilon(state: State, delta: float) -> float:
     if not state:
         return 0.0
-    if any(sigma == 0.0 for sigma, _, _ in state):
+    if _non_private(state):
         return math.inf
     orders = None
     total = None
-    for sigma, q, steps in state:
-        orders, curve = _rdp_curve(sigma, q)
-        total = np.zeros_like(curve) if total is None else total
-        total += steps * curve
+    for mechanism, q, steps in state:
+        for sigma in _multipliers(mechanism):
+            orders, curve = _rdp_curve(sigma, q)
+            total = np.zeros_like(curve) if total is None else total
+            total += steps * curve
     return rdp_to_epsilon(orders, total, delta)
 
 
@@ -248,11 +275,13 @@ def _pld_epsilon(state: State, delta: float, relation: str = "add_remove") -> fl
     """
     if not state:
         return 0.0
-    if any(sigma == 0.0 for sigma, _, _ in state):
+    if _non_private(state):
         return math.inf
-    grid = min(pld_value_discretization(sigma, q) for sigma, q, _ in state)
+    grid = _grid(state)
     *prefix, last = state
-    distribution = _pld_prefix(tuple(prefix), grid, relation).compose(_pld_part(last, grid, relation))
+    distribution = _pld_prefix(tuple(prefix), grid, relation)
+    for part in _pld_parts(last, grid, relation):
+        distribution = distribution.compose(part)
     return float(distribution.get_epsilon_for_delta(delta))
 
 
@@ -261,8 +290,18 @@ def _pld_prefix(prefix: State, grid: float, relation: str) -> pld_lib.PrivacyLos
     """``identity . e_1 ... e_k`` for the entries of ``prefix``, in order, on ``grid`` (see :func:`_pld_epsilon`)."""
     distribution = pld_lib.identity(value_discretization_interval=grid)
     for entry in prefix:
-        distribution = distribution.compose(_pld_part(entry, grid, relation))
+        for part in _pld_parts(entry, grid, relation):
+            distribution = distribution.compose(part)
     return distribution
+
+
+def _pld_parts(
+    entry: tuple[Mechanism, float, int], grid: float, relation: str
+) -> list[pld_lib.PrivacyLossDistribution]:
+    """The PLDs one ledger entry adds to the fold: one per independent release (``PLDAccountant`` composes a
+    ``ComposedDpEvent`` of self-composed events part by part, in order)."""
+    mechanism, q, steps = entry
+    return [_pld_part((sigma, q, steps), grid, relation) for sigma in _multipliers(mechanism)]
 
 
 def _pld_part(entry: tuple[float, float, int], grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
@@ -454,6 +493,7 @@ class PrivacyLedger:
         run, run_offset = 0, 0  # the round at `position` is round_runs[run][0] + run_offset
         for index, entry in enumerate(self.entries):
             check_noise_multiplier(entry.noise_multiplier, name=f"entries[{index}].noise_multiplier", allow_inf=False)
+            check_noise_multiplier(entry.companion, name=f"entries[{index}].companion")
             check_sampling_rate(entry.sampling_rate, name=f"entries[{index}].sampling_rate")
             check_releases(entry.releases, name=f"entries[{index}].releases")
             check_steps(entry.rounds, name=f"entries[{index}].rounds")
@@ -504,9 +544,16 @@ class PrivacyLedger:
             return math.inf
         return max(self.epsilon_budget - self.spent(), 0.0)
 
-    def cost_after(self, noise_multiplier: float, sampling_rate: float, releases: int = 1, steps: int = 1) -> float:
+    def cost_after(
+        self,
+        noise_multiplier: float,
+        sampling_rate: float,
+        releases: int = 1,
+        steps: int = 1,
+        companion: float = math.inf,
+    ) -> float:
         """Epsilon spent if one more round with this mechanism were charged (nothing is charged)."""
-        candidate = self._with_charge(self._next_round(), noise_multiplier, sampling_rate, releases, steps)
+        candidate = self._with_charge(self._next_round(), noise_multiplier, sampling_rate, releases, steps, companion)
         return self._epsilon(self._state(candidate))
 
     def history(self, max_points: int | None = None) -> list[tuple[int, float]]:
@@ -547,8 +594,12 @@ class PrivacyLedger:
         releases: int = 1,
         steps: int = 1,
         silo: str = "",
+        companion: float = math.inf,
     ) -> float:
         """Charge one answered round, or refuse it. Returns the epsilon spent after the charge.
+
+        ``companion`` (``inf``: none): the noise multiplier of a second release of the round made on its own,
+        independent Poisson sample of the same rate (see :class:`LedgerEntry`).
 
         Raises:
             BudgetExceededError: the answer would take the spending over ``epsilon_budget`` (beyond a relative
@@ -565,7 +616,7 @@ class PrivacyLedger:
         PLD; use ``spent()``/``history()`` for the tight curve.
         """
         round_number = self._check_round(round)
-        candidate = self._with_charge(round_number, noise_multiplier, sampling_rate, releases, steps)
+        candidate = self._with_charge(round_number, noise_multiplier, sampling_rate, releases, steps, companion)
         state = self._state(candidate)
         limit = self.epsilon_budget * (1.0 + BUDGET_RELATIVE_TOLERANCE)
         if self.relation == "replace_one":  # PLD is the only accountant ("pld" or "best")
@@ -611,26 +662,34 @@ class PrivacyLedger:
         return 0 if last is None else last + 1
 
     def _with_charge(
-        self, round_number: int, noise_multiplier: float, sampling_rate: float, releases: int, steps: int
+        self,
+        round_number: int,
+        noise_multiplier: float,
+        sampling_rate: float,
+        releases: int,
+        steps: int,
+        companion: float = math.inf,
     ) -> list[LedgerEntry]:
         """The entries after charging this round (merged into the last entry when the mechanism is the same)."""
         sigma = check_noise_multiplier(noise_multiplier, allow_inf=False)
         q = check_sampling_rate(sampling_rate)
         k = check_releases(releases)
         count = check_steps(steps)
+        second = check_noise_multiplier(companion, name="companion")
         entries = list(self.entries)
         if entries:
             last = entries[-1]
-            same = (last.noise_multiplier, last.sampling_rate, last.releases, last.steps_per_round) == (
+            same = (last.noise_multiplier, last.sampling_rate, last.releases, last.steps_per_round, last.companion) == (
                 sigma,
                 q,
                 k,
                 count,
+                second,
             )
             if same:
                 entries[-1] = replace(last, steps=last.steps + count, rounds=last.rounds + 1)
                 return entries
-        entries.append(LedgerEntry(round_number, sigma, q, k, count, 1))
+        entries.append(LedgerEntry(round_number, sigma, q, k, count, 1, second))
         return entries
 
     def _add_round(self, round_number: int) -> None:
@@ -668,7 +727,7 @@ class PrivacyLedger:
 
         An infinite budget is stored as the string ``"inf"`` (strict JSON has no infinity).
         """
-        return {
+        out: dict[str, float | int | str | list[float] | list[int]] = {
             "ledger_format": LEDGER_FORMAT,
             "epsilon_budget": "inf" if math.isinf(self.epsilon_budget) else self.epsilon_budget,
             "delta": self.delta,
@@ -683,6 +742,10 @@ class PrivacyLedger:
             "round_run_start": [start for start, _ in self.round_runs],
             "round_run_length": [count for _, count in self.round_runs],
         }
+        if any(math.isfinite(entry.companion) for entry in self.entries):
+            # -1.0: no companion release (a ConfigRecord list holds one type, and strict JSON has no infinity)
+            out["entry_companion"] = [-1.0 if math.isinf(e.companion) else e.companion for e in self.entries]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> PrivacyLedger:
@@ -721,6 +784,9 @@ class PrivacyLedger:
                 "privacy ledger dict: the entry_* lists must have equal lengths, got "
                 + ", ".join(f"{key}={len(values)}" for key, values in columns.items())
             )
+        companions = _as_list(d, "entry_companion") if "entry_companion" in d else [-1.0] * len(columns["entry_round"])
+        if len(companions) != len(columns["entry_round"]):
+            raise ValueError("privacy ledger dict: entry_companion must have one value per entry")
         entries = [
             LedgerEntry(
                 round=int(r),
@@ -729,8 +795,9 @@ class PrivacyLedger:
                 releases=int(k),
                 steps=int(steps),
                 rounds=int(rounds),
+                companion=math.inf if float(second) < 0 else float(second),
             )
-            for r, sigma, q, k, steps, rounds in zip(*columns.values(), strict=True)
+            for r, sigma, q, k, steps, rounds, second in zip(*columns.values(), companions, strict=True)
         ]
         starts, lengths_ = _as_list(d, "round_run_start"), _as_list(d, "round_run_length")
         if len(starts) != len(lengths_):
