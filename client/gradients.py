@@ -37,7 +37,9 @@ __all__ = [
     "mean_gradient",
     "mean_gradient_and_logits",
     "per_sample_gradients",
+    "per_sample_losses",
     "unflatten",
+    "weighted_clipped_gradient_sum",
 ]
 
 
@@ -149,6 +151,48 @@ def _linear_stack_clipped_sum(model: TabularModel, x: torch.Tensor, y: torch.Ten
     if model.hidden is None:
         return head_clipped_sum(model, x, lambda logits: _loss_logit_grads(logits, y, reduction="sum"), clip_norm)
     return linear_stack_clipped_sum(model, x, lambda logits: F.cross_entropy(logits, y, reduction="sum"), clip_norm)
+
+
+def per_sample_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each record's loss ``loss_fn`` on its own, ``(n,)``, detached (FedFDP's ``f(w; x_j)``, spec ``fedfdp.md``)."""
+    x, y = _check_batch(x, y)
+    with torch.no_grad():
+        return F.cross_entropy(model(x), y, reduction="none")
+
+
+def weighted_clipped_gradient_sum(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, clip_norm: float
+) -> torch.Tensor:
+    """``sum_i clip(a_i grad loss(x_i, y_i), C)`` flat ``(P,)``, for constant weights ``a_i >= 0``; zeros for an empty
+    batch. Each term has norm ``<= C``, so the sum's add/remove sensitivity is ``C``.
+
+    FedFDP's fair clipping (Eq. 13): ``clip(a_i g_i, C) = min(a_i, C / ||g_i||) g_i = c_i g_i``. The same routes as
+    :func:`clipped_gradient_sum`: for logistic regression the closed-form per-record logit gradients scaled by
+    ``a_i`` (with every ``a_i = 1`` the very bits of :func:`clipped_gradient_sum`), for the MLP one backward pass of
+    ``sum_i a_i loss_i``, else ``torch.func`` per-sample gradients.
+    """
+    clip_norm = _check_clip_norm(clip_norm)
+    x, y = _check_batch(x, y)
+    if weights.shape != (x.shape[0],):
+        raise ValueError(f"weights must hold one value per record ({x.shape[0]},), got shape {tuple(weights.shape)}")
+    if bool((weights < 0).any()) or not bool(torch.isfinite(weights).all()):
+        raise ValueError("weights must be finite and >= 0")
+    a = weights.detach().to(x.dtype)
+    if x.shape[0] == 0:
+        params = list(_parameters(model).values())
+        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    if isinstance(model, TabularModel):
+        if model.hidden is None:
+            return head_clipped_sum(
+                model, x, lambda logits: a.unsqueeze(1) * _loss_logit_grads(logits, y, reduction="sum"), clip_norm
+            )
+        return linear_stack_clipped_sum(
+            model, x, lambda logits: (a * F.cross_entropy(logits, y, reduction="none")).sum(), clip_norm
+        )
+    n = x.shape[0]
+    rows = [a.reshape(n, *([1] * (g.ndim - 1))) * g for g in per_sample_gradients(model, x, y).values()]
+    flat = torch.cat([r.reshape(n, -1) for r in rows], dim=1)
+    return clip_rows(flat, clip_norm).sum(0)
 
 
 def mean_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,9 @@ from flwr.app import Context
 from client.silo_data import is_deployed
 
 DETERMINISTIC_KEY = "deterministic-noise"
-#: Independent streams of one silo in one round (SENSITIVE_SAMPLING: the sensitive division's own Poisson sample).
-SAMPLING, NOISE, SHUFFLE, SENSITIVE_SAMPLING = 0, 1, 2, 3
+#: Independent streams of one silo in one round (SENSITIVE_SAMPLING: the sensitive division's own Poisson sample;
+#: LOSS_SAMPLING: FedFDP's fresh Poisson sample B' for its loss release).
+SAMPLING, NOISE, SHUFFLE, SENSITIVE_SAMPLING, LOSS_SAMPLING = 0, 1, 2, 3, 4
 
 
 def is_deterministic(context: Context) -> bool:

@@ -54,6 +54,8 @@ OTHERS = "others"
 FAIRNESS = "fairness"  # steffle: W and the group prior, server -> silo
 FAIR_UPDATE = "fair-update"  # steffle: the noised fairness gradients h_theta and h_W, silo -> server
 PREVIOUS = "previous"  # mu2fl: the previous query point x_{t-1}, server -> silo
+GLOBAL_LOSS = "global-loss"  # fedfdp: the global loss F_t, server -> silo (array "value", float32 (1,))
+LOSS_RELEASE = "loss-release"  # fedfdp: the silo's noised loss F~_i, silo -> server (array "value", float32 (1,))
 
 ArraySpec = Sequence[tuple[str, tuple[int, ...]]]
 M = TypeVar("M", bound=BaseModel)

@@ -297,6 +297,21 @@ class DualOptions(OptionGroup):
     dual_lr: float = Field(default=0.01, ge=0.0, le=1e4, description="dual ascent step s of the multipliers")
 
 
+class LossFairnessOptions(OptionGroup):
+    """FedFDP's fairness: the weight of the variance of the silos' losses (balanced performance fairness, Eq. 6)."""
+
+    heading: ClassVar[str] = "loss-variance fairness (FedFDP)"
+
+    lam: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1e4,
+        alias="lambda",
+        description="weight of the variance of the silos' losses (0: DP-FedSGD's step)",
+        json_schema_extra=SILO,
+    )
+
+
 class SinglePassOptions(OptionGroup):
     """DP-mu2-FL and its noisy-SGD baseline: one pass, logistic regression in a ball, the paper's rho."""
 

@@ -24,7 +24,7 @@ __all__ = ["Algorithm", "get", "names", "register", "specs"]
 
 PLUGINS_ENV = "SILOFL_ALGORITHMS"
 ENTRY_POINT_GROUP = "silofl.algorithms"
-_BUILTIN = ("fedavg", "dp_fedsgd", "steffle", "tran", "mu2fl", "noisy_sgd", "fedsc", "fedavg_sc")
+_BUILTIN = ("fedavg", "dp_fedsgd", "steffle", "tran", "mu2fl", "noisy_sgd", "fedsc", "fedavg_sc", "fedfdp")
 
 _registry: dict[str, Algorithm] = {}
 _aliases: dict[str, str] = {}

@@ -1,0 +1,89 @@
+"""FedFDP's silo side (Ling et al. 2024, Alg. 2; spec ``fedfdp.md``): one fair, clipped, noised DP-SGD step and the
+noised loss release, on tensors. The math is `protocols.fedfdp`; the Flower round is `client.rounds.fedfdp`.
+
+With lambda = 0 the fair clipping is plain clipping and the step is DP-FedSGD's: :func:`fair_noisy_gradient` then
+calls DP-FedSGD's own :func:`client.algorithms.dp_fedsgd.noisy_gradient` (same sample, same noise, same numbers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from client.algorithms.dp_fedsgd import noisy_gradient, poisson_sample
+from client.data.tabular import NonSensitiveDivision
+from client.gradients import per_sample_losses, weighted_clipped_gradient_sum
+from protocols import fedfdp
+from protocols.privacy.gaussian import GaussianMechanism
+
+
+def fair_noisy_gradient(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    *,
+    global_loss: float,
+    lam: float,
+    sampling_rate: float,
+    batch_size: int,
+    clip: float,
+    noise_multiplier: float,
+    sample_rng: np.random.Generator,
+    noise_generator: torch.Generator,
+) -> torch.Tensor:
+    """``(sum_{j in B} c_j g_j + N(0, sigma^2 C^2 I)) / m`` flattened (Eqs. 12-13), B a Poisson(q) sample.
+
+    ``c_j g_j = clip(max(0, 1 + lambda (f(w_t; x_j) - F_t)) g_j, C)`` (:func:`protocols.fedfdp.fair_clip_factors`),
+    so every term has norm <= C: the sum's add/remove sensitivity is C and the noise multiplier is sigma. m is the
+    run's batch size, public (``q n_i`` whenever q < 1; the spec's expected batch size, never the realized |B|).
+    """
+    if lam == 0:  # Eq. 11 with lambda = 0 is DP-FedSGD's gradient: its own code
+        return noisy_gradient(
+            model,
+            data,
+            sampling_rate=sampling_rate,
+            batch_size=batch_size,
+            clip=clip,
+            noise_multiplier=noise_multiplier,
+            sample_rng=sample_rng,
+            noise_generator=noise_generator,
+        )
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
+    idx = poisson_sample(len(data.labels), sampling_rate, sample_rng)
+    x = torch.from_numpy(data.features[idx])
+    y = torch.from_numpy(data.labels[idx])
+    weights = fedfdp.fair_weights(per_sample_losses(model, x, y), global_loss, lam)
+    total = weighted_clipped_gradient_sum(model, x, y, weights, clip)
+    mechanism = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier)
+    released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total
+    return released / batch_size
+
+
+def loss_release(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    *,
+    bound: float,
+    sampling_rate: float,
+    batch_size: int,
+    noise_multiplier: float,
+    sample_rng: np.random.Generator,
+    noise_generator: torch.Generator,
+) -> float:
+    """``F~_i = (sum_{j in B'} min(C_l, max(0, f(w_i; x_j))) + N(0, sigma_l^2 C_l^2)) / m`` (Eqs. 14-15, Alg. 2
+    l.16-20) with `model` holding w_i and B' a fresh Poisson(q) sample (`sample_rng` must be independent of B's)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
+    idx = poisson_sample(len(data.labels), sampling_rate, sample_rng)
+    x = torch.from_numpy(data.features[idx])
+    y = torch.from_numpy(data.labels[idx])
+    total = fedfdp.clipped_loss_sum(per_sample_losses(model, x, y), bound).reshape(1)
+    mechanism = GaussianMechanism(sensitivity=bound, noise_multiplier=noise_multiplier)
+    released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total
+    return float(released[0]) / batch_size
+
+
+def local_step(parameters: torch.Tensor, gradient: torch.Tensor, lr: float) -> torch.Tensor:
+    """``w_i = w_t - eta * gradient`` (Eq. 12; `gradient` already holds the 1/m and the noise)."""
+    return parameters - lr * gradient

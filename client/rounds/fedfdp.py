@@ -1,0 +1,127 @@
+"""FedFDP round on a silo (Ling et al. 2024, Alg. 2; spec ``fedfdp.md``): charge the ledger, then one fair, clipped,
+noised local step and the noised loss release, both computed in the silo.
+
+What leaves the silo, and why each is private under add/remove-one-record neighbours (FedFDP's record is the whole
+row (x, s, y), the silo's protection is ISRL-DP against the server):
+
+- ``update``: w_i = w_t - eta (sum_{j in B} c_j g_j + N(0, sigma^2 C^2 I)) / m on a Poisson(q) sample B. Each term has
+  norm <= C (fair clipping, Eq. 13), so the noised sum is a Gaussian mechanism of multiplier sigma; w_t, eta and m are
+  public, so w_i is post-processing of it.
+- ``loss-release``: F~_i = (sum_{j in B'} min(C_l, max(0, f(w_i; x_j))) + N(0, sigma_l^2 C_l^2)) / m on a fresh,
+  independent Poisson(q) sample B' (its own random stream). Each term lies in [0, C_l]; C_l is fixed before the round
+  (the silo's own previous release, floored at 1e-3, or C_l0 = 2.5), so its multiplier is sigma_l = 2.5 sigma.
+- the report: n_i (public), the epsilon spent, sigma and q. No count of B or B', no un-noised loss.
+
+Accounting: per round PoissonSampled(q, Gaussian(sigma)) composed with PoissonSampled(q, Gaussian(sigma_l)) (two
+independent samples: two mechanisms), calibrated once for (epsilon, delta, q, T) and charged to the silo's ledger
+before anything is computed (`client.privacy_state`, the ledger's `companion`).
+
+The silo keeps C_l in its persistent state (with the round it was fixed for, so a round recomputed after a crash
+uses the same bound); it is the silo's own last release, nothing new.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message
+from torch import nn
+
+from client import privacy_state, randomness
+from client.algorithms import fedfdp as algo
+from client.data.tabular import SiloData
+from client.gradients import unflatten
+from client.rounds import RoundResult, with_records
+from protocols import fedfdp
+from protocols import messages as msg
+from protocols.models import parameter_spec, set_parameters
+
+#: The silo's adaptive loss bound in its state: `bound` is C_l of round `round`; `next` the bound for the round after.
+BOUND_KEY = "silofl.fedfdp"
+#: The name of the scalar in the global-loss and loss-release records.
+VALUE = "value"
+SCALAR = (1,)
+
+
+def plan_for(context: Context, silo: SiloData, instr: msg.TrainInstruction) -> privacy_state.NoisePlan:
+    """The silo's calibrated mechanism: sigma for (epsilon, delta, q, T) with its loss release at 2.5 sigma."""
+    return privacy_state.noise_plan(
+        context,
+        epsilon=instr.epsilon,
+        delta=instr.delta,
+        sampling_rate=min(1.0, instr.batch_size / len(silo.train)),
+        steps=instr.total_rounds,
+        releases=1,
+        accountant=instr.accountant,
+        companion_ratio=fedfdp.LOSS_NOISE_RATIO,
+    )
+
+
+def loss_bound(context: Context, server_round: int) -> float:
+    """C_l for `server_round`: fixed once per round (before anything of the round is computed)."""
+    if BOUND_KEY in context.state:
+        rec = context.state[BOUND_KEY]
+        if int(rec["round"]) == server_round:  # the round is computed again (its answer never left): same bound
+            return float(rec["bound"])
+        bound = float(rec["next"])
+    else:
+        bound = fedfdp.LOSS_BOUND_INIT
+    context.state[BOUND_KEY] = ConfigRecord({"round": server_round, "bound": bound, "next": bound})
+    return bound
+
+
+@with_records(msg.GLOBAL_LOSS)
+def train_round(
+    model: nn.Module, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
+) -> RoundResult:
+    what = f"train message to silo {silo.silo_id}"
+    global_loss = float(msg.check_arrays(message.content, msg.GLOBAL_LOSS, [(VALUE, SCALAR)], what=what)[VALUE][0])
+    n = len(silo.train)
+    rate = min(1.0, instr.batch_size / n)
+    plan = plan_for(context, silo, instr)
+    # The ledger is charged BEFORE anything is computed or released: a refused answer releases nothing.
+    spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
+    bound = loss_bound(context, instr.server_round)
+    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+    noise = randomness.torch_generator(context, stream=randomness.NOISE, **keys)
+    data = silo.train.nonsensitive
+    grad = algo.fair_noisy_gradient(
+        model,
+        data,
+        global_loss=global_loss,
+        lam=instr.lam,
+        sampling_rate=rate,
+        batch_size=instr.batch_size,
+        clip=instr.clip,
+        noise_multiplier=plan.noise_multiplier,
+        sample_rng=randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys),
+        noise_generator=noise,
+    )
+    spec = parameter_spec(model)
+    current = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float64)
+    stepped = algo.local_step(current, grad.to(torch.float64), instr.lr)
+    update = {name: t.numpy().astype(np.float32) for name, t in unflatten(stepped, spec).items()}
+    set_parameters(model, update)  # w_i as sent: the loss release is computed at the model the server receives
+    released = algo.loss_release(
+        model,
+        data,
+        bound=bound,
+        sampling_rate=rate,
+        batch_size=instr.batch_size,
+        noise_multiplier=plan.companion if math.isfinite(plan.companion) else 0.0,
+        sample_rng=randomness.numpy_rng(context, stream=randomness.LOSS_SAMPLING, **keys),
+        noise_generator=noise,
+    )
+    state = context.state[BOUND_KEY]
+    state["next"] = fedfdp.next_loss_bound(released)
+    report = msg.TrainReport(
+        silo_id=silo.silo_id,
+        server_round=instr.server_round,
+        num_examples=n,
+        epsilon_spent=spent,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=rate,
+    )
+    return {msg.UPDATE: update, msg.LOSS_RELEASE: {VALUE: np.array([released], dtype=np.float32)}}, report
