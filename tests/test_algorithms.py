@@ -15,7 +15,7 @@ from protocols.config import ConfigError, RunConfig
 from server.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILTIN = ["fedavg", "dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc"]
+BUILTIN = ["fedavg", "dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc", "fedfdp"]
 
 
 def test_the_registry_holds_the_builtin_algorithms_with_their_aliases() -> None:
@@ -40,7 +40,7 @@ def test_every_algorithm_runs_from_the_silofl_command_with_the_progress_bar(name
     assert RunConfig.parse(result["config"]).to_json() == result["config"]  # the result reruns the job
 
 
-@pytest.mark.parametrize("name", ["dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc"])
+@pytest.mark.parametrize("name", ["dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc", "fedfdp"])
 def test_every_private_algorithm_spends_at_most_its_epsilon_from_the_command(name, tmp_path) -> None:
     out = tmp_path / name
     assert main(["run", name, "--rounds", "3", "--epsilon", "4", "--out", str(out), "--no-progress"]) == 0
@@ -64,6 +64,10 @@ OWN_AND_FOREIGN = {
     "mu2fl": ({"--rho", "--trust", "--domain-diameter"}, {"--lr", "--clip", "--lambda", "--hidden", "--views"}),
     "fedsc": ({"--views", "--calr-sampling-rate", "--server-optimizer"}, {"--lambda", "--clip", "--rho"}),
     "fedavg-sc": ({"--local-steps", "--server-optimizer"}, {"--epsilon", "--views", "--calr-sampling-rate"}),
+    "fedfdp": (
+        {"--epsilon", "--clip", "--lambda", "--lr"},
+        {"--w-radius", "--dual-lr", "--fairness", "--rho", "--views"},
+    ),
 }
 
 
@@ -85,7 +89,7 @@ def test_every_option_of_an_algorithm_is_a_flag_of_its_command(capsys) -> None:
 
 
 def test_a_key_of_another_algorithm_is_refused_with_its_owners_unless_it_asks_for_nothing() -> None:
-    with pytest.raises(ConfigError, match="'lambda' is an option of steffle, tran, not of fedavg"):
+    with pytest.raises(ConfigError, match="'lambda' is an option of steffle, tran, fedfdp, not of fedavg"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 3, "lambda": 2})
     # epsilon = inf asks nothing of a non-private algorithm (the README's `flwr run` line for fedavg gives it)
     assert RunConfig.parse({"algorithm": "fedavg", "rounds": 3, "epsilon": "inf"}).private is False
