@@ -17,6 +17,11 @@ One round of client i (Alg. 2; the spec's decisions marked "Decision"):
 
 Server: ``w_{t+1} = sum_i p_i w_i`` and ``F_{t+1} = sum_i p_i F~_i`` with p_i = n_i / n; F_0 = 0 (Decision).
 
+Observed consequence of the adaptive bound (measured, not a choice of ours): with C_l = the last release, the next
+release estimates E[min(C_l, f)] < C_l whenever some losses lie below C_l, so C_l and F_t decrease round after round
+to the floor 1e-3, with or without noise (Adult, 3 silos, 1767 rounds, lambda 0.1: final F_t = 9.3e-4 at epsilon inf
+and at epsilon 3, against a test loss of 0.37). F_t then stops tracking the loss and Delta_j = f_j - F_t ~ f_j.
+
 Both releases are sums of per-record terms of norm <= C (gradient) and in [0, C_l] (loss): add/remove-one-record
 sensitivities C and C_l, noise multipliers sigma and sigma_l. Our accounting composes both per round
 (``protocols.privacy.accountant.epsilon_spent(..., companion=sigma_l)``); :func:`paper_epsilon` is the paper's
