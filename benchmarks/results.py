@@ -61,7 +61,7 @@ PAPER_INTRO_QUOTE = (
 @dataclass(frozen=True)
 class PaperClaim:
     fairness: str  # "dp" or "eo"
-    baseline: str  # a method name of the sweeps, or "fedfdp" (not implemented)
+    baseline: str  # a method name of the sweeps, or "fedfdp" (implemented, not in the sweeps yet)
     reduction: float | None  # fraction; None when the paper gives no number
     text: str
 
@@ -766,6 +766,152 @@ def _same_seed_text(records: Sequence[plots.RunRecord], metric: str) -> list[str
     return lines
 
 
+#: The number-of-silos sweep (the SteFFLe paper's Figure 2 c, d): (sweep file stem = run folder, dataset, notion).
+SILOS_SWEEP = ("steffle_credit_silos", "credit", "dp")
+SILOS_HEADING = "## SteFFLe against the number of silos (Credit Card, epsilon 1)"
+#: The lambdas whose error and violation the figure against N draws (the sweep has more; the table has them all).
+SILOS_LAMBDAS = (0.0, 1.0, 4.0)
+
+
+def silos_figure(records: Sequence[plots.RunRecord], metric: str) -> Any:
+    """Test error and violation (mean ± sd over seeds) against the number of silos N, one line per (h, lambda):
+    the paper's claim is about how both move with N at fixed total data."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), constrained_layout=True)
+    hs = sorted({plots._float(r.get("heterogeneity")) for r in records if int(r.get("num-silos")) > 1})
+    styles = {0.0: "-", 0.75: "--"}
+    colors = dict(zip(SILOS_LAMBDAS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
+    for h in hs:
+        for lam in SILOS_LAMBDAS:
+            by_n: dict[int, list[plots.RunRecord]] = defaultdict(list)
+            for r in records:
+                n = int(r.get("num-silos"))
+                if plots._float(r.get("lambda")) == lam and (n == 1 or plots._float(r.get("heterogeneity")) == h):
+                    by_n[n].append(r)
+            ns = sorted(by_n)
+            if not ns:
+                continue
+            for ax, key in zip(axes, ("error", metric), strict=True):
+                stats = [plots.mean_sd([r.final[key] for r in by_n[n]]) for n in ns]
+                ax.errorbar(
+                    ns,
+                    [m for m, _ in stats],
+                    yerr=[sd for _, sd in stats],
+                    color=colors[lam],
+                    linestyle=styles.get(h, ":"),
+                    marker="o",
+                    markersize=3,
+                    capsize=2,
+                    label=f"h {_fmt(h)}, λ {_fmt(lam)}",
+                )
+    for ax, key in zip(axes, ("error", metric), strict=True):
+        ax.set_xlabel("number of silos N (same total data)")
+        ax.set_ylabel("test error" if key == "error" else plots.METRIC_LABELS[metric])
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("SteFFLe on Credit Card, epsilon 1: against the number of silos (mean ± sd over seeds)", fontsize=10)
+    return fig
+
+
+def silos_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
+    """Markdown of the number-of-silos comparison (the SteFFLe paper's Figure 2 c, d): the violation-vs-error curves
+    per N, error and violation against N, and per (h, N, lambda) the means ± sd over seeds with each silo's noise."""
+    name, dataset, fairness = SILOS_SWEEP
+    folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
+    command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
+    lines = [
+        SILOS_HEADING,
+        "",
+        "The SteFFLe paper's Figure 2 (c, d): Credit Card, demographic parity, epsilon 1, N in {1, 2, 3, 6, 9, 12} "
+        "silos holding the same records between them (Algorithm 3 on age, h in {0, 0.75}; with N = 1 there is one "
+        'block and h does not apply), lambda swept. The paper (Section 5.2): "as the number of silos increases from '
+        '1 to 12, both demographic parity violation rise and misclassification error grows". Every run makes the '
+        "same number of record visits (40 epochs of the mean silo: 3,750 rounds with one silo, about 313 with 12); "
+        "each silo noises its own sums (inter-silo record-level DP), so with N silos each noised sum covers n/N "
+        "records and its noise weighs N times more against the signal.",
+        "",
+    ]
+    if not folder.is_dir():
+        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
+    records, incomplete = plots.load_runs([folder])
+    metric = plots.FAIRNESS_METRIC[fairness]
+    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
+    files = _records_files(records)
+    state = f"{len(records)} completed runs in `{_rel(folder)}`" + (
+        f", {incomplete} incomplete skipped" if incomplete else ""
+    )
+    from server.sweep import SweepError, load_sweep, run_state
+
+    try:
+        expected = load_sweep(sweep_file, out=folder).runs
+        done = sum(run_state(run) == "finished" for run in expected)
+        state += f"; the sweep file has {len(expected)} runs, {done} finished"
+    except (SweepError, OSError) as exc:
+        state += f"; the sweep file does not load: {exc}"
+    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only silos", "```", ""]
+    lines += [f"Runs: {state}. Grid: {_grid_text(records)}.", ""]
+    if not records:
+        return lines, files
+    drawn = [(f"silos-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
+    drawn.append((f"silos-against-n-{plots._slug(dataset, fairness)}", silos_figure(records, metric)))
+    for path in plots.save_figures(drawn, figures, ("png",)):
+        lines += [f"![SteFFLe against the number of silos]({_rel(path, doc_dir)})", ""]
+    for _, fig in drawn:
+        fig.clear()
+    lines += [
+        f"Test error and {plots.METRIC_LABELS[metric]} (mean ± sd over seeds); sigma: the noise multiplier of each "
+        "silo's fairness release (silo 0's; the silos of one run hold about n/N records each), q its sampling rate; "
+        "s/round on the in-process engine.",
+        "",
+        "| h | N | lambda | seeds | test error | violation | sigma (q) | s/round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
+    for r in records:
+        n = int(r.get("num-silos"))
+        h = 0.0 if n == 1 else plots._float(r.get("heterogeneity"))
+        groups[(h, n, plots._float(r.get("lambda")))].append(r)
+    summary: dict[tuple[float, int], dict[float, tuple[float, float]]] = defaultdict(dict)
+    for (h, n, lam), runs in sorted(groups.items()):
+        error = plots.mean_sd([r.final["error"] for r in runs])
+        violation = plots.mean_sd([r.final[metric] for r in runs])
+        results = [_read_json(r.folder / "result.json") for r in runs]
+        per = list(((results[0].get("privacy") or {}).get("per_silo") or {}).values())
+        sigma = f"{per[0]['noise_multiplier']:.3g} ({per[0]['sampling_rate']:.3g})" if per else "-"
+        seconds = plots.mean_sd([float(res["timing"]["seconds_per_round"]) for res in results])
+        lines.append(
+            f"| {_fmt(h) if n > 1 else '-'} | {n} | {_fmt(lam)} | {len(runs)} | {error[0]:.4f} ± {error[1]:.4f} | "
+            f"{violation[0]:.4f} ± {violation[1]:.4f} | {sigma} | {seconds[0]:.4f} |"
+        )
+        summary[(h, n)][lam] = (error[0], violation[0])
+    lines += ["", *_silos_summary(summary), ""]
+    return lines, files
+
+
+def _silos_summary(summary: Mapping[tuple[float, int], Mapping[float, tuple[float, float]]]) -> list[str]:
+    """Per h: error and violation without the fairness term (lambda 0), and the lowest violation over lambda with
+    its error, against N."""
+    lines = [
+        "Per h and N: test error and violation at lambda 0 (no fairness term), and the lowest mean violation over "
+        "lambda with the error it comes with (N = 1 is the same run for both h):",
+        "",
+        "| h | N | error, lambda 0 | violation, lambda 0 | lowest violation (lambda) | its error |",
+        "|---|---|---|---|---|---|",
+    ]
+    ones = {n: v for (h, n), v in summary.items() if n == 1}
+    for h in sorted({h for h, n in summary if n > 1}):
+        rows = {**ones, **{n: v for (hh, n), v in summary.items() if hh == h and n > 1}}
+        for n, by_lam in sorted(rows.items()):
+            base = by_lam.get(0.0)
+            lam, (err, vio) = min(by_lam.items(), key=lambda kv: kv[1][1])
+            lines.append(
+                f"| {_fmt(h)} | {n} | {f'{base[0]:.4f}' if base else '-'} | {f'{base[1]:.4f}' if base else '-'} | "
+                f"{vio:.4f} ({_fmt(lam)}) | {err:.4f} |"
+            )
+    return lines
+
+
 def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
     """`document` with its `heading` section (up to the next heading of the same level) replaced by `section`, or
     with `section` inserted before the heading `before` (at the end if that is missing too)."""
@@ -837,7 +983,8 @@ def summary_section(results: Sequence[SweepResult]) -> list[str]:
             name = plots.FAIRNESS_NAMES[fairness]
             if baseline == "fedfdp":
                 lines.append(
-                    f"| {name} | FedFDP (Ling et al. 2024) | not implemented in silofl: no number | - | - | {paper} |"
+                    f"| {name} | FedFDP (Ling et al. 2024) | implemented (`silofl run fedfdp`), not in these sweeps "
+                    f"yet: no number | - | - | {paper} |"
                 )
                 continue
             values, datasets = [], []
@@ -1282,7 +1429,8 @@ def build_document(
         "on age), epsilon in {1, 3, 9} for demographic parity and {1, 3} for equalized odds, lambda swept over "
         "[0, 2], against its baselines. Baselines here: "
         + "; ".join(f"`{k}`: {v}" for k, v in BASELINES.items())
-        + ". FedFDP (Ling et al. 2024), the paper's other baseline, is not implemented in silofl. The paper's "
+        + ". FedFDP (Ling et al. 2024), the paper's other baseline, is implemented (`silofl run fedfdp`) but not in "
+        "these sweeps yet. The paper's "
         "Retired Adult dataset is not available here.",
         "",
         *method_section(),
@@ -1292,10 +1440,13 @@ def build_document(
     body += summary_section(results)
     topology_lines, topology_files = topology_section(sweeps, sweep_files, figures, doc_dir)
     body += topology_lines
+    silos_lines, silos_files = silos_section(sweeps, sweep_files, figures, doc_dir)
+    body += silos_lines
     mu2_lines, mu2_files = mu2_section(sweeps, mu2_cache, figures, doc_dir, sweep_files)
     fedsc_lines, fedsc_files = fedsc_section(sweeps, fedsc_runs, figures, doc_dir, sweep_files)
     files = {r.name: r.files for r in results}
     files[TOPOLOGY_SWEEP[0]] = topology_files
+    files[SILOS_SWEEP[0]] = silos_files
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files
     now = now or dt.datetime.now().astimezone()
@@ -1313,7 +1464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["topologies"],
+        choices=["topologies", "silos"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     args = parser.parse_args(argv)
@@ -1322,19 +1473,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     matplotlib.use("Agg")
     out = Path(args.out)
     figures = Path(args.figures) if args.figures else out.parent / "figures"
-    if args.only == "topologies":
+    if args.only:
         if not out.is_file():
             parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
-        section, files = topology_section(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
+        make, heading = {
+            "topologies": (topology_section, TOPOLOGY_HEADING),
+            "silos": (silos_section, SILOS_HEADING),
+        }[args.only]
+        section, files = make(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
         now = dt.datetime.now().astimezone()
         section[1:1] = [
             "",
-            f"This section was regenerated alone (`python benchmarks/results.py --only topologies`) on "
+            f"This section was regenerated alone (`python benchmarks/results.py --only {args.only}`) on "
             f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {files.runs} runs; the header's counts "
             "are those of the last full regeneration.",
         ]
-        out.write_text(replace_section(out.read_text(), TOPOLOGY_HEADING, section, MU2_HEADING))
-        print(f"wrote the section '{TOPOLOGY_HEADING[3:]}' of {out} ({files.runs} runs)")
+        out.write_text(replace_section(out.read_text(), heading, section, MU2_HEADING))
+        print(f"wrote the section '{heading[3:]}' of {out} ({files.runs} runs)")
         return 0
     text, results = build_document(
         sweeps=Path(args.sweeps),

@@ -164,7 +164,7 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # tran: 1 - 0.15/0.25 = 0.4 and 1 - 0.07/0.14 = 0.5 -> 45.0%, 2 of 3 points; fedavg: 1 - 0.04/0.05 = 20%
     assert _table_row(text, "0", "1") == ["0", "1", "45.0% (2/3)", "20.0% (1/1)"]
     assert "| demographic parity | tran | 45.0% | 1 / 1 | Adult | 75.47% |" in text
-    assert "FedFDP (Ling et al. 2024) | not implemented in silofl" in text
+    assert "FedFDP (Ling et al. 2024) | implemented (`silofl run fedfdp`), not in these sweeps yet" in text
     # header: 18 runs, 10 s each, CPU time not recorded
     assert "Runs read: 18 (steffle_adult_dp 18)" in text
     assert "wall time summed over the runs: 3.0 min" in text
@@ -176,7 +176,8 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # missing sections say so and name the command
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo"):
         assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
-    assert text.count("Not generated yet: run `") == 6  # three SteFFLe sweeps, the topology sweep, mu2, FedSC
+    # three SteFFLe sweeps, the topology sweep, the number-of-silos sweep, mu2, FedSC
+    assert text.count("Not generated yet: run `") == 7
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
@@ -406,3 +407,53 @@ def test_noise_on_h_is_the_noise_std_on_the_servers_fairness_gradient(tmp_path: 
     assert results.noise_on_h(every) == pytest.approx(50 * 2 / (0.5 * 2000))  # rows: every record
     off = _topology_result(tmp_path / "o", {"lambda": 0.0}, {"0": silo}, 1)
     assert results.noise_on_h(off) is None
+
+
+def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tmp_path: Path):
+    """The number-of-silos section (the SteFFLe paper's Figure 2 c, d) from known runs: one silo (h does not apply)
+    and 3 silos at h 0 and 0.75, lambda 0 and 1, two seeds each; means in the table, the lowest violation per (h, N)
+    in the summary, and both figures written and linked."""
+    from protocols.config import RunConfig
+
+    out = tmp_path / "sweeps" / "steffle_credit_silos"
+    known = {  # (N, h, lambda) -> (error, violation)
+        (1, 0.0, 0.0): (0.18, 0.04),
+        (1, 0.0, 1.0): (0.19, 0.02),
+        (3, 0.0, 0.0): (0.20, 0.06),
+        (3, 0.0, 1.0): (0.21, 0.03),
+        (3, 0.75, 0.0): (0.22, 0.08),
+        (3, 0.75, 1.0): (0.23, 0.05),
+    }
+    for (n, h, lam), (error, violation) in known.items():
+        for seed, sign in ((0, -1), (1, 1)):
+            name = f"steffle__n={n}_h={h}_lambda={lam}_seed={seed}"
+            values = {
+                "algorithm": "steffle",
+                "dataset": "credit",
+                "num-silos": n,
+                "heterogeneity": h,
+                "partition": "attribute",
+                "fairness": "dp",
+                "epsilon": 1.0,
+                "lambda": lam,
+                "seed": seed,
+                "out-dir": str(out / name),
+            }
+            config = RunConfig.parse(values).to_json()
+            final = {"error": error + sign * 0.01, "dp_violation": violation + sign * 0.005}
+            _write_run(out / name, "steffle", config, final, 10.0)
+    lines, files = results.silos_section(
+        tmp_path / "sweeps", tmp_path / "no-sweep-files", tmp_path / "docs" / "figures", tmp_path / "docs"
+    )
+    text = "\n".join(lines)
+    assert files.runs == 12
+    assert "| - | 1 | 1 | 2 | 0.1900 ± 0.0141 | 0.0200 ± 0.0071 | - | 1.0000 |" in text
+    assert "| 0.75 | 3 | 0 | 2 | 0.2200 ± 0.0141 | 0.0800 ± 0.0071 | - | 1.0000 |" in text
+    # summary: N = 1 appears under both h; the lowest violation is lambda 1's, with its error
+    assert "| 0 | 1 | 0.1800 | 0.0400 | 0.0200 (1) | 0.1900 |" in text
+    assert "| 0.75 | 1 | 0.1800 | 0.0400 | 0.0200 (1) | 0.1900 |" in text
+    assert "| 0.75 | 3 | 0.2200 | 0.0800 | 0.0500 (1) | 0.2300 |" in text
+    links = re.findall(r"!\[SteFFLe against the number of silos\]\(([^)]+)\)", text)
+    assert len(links) == 2
+    for link in links:
+        assert (tmp_path / "docs" / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

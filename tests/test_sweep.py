@@ -315,6 +315,7 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
         "steffle_adult_eo": 180,
         "steffle_adult_topologies": 194,
         "steffle_credit_dp": 258,
+        "steffle_credit_silos": 165,
         "steffle_credit_eo": 180,
     }
     files = sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml"))
