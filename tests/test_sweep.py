@@ -316,6 +316,8 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
         "steffle_adult_topologies": 194,
         "steffle_credit_dp": 258,
         "steffle_credit_silos": 165,
+        "steffle_parkinsons_dp": 198,
+        "steffle_parkinsons_eo": 198,
         "steffle_credit_eo": 180,
     }
     files = sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml"))
