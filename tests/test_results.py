@@ -453,6 +453,10 @@ def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tm
     assert "| 0 | 1 | 0.1800 | 0.0400 | 0.0200 (1) | 0.1900 |" in text
     assert "| 0.75 | 1 | 0.1800 | 0.0400 | 0.0200 (1) | 0.1900 |" in text
     assert "| 0.75 | 3 | 0.2200 | 0.0800 | 0.0500 (1) | 0.2300 |" in text
+    # the computed conclusion: error 0.18 -> 0.20 at h 0 (grows); violation 0.04 and 0.06, a range (0.02) beyond
+    # the seeds' sd (0.0071)
+    assert "h 0: error 0.1800 with 1 silo and 0.2000 with 3 (grows); violation between 0.0400 and 0.0600" in text
+    assert "a range beyond the typical seed sd (0.0071)" in text
     links = re.findall(r"!\[SteFFLe against the number of silos\]\(([^)]+)\)", text)
     assert len(links) == 2
     for link in links:
