@@ -164,7 +164,7 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # tran: 1 - 0.15/0.25 = 0.4 and 1 - 0.07/0.14 = 0.5 -> 45.0%, 2 of 3 points; fedavg: 1 - 0.04/0.05 = 20%
     assert _table_row(text, "0", "1") == ["0", "1", "45.0% (2/3)", "20.0% (1/1)"]
     assert "| demographic parity | tran | 45.0% | 1 / 1 | Adult | 75.47% |" in text
-    assert "FedFDP (Ling et al. 2024) | implemented (`silofl run fedfdp`), not in these sweeps yet" in text
+    assert "| demographic parity | fedfdp | n/a | 0 / 0 | - | 52.93% |" in text  # a baseline without runs here
     # header: 18 runs, 10 s each, CPU time not recorded
     assert "Runs read: 18 (steffle_adult_dp 18)" in text
     assert "wall time summed over the runs: 3.0 min" in text
@@ -174,10 +174,10 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     png = tmp_path / "docs" / link.group(1)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # missing sections say so and name the command
-    for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo"):
+    for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo", "steffle_parkinsons_dp"):
         assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
-    # three SteFFLe sweeps, the topology sweep, the number-of-silos sweep, mu2, FedSC
-    assert text.count("Not generated yet: run `") == 7
+    # five SteFFLe sweeps, the topology sweep, the number-of-silos sweep, mu2, FedSC
+    assert text.count("Not generated yet: run `") == 9
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
@@ -461,3 +461,27 @@ def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tm
     assert len(links) == 2
     for link in links:
         assert (tmp_path / "docs" / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path):
+    """`--only parkinsons` writes the Parkinsons sections from their runs into an existing document, before the
+    summary, leaving the rest as it was; a second call replaces them in place."""
+    out = _fake_sweep(tmp_path)
+    out.rename(tmp_path / "sweeps" / "steffle_parkinsons_dp")
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir(parents=True)
+    before = "# silofl results\n\n### Credit Card, equalized odds\n\nold credit\n\n"
+    after = f"{results.SUMMARY_HEADING}\n\nold summary\n\n## DP-mu2-FL\n\nmu2\n"
+    doc.write_text(before + after)
+    argv = ["--only", "parkinsons", "--sweeps", str(tmp_path / "sweeps"), "--sweep-files", str(tmp_path / "none")]
+    argv += ["--out", str(doc)]
+    for _ in range(2):
+        assert results.main(argv) == 0
+        text = doc.read_text()
+        assert text.startswith(before) and text.endswith(after)
+        assert text.count("### Parkinsons, demographic parity") == 1
+        assert text.count("### Parkinsons, equalized odds") == 1
+    dp = text[text.index("### Parkinsons, demographic parity") : text.index("### Parkinsons, equalized odds")]
+    assert "regenerated alone (`python benchmarks/results.py --only parkinsons`)" in dp
+    assert "| h | epsilon | vs tran | vs fedavg |" in dp
+    assert "Not generated yet" in text[text.index("### Parkinsons, equalized odds") :]
