@@ -633,6 +633,25 @@ def noise_on_h(folder: Path) -> float | None:
     return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (keep * rows)
 
 
+def _section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plots.RunRecord], RunFiles, str]:
+    """The completed runs of a one-sweep section (those with an error and `metric`), their files, and a sentence on
+    their state against the sweep file (how many it has, how many finished)."""
+    from server.sweep import SweepError, load_sweep, run_state
+
+    records, incomplete = plots.load_runs([folder])
+    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
+    state = f"{len(records)} completed runs in `{_rel(folder)}`" + (
+        f", {incomplete} incomplete skipped" if incomplete else ""
+    )
+    try:
+        expected = load_sweep(sweep_file, out=folder).runs
+        done = sum(run_state(run) == "finished" for run in expected)
+        state += f"; the sweep file has {len(expected)} runs, {done} finished"
+    except (SweepError, OSError) as exc:
+        state += f"; the sweep file does not load: {exc}"
+    return records, _records_files(records), state
+
+
 def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
     """Markdown of the topology comparison: its figure, and per (epsilon, curve, lambda) the error, violation, the
     noise each topology puts on h and the seconds per round (each mean ± sd over seeds)."""
@@ -656,21 +675,8 @@ def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Pa
     ]
     if not folder.is_dir():
         return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
-    records, incomplete = plots.load_runs([folder])
     metric = plots.FAIRNESS_METRIC[fairness]
-    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
-    files = _records_files(records)
-    state = f"{len(records)} completed runs in `{_rel(folder)}`" + (
-        f", {incomplete} incomplete skipped" if incomplete else ""
-    )
-    from server.sweep import SweepError, load_sweep, run_state
-
-    try:
-        expected = load_sweep(sweep_file, out=folder).runs
-        done = sum(run_state(run) == "finished" for run in expected)
-        state += f"; the sweep file has {len(expected)} runs, {done} finished"
-    except (SweepError, OSError) as exc:
-        state += f"; the sweep file does not load: {exc}"
+    records, files, state = _section_runs(folder, sweep_file, metric)
     lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only topologies", "```", ""]
     lines += [f"Runs: {state}. Grid: {_grid_text(records)}.", ""]
     if not records:
@@ -840,21 +846,8 @@ def silos_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path)
     ]
     if not folder.is_dir():
         return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
-    records, incomplete = plots.load_runs([folder])
     metric = plots.FAIRNESS_METRIC[fairness]
-    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
-    files = _records_files(records)
-    state = f"{len(records)} completed runs in `{_rel(folder)}`" + (
-        f", {incomplete} incomplete skipped" if incomplete else ""
-    )
-    from server.sweep import SweepError, load_sweep, run_state
-
-    try:
-        expected = load_sweep(sweep_file, out=folder).runs
-        done = sum(run_state(run) == "finished" for run in expected)
-        state += f"; the sweep file has {len(expected)} runs, {done} finished"
-    except (SweepError, OSError) as exc:
-        state += f"; the sweep file does not load: {exc}"
+    records, files, state = _section_runs(folder, sweep_file, metric)
     lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only silos", "```", ""]
     lines += [f"Runs: {state}. Grid: {_grid_text(records)}.", ""]
     if not records:
