@@ -21,6 +21,12 @@ Observed consequence of the adaptive bound (measured, not a choice of ours): wit
 release estimates E[min(C_l, f)] < C_l whenever some losses lie below C_l, so C_l and F_t decrease round after round
 to the floor 1e-3, with or without noise (Adult, 3 silos, 1767 rounds, lambda 0.1: final F_t = 9.3e-4 at epsilon inf
 and at epsilon 3, against a test loss of 0.37). F_t then stops tracking the loss and Delta_j = f_j - F_t ~ f_j.
+The authors' code does the same under DP (its non-private path releases the unclipped mean, as silofl now does at
+epsilon inf). Decision (measured 2026-11-25, Adult, 3 silos, attribute split, eps 1, seed 0): the adaptive bound
+stays the default (the baseline as published); ``--loss-bound B`` fixes C_l = B instead, which keeps F_t at the loss
+(final F_t 0.33 with B = 2.5 against 8.8e-4 adaptive, lambda 2) but barely moves what the SteFFLe comparison
+measures: test error 0.1593 / 0.1593, DP violation 0.1837 / 0.1826, EO 0.156 / 0.145 (adaptive / fixed, lambda 2;
+lambda 0.5: 0.1584 / 0.1588, 0.186 / 0.187).
 
 Both releases are sums of per-record terms of norm <= C (gradient) and in [0, C_l] (loss): add/remove-one-record
 sensitivities C and C_l, noise multipliers sigma and sigma_l. Our accounting composes both per round

@@ -310,6 +310,15 @@ class LossFairnessOptions(OptionGroup):
         description="weight of the variance of the silos' losses (0: DP-FedSGD's step)",
         json_schema_extra=SILO,
     )
+    loss_bound: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1e6,
+        alias="loss-bound",
+        description="clip bound C_l of the loss release; 0: the paper's adaptive bound (the silo's last release, "
+        "floored at 1e-3, first 2.5), which shrinks to the floor; > 0: this fixed bound",
+        json_schema_extra=SILO,
+    )
 
 
 class SinglePassOptions(OptionGroup):

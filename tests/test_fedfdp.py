@@ -16,6 +16,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from client import randomness
 from client.algorithms import dp_fedsgd
 from client.algorithms import fedfdp as algo
+from client.algorithms.dp_fedsgd import poisson_sample
 from client.app import app
 from client.data.tabular import NonSensitiveDivision
 from client.gradients import (
@@ -158,11 +159,13 @@ def test_one_changed_record_moves_the_loss_release_by_at_most_its_sensitivity() 
     changed = NonSensitiveDivision(features=data.features.copy(), labels=data.labels.copy())
     changed.features[7] = 50.0  # an extreme record: a huge loss (or none), clipped into [0, C_l]
     changed.labels[7] = 1 - changed.labels[7]
+    moved = []
     for seed in range(20):
-        for sigma in (0.0, 2.0):
-            a = _release(data, model, sigma=sigma, seed=seed, bound=bound)
-            b = _release(changed, model, sigma=sigma, seed=seed, bound=bound)
-            assert abs(a - b) <= bound / m + 1e-6  # same sample, same noise draw: at most C_l / m apart
+        a = _release(data, model, sigma=2.0, seed=seed, bound=bound)
+        b = _release(changed, model, sigma=2.0, seed=seed, bound=bound)
+        assert abs(a - b) <= bound / m + 1e-6  # same sample, same noise draw: at most C_l / m apart
+        moved.append(abs(a - b))
+    assert max(moved) > 0.5 * bound / m  # the record was in some samples, and its clipped loss moved the release
     # with noise the release is not the exact value; its spread is sigma_l C_l / m
     exact = _release(data, model, sigma=0.0, seed=0, bound=bound)
     assert not np.isclose(_release(data, model, sigma=2.0, seed=0, bound=bound), exact)
@@ -182,6 +185,19 @@ def test_one_changed_record_moves_the_loss_release_by_at_most_its_sensitivity() 
         ]
     )
     assert spread == pytest.approx(2.0 * bound / m, rel=0.15)
+
+
+def test_a_non_private_release_is_the_unclipped_mean_loss() -> None:
+    """No noise, no DP: the loss is not clipped at C_l (spec's non-private ablation), so F_t tracks the real loss."""
+    data, model, m = _data(), _model(), 100
+    data.features[:5] = 50.0  # records with losses far above the bound
+    data.labels[:5] = 1 - data.labels[:5]
+    idx = poisson_sample(len(data.labels), 0.5, np.random.default_rng(3))
+    losses = per_sample_losses(model, torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx]))
+    assert float(losses.max()) > 1.0
+    got = _release(data, model, sigma=0.0, seed=3, bound=0.01)
+    assert got == pytest.approx(float(losses.double().sum()) / m)
+    assert got > 0.01 * len(idx) / m  # more than any clipped release could give
 
 
 # -- accounting -------------------------------------------------------------------------------------------------------
@@ -320,6 +336,34 @@ def test_reply_holds_the_local_model_the_noised_loss_and_a_public_report() -> No
     # and the round is charged with both releases: the ledger's entry has the loss release as its companion
     ledger = PrivacyLedger.from_dict(dict(context.state["silofl.ledger"]))
     assert ledger.entries[0].companion == pytest.approx(fedfdp.LOSS_NOISE_RATIO * report.noise_multiplier)
+
+
+def test_a_fixed_loss_bound_clips_and_scales_the_noise_of_every_round() -> None:
+    """--loss-bound B > 0: C_l = B in every round (not the silo's last release), and the release is clipped at B."""
+    context = _context()
+    info = _setup(context)
+    silo = load_silo_data(context, SPEC)
+    for server_round in (1, 2):
+        reply = _train(context, info, server_round, loss_bound=0.3)
+        assert not reply.has_error(), reply.error
+        report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT)
+        released = float(reply.content[msg.LOSS_RELEASE]["value"].numpy()[0])
+        model = build_model("logreg", info.num_features, info.num_labels)
+        set_parameters(model, {k: v.numpy() for k, v in reply.content[msg.UPDATE].items()})
+        keys = {"seed": 0, "silo_id": silo.silo_id, "server_round": server_round}
+        idx = poisson_sample(
+            len(silo.train.nonsensitive.labels),
+            report.sampling_rate,
+            randomness.numpy_rng(context, stream=randomness.LOSS_SAMPLING, **keys),
+        )
+        data = silo.train.nonsensitive
+        losses = per_sample_losses(model, torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx]))
+        clipped = float(fedfdp.clipped_loss_sum(losses, 0.3)) / 64
+        unclipped = float(losses.double().sum()) / 64
+        std = fedfdp.LOSS_NOISE_RATIO * report.noise_multiplier * 0.3 / 64
+        assert abs(released - clipped) < 6 * std
+        assert abs(unclipped - clipped) > 12 * std  # the clip at 0.3 is visible above the noise
+    assert fedfdp_round.BOUND_KEY not in context.state  # no adaptive state: the bound is the configured one
 
 
 @pytest.mark.parametrize(

@@ -72,13 +72,21 @@ def loss_release(
     noise_generator: torch.Generator,
 ) -> float:
     """``F~_i = (sum_{j in B'} min(C_l, max(0, f(w_i; x_j))) + N(0, sigma_l^2 C_l^2)) / m`` (Eqs. 14-15, Alg. 2
-    l.16-20) with `model` holding w_i and B' a fresh Poisson(q) sample (`sample_rng` must be independent of B's)."""
+    l.16-20) with `model` holding w_i and B' a fresh Poisson(q) sample (`sample_rng` must be independent of B's).
+
+    Without noise (`noise_multiplier` 0: a non-private run) nothing is released under DP, so the losses are not
+    clipped at C_l: the release is the sample's mean loss, as in the spec's non-private ablation and the authors'
+    non-private path. Clipping there would only bias F_t downwards (and, with the adaptive bound, drive it to the
+    floor)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     idx = poisson_sample(len(data.labels), sampling_rate, sample_rng)
     x = torch.from_numpy(data.features[idx])
     y = torch.from_numpy(data.labels[idx])
-    total = fedfdp.clipped_loss_sum(per_sample_losses(model, x, y), bound).reshape(1)
+    losses = per_sample_losses(model, x, y)
+    if noise_multiplier == 0:
+        return float(torch.clamp(losses.detach().to(torch.float64), min=0.0).sum()) / batch_size
+    total = fedfdp.clipped_loss_sum(losses, bound).reshape(1)
     mechanism = GaussianMechanism(sensitivity=bound, noise_multiplier=noise_multiplier)
     released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total
     return float(released[0]) / batch_size

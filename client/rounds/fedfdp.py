@@ -83,7 +83,8 @@ def train_round(
     plan = plan_for(context, silo, instr)
     # The ledger is charged BEFORE anything is computed or released: a refused answer releases nothing.
     spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
-    bound = loss_bound(context, instr.server_round)
+    adaptive = instr.loss_bound == 0
+    bound = loss_bound(context, instr.server_round) if adaptive else instr.loss_bound
     keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
     noise = randomness.torch_generator(context, stream=randomness.NOISE, **keys)
     data = silo.train.nonsensitive
@@ -114,8 +115,8 @@ def train_round(
         sample_rng=randomness.numpy_rng(context, stream=randomness.LOSS_SAMPLING, **keys),
         noise_generator=noise,
     )
-    state = context.state[BOUND_KEY]
-    state["next"] = fedfdp.next_loss_bound(released)
+    if adaptive:
+        context.state[BOUND_KEY]["next"] = fedfdp.next_loss_bound(released)
     report = msg.TrainReport(
         silo_id=silo.silo_id,
         server_round=instr.server_round,

@@ -75,7 +75,8 @@ SPEC = register(
         mechanism="each silo, each round: on a Poisson sample q = m/n_j, fair clipping c_j = min(max(0, 1 + lambda "
         "(f_j - F_t)), C/||g_j||), Gaussian noise sigma*C on the sum, one local step sent as w_i; on an independent "
         "Poisson sample of the same rate, the losses of w_i clipped to [0, C_l] summed with Gaussian noise "
-        "sigma_l*C_l, sigma_l = 2.5 sigma, C_l the silo's last release (floored at 1e-3, first 2.5). Both releases "
+        "sigma_l*C_l, sigma_l = 2.5 sigma, C_l the silo's last release (floored at 1e-3, first 2.5) or the fixed "
+        "loss-bound. Both releases "
         "composed per round (add/remove neighbours, dp-accounting), sigma calibrated for (epsilon, delta, q, T). "
         + CAVEAT,
     )
