@@ -1432,6 +1432,45 @@ def header(files: Mapping[str, RunFiles], now: dt.datetime) -> list[str]:
     ]
 
 
+STEFFLE_HEADING = "## SteFFLe: fairness violation vs test error"
+
+
+def load_steffle_sweeps(sweeps: Path, sweep_files: Path, figures: Path) -> list[SweepResult]:
+    return [
+        load_steffle_sweep(name, dataset, fairness, sweeps, sweep_files, figures)
+        for name, dataset, fairness in STEFFLE_SWEEPS
+    ]
+
+
+def _headline_module() -> ModuleType:
+    """benchmarks/results_headline.py, which imports this module as `results` (the same module object, not a copy)."""
+    sys.modules.setdefault("results", sys.modules[__name__])
+    return _load_module("results_headline", ROOT / "benchmarks" / "results_headline.py")
+
+
+def steffle_part(results: Sequence[SweepResult], sweeps: Path, sweep_files: Path, doc_dir: Path) -> list[str]:
+    """The SteFFLe sweeps' part of the document: every sweep's section, the summary, the headline and the gap."""
+    headline = _headline_module()
+    body = [
+        STEFFLE_HEADING,
+        "",
+        "The SteFFLe paper's experiments (Section 5, Appendix E): 3 silos, heterogeneity h in {0, 0.75} (Algorithm 3 "
+        "on age), epsilon in {1, 3, 9} for demographic parity and {1, 3} for equalized odds, lambda swept over "
+        "[0, 2], against its baselines. Baselines here: "
+        + "; ".join(f"`{k}`: {v}" for k, v in BASELINES.items())
+        + ". The paper's Retired Adult dataset is not available here; Parkinsons telemonitoring (a dataset of the "
+        "DP-FERMI paper, not of SteFFLe's) is added.",
+        "",
+        *method_section(),
+    ]
+    for result in results:
+        body += steffle_section(result, doc_dir)
+    body += summary_section(results)
+    body += headline.headline_section(results)
+    body += headline.gap_section(results, sweeps, sweep_files)
+    return body
+
+
 def build_document(
     *,
     sweeps: Path,
@@ -1444,25 +1483,8 @@ def build_document(
 ) -> tuple[str, list[SweepResult]]:
     """The markdown of docs/RESULTS.md (figures written to `figures` on the way) and the SteFFLe sweeps' results."""
     doc_dir = out.parent
-    results = [
-        load_steffle_sweep(name, dataset, fairness, sweeps, sweep_files, figures)
-        for name, dataset, fairness in STEFFLE_SWEEPS
-    ]
-    body = [
-        "## SteFFLe: fairness violation vs test error",
-        "",
-        "The SteFFLe paper's experiments (Section 5, Appendix E): 3 silos, heterogeneity h in {0, 0.75} (Algorithm 3 "
-        "on age), epsilon in {1, 3, 9} for demographic parity and {1, 3} for equalized odds, lambda swept over "
-        "[0, 2], against its baselines. Baselines here: "
-        + "; ".join(f"`{k}`: {v}" for k, v in BASELINES.items())
-        + ". FedFDP (Ling et al. 2024), the paper's other baseline, is in the Parkinsons sweeps only so far. The "
-        "paper's Retired Adult dataset is not available here.",
-        "",
-        *method_section(),
-    ]
-    for result in results:
-        body += steffle_section(result, doc_dir)
-    body += summary_section(results)
+    results = load_steffle_sweeps(sweeps, sweep_files, figures)
+    body = steffle_part(results, sweeps, sweep_files, doc_dir)
     topology_lines, topology_files = topology_section(sweeps, sweep_files, figures, doc_dir)
     body += topology_lines
     silos_lines, silos_files = silos_section(sweeps, sweep_files, figures, doc_dir)
@@ -1489,7 +1511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["topologies", "silos", "parkinsons"],
+        choices=["steffle", "topologies", "silos", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     args = parser.parse_args(argv)
@@ -1515,6 +1537,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             document = replace_section(document, section[0], section, SUMMARY_HEADING)
             print(f"wrote the section '{section[0][4:]}' of {out} ({len(result.records)} runs)")
         out.write_text(document)
+        return 0
+    if args.only == "steffle":
+        if not out.is_file():
+            parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
+        results = load_steffle_sweeps(Path(args.sweeps), Path(args.sweep_files), figures)
+        section = steffle_part(results, Path(args.sweeps), Path(args.sweep_files), out.parent)
+        now = dt.datetime.now().astimezone()
+        runs = sum(len(r.records) for r in results)
+        section[1:1] = [
+            "",
+            f"This part was regenerated alone (`python benchmarks/results.py --only steffle`) on "
+            f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {runs} runs of the six SteFFLe sweeps and "
+            f"`{'steffle_adult_tran_gap'}`; the header's counts are those of the last full regeneration.",
+        ]
+        out.write_text(replace_section(out.read_text(), STEFFLE_HEADING, section, TOPOLOGY_HEADING))
+        print(f"wrote the part '{STEFFLE_HEADING[3:]}' of {out} ({runs} runs)")
+        for r in results:
+            print(f"  {r.name}: {len(r.records)} runs")
         return 0
     if args.only:
         if not out.is_file():

@@ -1,0 +1,132 @@
+"""benchmarks/results_headline.py: the headline rule (best error all methods reach), its seed intervals, and the
+`--only steffle` regeneration that writes the headline and the Tran-gap sections."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("silofl_results", PROJECT_ROOT / "benchmarks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+results = _load()
+headline = results._headline_module()
+
+# SteFFLe's front: (0.15, 0.20), (0.16, 0.10), (0.18, 0.04); (0.17, 0.12) and (0.20, 0.06) are dominated.
+STEFFLE = [(0.15, 0.20), (0.16, 0.10), (0.17, 0.12), (0.18, 0.04), (0.20, 0.06)]
+
+
+def test_violation_at_interpolates_the_front_is_flat_after_it_and_none_below_it():
+    assert headline.violation_at(STEFFLE, 0.17) == pytest.approx(0.07)
+    assert headline.violation_at(STEFFLE, 0.16) == pytest.approx(0.10)
+    assert headline.violation_at(STEFFLE, 0.25) == pytest.approx(0.04)  # beyond every point: the lowest reached
+    assert headline.violation_at(STEFFLE, 0.14) is None  # no point reaches that error
+    assert headline.violation_at([], 0.2) is None
+
+
+def test_headline_matches_every_method_at_the_best_error_all_reach():
+    points = {"steffle": STEFFLE, "tran": [(0.17, 0.10), (0.19, 0.08)], "fedfdp": [(0.16, 0.30)]}
+    assert headline.best_common_error(points) == pytest.approx(0.17)
+    value = headline.headline(points)
+    assert value.set_by == "tran" and value.error == pytest.approx(0.17)
+    assert value.violations == pytest.approx({"steffle": 0.07, "tran": 0.10, "fedfdp": 0.30})
+    assert value.reduction("tran") == pytest.approx(0.3)
+    assert value.reduction("fedfdp") == pytest.approx(1 - 0.07 / 0.30)
+    assert value.difference("tran", scale=0.2) == pytest.approx(0.15)
+    # SteFFLe worse: a negative reduction; a method with no point: no headline
+    worse = headline.headline({"steffle": STEFFLE, "tran": [(0.18, 0.02)]})
+    assert worse.reduction("tran") == pytest.approx(1 - 0.04 / 0.02)
+    assert headline.headline({"steffle": STEFFLE, "tran": []}) is None
+
+
+def test_t_interval_is_students_95_percent_interval_of_the_mean():
+    lo, hi = headline.t_interval([1.0, 2.0, 3.0])
+    assert (lo + hi) / 2 == pytest.approx(2.0)
+    assert hi - lo == pytest.approx(2 * 4.303 / math.sqrt(3))
+    assert headline.t_interval([1.0]) is None
+
+
+# -- the section from run folders -------------------------------------------------------------------------------------
+
+# (method, algorithm, key, value) -> (error, violation) of seed 1; seed 0 and 2 are -/+ (0.01, 0.005) from it
+RUNS = {
+    ("steffle", "steffle", "lambda", 0.0): (0.15, 0.20),
+    ("steffle", "steffle", "lambda", 1.0): (0.18, 0.04),
+    ("tran", "tran", "dual-lr", 0.01): (0.17, 0.10),
+    ("fedfdp", "fedfdp", "lambda", 0.5): (0.16, 0.30),
+}
+
+
+def _sweep(root: Path) -> Path:
+    from protocols.config import RunConfig
+
+    out = root / "sweeps" / "steffle_adult_dp"
+    for (method, algorithm, key, value), (error, violation) in RUNS.items():
+        for seed, sign in ((0, -1), (1, 0), (2, 1)):
+            name = f"{method}__{key}={value}_seed={seed}"
+            values = {
+                "algorithm": algorithm,
+                "dataset": "adult",
+                "num-silos": 3,
+                "heterogeneity": 0.0,
+                "seed": seed,
+                "fairness": "dp",
+                "epsilon": 1.0,
+                key: value,
+                "out-dir": str(out / name),
+            }
+            config = RunConfig.parse(values).to_json()
+            final = {"error": error + sign * 0.01, "dp_violation": violation + sign * 0.005, "accuracy": 1 - error}
+            folder = out / name
+            folder.mkdir(parents=True)
+            (folder / "run.json").write_text(json.dumps({"method": method, "config": config}))
+            result = {"config": config, "final": final, "timing": {"total_seconds": 1.0}, "status": {"completed": True}}
+            (folder / "result.json").write_text(json.dumps(result))
+    return out
+
+
+def test_headline_section_from_run_folders(tmp_path: Path):
+    _sweep(tmp_path)
+    sweeps = results.load_steffle_sweeps(tmp_path / "sweeps", tmp_path / "none", tmp_path / "figures")
+    lines = headline.headline_section(sweeps)
+    row = next(line for line in lines if line.startswith("| Adult | dp | 0 | 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # e* = 0.17 (Tran's only point); SteFFLe's front (0.15, 0.20) - (0.18, 0.04) at 0.17: 0.20 - 0.16 * 2/3
+    steffle = 0.20 - 0.16 * 2 / 3
+    assert cells[4] == "0.1700 (Tran et al.)"
+    assert cells[5:8] == [f"{steffle:.4f}", "0.1000", "0.3000"]
+    assert cells[8].startswith(f"{100 * (1 - steffle / 0.10):.1f}% (")
+    assert cells[9].startswith(f"{100 * (1 - steffle / 0.30):.1f}% (")
+    summary = next(line for line in lines if line.startswith("| demographic parity | FedFDP |"))
+    assert "1 of 1 panels" in summary and "52.93%" in summary
+
+
+def test_only_steffle_replaces_the_steffle_part_in_place(tmp_path: Path):
+    _sweep(tmp_path)
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir(parents=True)
+    before = "# silofl results\n\nheader\n\n"
+    after = f"{results.TOPOLOGY_HEADING}\n\ntopologies\n\n## DP-mu2-FL\n\nmu2\n"
+    stale = f"{results.STEFFLE_HEADING}\n\nSTALE\n\n### Adult, demographic parity\n\nSTALE\n\n"
+    doc.write_text(before + stale + after)
+    argv = ["--only", "steffle", "--sweeps", str(tmp_path / "sweeps"), "--sweep-files", str(tmp_path / "none")]
+    for _ in range(2):
+        assert results.main([*argv, "--out", str(doc)]) == 0
+        text = doc.read_text()
+        assert text.startswith(before) and text.endswith(after)
+        assert text.count(results.STEFFLE_HEADING) == 1 and text.count(headline.HEADLINE_HEADING) == 1
+    assert "STALE" not in text and "regenerated alone (`python benchmarks/results.py --only steffle`)" in text
+    assert headline.GAP_HEADING in text and "steffle_adult_tran_gap.toml" in text  # the gap sweep's command
