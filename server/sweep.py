@@ -39,12 +39,15 @@ thread); a failing run leaves `error.txt` in its folder, the sweep goes on, and 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 import tomllib
 import traceback
@@ -635,6 +638,25 @@ def parse_where(items: Sequence[str], flag: str = "--where") -> dict[str, str]:
     return out
 
 
+@contextlib.contextmanager
+def _termination_as_interrupt() -> Iterator[None]:
+    """`kill PID` (SIGTERM) stops a sweep as Ctrl-C does: the interrupt path terminates the worker processes. With
+    Python's default SIGTERM the parent dies at once and its pool's workers outlive it, finishing their runs into
+    folders that the next sweep of the same file also writes."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def sweep_command(args: Any) -> int:
     from rich.console import Console
 
@@ -652,7 +674,8 @@ def sweep_command(args: Any) -> int:
             return 0
         if args.workers < 1:
             raise SweepError(f"--workers {args.workers}: give at least 1")
-        report = run_sweep(sweep, workers=args.workers, runs=chosen, progress=not args.no_progress, console=console)
+        with _termination_as_interrupt():
+            report = run_sweep(sweep, workers=args.workers, runs=chosen, progress=not args.no_progress, console=console)
     except SweepError as exc:
         print(f"silofl sweep: {exc}", file=sys.stderr)
         return 2

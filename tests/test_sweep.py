@@ -120,8 +120,8 @@ def test_committed_sweeps_are_valid() -> None:
         assert sweep.out.parts[:2] == ("runs", "sweeps")
     adult_dp = load_sweep(SWEEPS / "steffle_adult_dp.toml")
     methods = {run.method for run in adult_dp.runs}
-    assert methods == {"steffle", "dp-fermi", "fermi", "tran", "fedavg", "dp-fedsgd"}
-    assert len(adult_dp.runs) == 258
+    assert methods == {"steffle", "dp-fermi", "fermi", "tran", "fedavg", "dp-fedsgd", "fedfdp"}
+    assert len(adult_dp.runs) == 312
     assert f"{len(adult_dp.runs)} runs" in (SWEEPS / "steffle_adult_dp.toml").read_text()
     assert {run.config.num_silos for run in adult_dp.runs if run.method in ("dp-fermi", "fermi")} == {1}
     assert {format_value(run.config.epsilon) for run in adult_dp.runs if run.method == "steffle"} == {"1", "3", "9"}
@@ -311,14 +311,15 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
         "fedsc_fmnist": 9,
         "mu2_mnist": 39,
         "smoke": 3,
-        "steffle_adult_dp": 258,
-        "steffle_adult_eo": 180,
+        "steffle_adult_dp": 312,
+        "steffle_adult_eo": 216,
         "steffle_adult_topologies": 194,
-        "steffle_credit_dp": 258,
+        "steffle_adult_tran_gap": 174,
+        "steffle_credit_dp": 312,
         "steffle_credit_silos": 165,
         "steffle_parkinsons_dp": 198,
         "steffle_parkinsons_eo": 198,
-        "steffle_credit_eo": 180,
+        "steffle_credit_eo": 216,
     }
     files = sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml"))
     assert {f.stem for f in files} == set(expected)
@@ -329,3 +330,68 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
             model = algorithms.get(run.config.algorithm).config_model
             own = {info.alias or name for name, info in model.model_fields.items()}
             assert set(run.config.to_json()) <= own, run.folder.name
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] not in "ZX"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads child processes from /proc (Linux)")
+def test_kill_stops_the_workers_too(tmp_path: Path) -> None:
+    """`kill` (SIGTERM) of `silofl sweep` stops its worker processes, as Ctrl-C does, and keeps no half run as
+    finished: without that the workers outlived the sweep and kept writing run folders."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = tmp_path / "long.toml"
+    spec.write_text(
+        textwrap.dedent(
+            """
+            [base]
+            dataset = "synthetic"
+            num-silos = 2
+            rounds = 100000
+            [grid]
+            seed = [0, 1, 2]
+            [[methods]]
+            name = "fedavg"
+            algorithm = "fedavg"
+            """
+        )
+    )
+    command = [sys.executable, "-m", "server.cli", "sweep", str(spec), "--out", str(tmp_path / "out"), "--workers", "2"]
+    parent = subprocess.Popen([*command, "--no-progress"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(workers) < 2:  # both workers started a run
+            time.sleep(0.5)
+            workers = [c for c in _children(parent.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+            if len(list((tmp_path / "out").glob("fedavg__*"))) < 2:
+                workers = []
+        assert len(workers) == 2, "the sweep's two workers did not start"
+        parent.send_signal(signal.SIGTERM)
+        _, stderr = parent.communicate(timeout=60)
+        assert parent.returncode == 130 and "interrupted" in stderr
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "a worker outlived the sweep"
+        assert not list((tmp_path / "out").glob("*/result.json"))  # no run got to finish
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in workers:  # a failed run of this test leaves no orphan running 100,000 rounds
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
