@@ -281,12 +281,64 @@ def headline_section(results: Sequence[SweepResult]) -> list[str]:
 # -- the gap to Tran et al. -------------------------------------------------------------------------------------------
 
 
-def _gap_row(label: str, points: Mapping[str, Sequence[Point]]) -> str:
+@dataclass(frozen=True)
+class GapRow:
+    """One factor of the Tran-gap tables: SteFFLe and Tran et al. under the headline rule, on the means over seeds
+    and on each seed's runs alone."""
+
+    label: str
+    value: Headline | None
+    seeds: tuple[float, ...]  # each seed's (v_Tran - v_SteFFLe) / v_Tran(e*) of the means
+
+    @property
+    def reduction(self) -> float | None:
+        return None if self.value is None else self.value.reduction("tran")
+
+    def line(self) -> str:
+        if self.value is None:
+            return f"| {self.label} | no runs | | | | |"
+        v = self.value.violations
+        seeds = ", ".join(_pct(x) for x in self.seeds) or "-"
+        return (
+            f"| {self.label} | {self.value.error:.4f} | {v[STEFFLE]:.4f} | {v['tran']:.4f} | {_pct(self.reduction)} | "
+            f"{seeds} |"
+        )
+
+
+def gap_row(
+    label: str, points: Mapping[str, Sequence[Point]], per_seed: Sequence[Mapping[str, Sequence[Point]]]
+) -> GapRow:
+    """The headline rule for SteFFLe against Tran et al. on `points` (means) and on each seed's points."""
     value = headline(points) if len(points) == 2 and all(points.values()) else None
-    if value is None:
-        return f"| {label} | no runs | | | |"
-    (steffle, tran) = (value.violations[STEFFLE], value.violations["tran"])
-    return f"| {label} | {value.error:.4f} | {steffle:.4f} | {tran:.4f} | {_pct(value.reduction('tran'))} |"
+    seeds: list[float] = []
+    if value is not None:
+        for mine in per_seed:
+            got = headline(mine) if len(mine) == 2 and all(mine.values()) else None
+            if got is not None and (d := got.difference("tran", value.violations["tran"])) is not None:
+                seeds.append(d)
+    return GapRow(label, value, tuple(seeds))
+
+
+def gap_conclusion(rows: Sequence[GapRow]) -> str:
+    """Which factor moves SteFFLe's reduction against Tran et al. most from the first row (the main sweeps), against
+    the seed spread of that first row (computed, not written by hand)."""
+    base = rows[0] if rows else None
+    if base is None or base.reduction is None:
+        return "No reference point (the main sweeps' runs are missing)."
+    moves = [(abs(r.reduction - base.reduction), r) for r in rows[1:] if r.reduction is not None]
+    if not moves:
+        return "No factor's runs found yet."
+    size, top = max(moves, key=lambda m: m[0])
+    spread = plots.mean_sd(list(base.seeds))[1] if len(base.seeds) > 1 else float("nan")
+    verdict = (
+        "beyond the seed spread"
+        if math.isfinite(spread) and size > 2 * spread
+        else "within twice the seed sd of the reference, so no factor moves it clearly"
+    )
+    return (
+        f"Reference (main sweeps): {_pct(base.reduction)} (seed sd {_pct(spread)}). The largest move is "
+        f"'{top.label}': {_pct(top.reduction)}, {100 * size:.1f} points, {verdict}."
+    )
 
 
 def gap_section(results: Sequence[SweepResult], sweeps: Path, sweep_files: Path) -> list[str]:
@@ -342,43 +394,54 @@ def gap_section(results: Sequence[SweepResult], sweeps: Path, sweep_files: Path)
         ]
     records = [*adult.records, *gap_records]
     metric = "dp_violation"
+    seeds = sorted({int(r.get("seed") or 0) for r in gap_records})
     for eps in sorted({r.epsilon for r in gap_records if math.isfinite(r.epsilon)}):
 
-        def pts(method: str, lams: Sequence[float] | None = None, eps: float = eps) -> list[Point]:
+        def pts(
+            method: str, lams: Sequence[float] | None = None, eps: float = eps, seed: int | None = None
+        ) -> list[Point]:
             chosen = [
                 r
                 for r in records
-                if r.method == method and (lams is None or plots._float(r.get("lambda")) in set(lams))
+                if r.method == method
+                and (lams is None or plots._float(r.get("lambda")) in set(lams))
+                and (seed is None or int(r.get("seed") or 0) == seed)
             ]
             return panel_points(chosen, 0.0, eps, metric, [method]).get(method, [])
 
-        steffle, tran, wide = pts(STEFFLE), pts("tran"), pts("tran-wide")
+        def both(steffle: Sequence[str], lams: Sequence[float] | None = None, tran: Sequence[str] = ("tran",)):
+            means = {STEFFLE: [p for m in steffle for p in pts(m, lams)], "tran": [p for m in tran for p in pts(m)]}
+            per_seed = [
+                {
+                    STEFFLE: [p for m in steffle for p in pts(m, lams, seed=s)],
+                    "tran": [p for m in tran for p in pts(m, seed=s)],
+                }
+                for s in seeds
+            ]
+            return means, per_seed
+
+        rows = [
+            gap_row("main sweeps: SteFFLe 6 lambdas, Tran 3 dual steps, W radius 2, clip 1", *both([STEFFLE])),
+            gap_row("tuning: SteFFLe 3 lambdas {0, 1, 4}, Tran 3 dual steps", *both([STEFFLE], (0, 1, 4))),
+            gap_row(
+                "tuning: SteFFLe 6 lambdas, Tran 8 dual steps (0.001 to 0.2)",
+                *both([STEFFLE], tran=("tran", "tran-wide")),
+            ),
+            gap_row("SteFFLe's W radius 1 (6 lambdas), Tran 3 dual steps", *both(["steffle-w-radius-1"])),
+            gap_row("SteFFLe's W radius 4", *both(["steffle-w-radius-4"])),
+            gap_row("SteFFLe's clip 0.5", *both(["steffle-clip-0.5"])),
+            gap_row("SteFFLe's clip 2", *both(["steffle-clip-2"])),
+        ]
         lines += [
             f"**Adult, demographic parity, h 0, epsilon {_fmt(eps)}** (sweeps `steffle_adult_dp` and `{GAP_SWEEP}`):",
             "",
-            "| factor | e* | v SteFFLe | v Tran et al. | SteFFLe vs Tran et al. |",
-            "|---|---|---|---|---|",
-            _gap_row(
-                "main sweeps: SteFFLe 6 lambdas, Tran 3 dual steps, W radius 2, clip 1",
-                {STEFFLE: steffle, "tran": tran},
-            ),
-            _gap_row(
-                "tuning: SteFFLe 3 lambdas {0, 1, 4}, Tran 3 dual steps",
-                {STEFFLE: pts(STEFFLE, (0, 1, 4)), "tran": tran},
-            ),
-            _gap_row(
-                "tuning: SteFFLe 6 lambdas, Tran 8 dual steps (0.001 to 0.2)",
-                {STEFFLE: steffle, "tran": [*tran, *wide]},
-            ),
+            "| factor | e* | v SteFFLe | v Tran et al. | SteFFLe vs Tran et al. | seeds |",
+            "|---|---|---|---|---|---|",
+            *(row.line() for row in rows),
+            "",
+            gap_conclusion(rows),
+            "",
         ]
-        for method, label in (
-            ("steffle-w-radius-1", "SteFFLe's W radius 1 (6 lambdas), Tran 3 dual steps"),
-            ("steffle-w-radius-4", "SteFFLe's W radius 4"),
-            ("steffle-clip-0.5", "SteFFLe's clip 0.5"),
-            ("steffle-clip-2", "SteFFLe's clip 2"),
-        ):
-            lines.append(_gap_row(label, {STEFFLE: pts(method), "tran": tran}))
-        lines.append("")
     return [*lines, *_noise_lines(adult.records), *_not_tested_lines()]
 
 

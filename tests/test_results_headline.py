@@ -130,3 +130,24 @@ def test_only_steffle_replaces_the_steffle_part_in_place(tmp_path: Path):
         assert text.count(results.STEFFLE_HEADING) == 1 and text.count(headline.HEADLINE_HEADING) == 1
     assert "STALE" not in text and "regenerated alone (`python benchmarks/results.py --only steffle`)" in text
     assert headline.GAP_HEADING in text and "steffle_adult_tran_gap.toml" in text  # the gap sweep's command
+
+
+def test_gap_rows_and_their_conclusion_name_the_factor_that_moves_the_comparison():
+    tran = [(0.17, 0.10)]
+    main = headline.gap_row(
+        "main",
+        {"steffle": STEFFLE, "tran": tran},
+        [
+            {"steffle": [(0.16, 0.10), (0.18, 0.03)], "tran": tran},
+            {"steffle": [(0.16, 0.10), (0.18, 0.05)], "tran": tran},
+        ],
+    )
+    assert main.reduction == pytest.approx(0.3)  # SteFFLe 0.07 at e* = 0.17 against Tran's 0.10
+    assert main.seeds == pytest.approx((0.35, 0.25))  # per seed: (0.10 - 0.065) / 0.10 and (0.10 - 0.075) / 0.10
+    small = headline.gap_row("small", {"steffle": [(0.16, 0.10), (0.18, 0.05)], "tran": tran}, [])
+    big = headline.gap_row("big", {"steffle": [(0.16, 0.20), (0.18, 0.18)], "tran": tran}, [])
+    missing = headline.gap_row("missing", {"steffle": [], "tran": tran}, [])
+    assert missing.value is None and "no runs" in missing.line()
+    text = headline.gap_conclusion([main, small, big, missing])
+    assert "'big'" in text and "beyond the seed spread" in text  # -90% against 30%: 120 points, sd 7 points
+    assert "within twice the seed sd" in headline.gap_conclusion([main, small])  # 5 points against sd 7
