@@ -77,3 +77,37 @@ def test_fairness_gradients_keep_f_from_the_clipped_sums_forward_pass_bit_for_bi
     assert torch.equal(theta, clipped_psi_theta_sum(model, x, s, w, prior, 0.05, labels=y))
     with torch.no_grad():
         assert torch.equal(probs, torch.softmax(model(x), dim=1))
+
+
+@pytest.mark.parametrize(("notion", "k", "l_"), [("dp", 3, 2), ("dp", 5, 3), ("eo", 3, 2), ("eopp", 4, 3)])
+def test_balanced_w_gradient_is_the_whole_mean_gradient_from_the_sensitive_release(notion, k, l_) -> None:
+    """Group-balanced objective: fairness_gradients' h_W (no noise) is the whole mean_i dpsi_i/dW over its sample,
+    its -2 W F term recovered from the s-dependent release (`balanced_w_base`); the theta part is the clipped sum of
+    the weighted per-sample gradients; and every record's s-dependent W-gradient lies within w_radius_of."""
+    from client.algorithms.steffle import balanced_w_base, fairness_gradients
+    from protocols.ermi import clipped_psi_theta_sum
+    from protocols.models import build_model
+
+    gen = torch.Generator().manual_seed(5)
+    n, d = 60, 4
+    model = build_model("logreg" if l_ == 2 else "mlp", d, l_, hidden=5, seed=1)
+    data = NonSensitiveDivision(
+        torch.randn(n, d, generator=gen).numpy(), torch.randint(0, l_, (n,), generator=gen).numpy()
+    )
+    sensitive = SensitiveDivision(torch.randint(0, k, (n,), generator=gen).numpy())
+    table = np.random.default_rng(2).dirichlet(np.ones(k), size=l_)
+    prior = GroupPrior(notion, table[0] if notion == "dp" else table, num_labels=l_, balanced=True)
+    w = 0.5 * torch.randn(w_shape(notion, k, l_), generator=gen)
+    h_theta, h_w = fairness_gradients(
+        model, data, sensitive, w=w, prior=prior, rate=1.0, clip=0.3, noise_multiplier=0.0,
+        rng=np.random.default_rng(0), generator=torch.Generator(),
+    )  # fmt: skip
+    x, y, s = torch.from_numpy(data.features), torch.from_numpy(data.labels), torch.from_numpy(sensitive.groups)
+    with torch.no_grad():
+        probs = torch.softmax(model(x), dim=1)
+    torch.testing.assert_close(h_w, psi_w_gradients(probs, s, w, prior, labels=y).mean(dim=0))
+    torch.testing.assert_close(h_theta, clipped_psi_theta_sum(model, x, s, w, prior, 0.3, labels=y) / n)
+    sens = psi_w_gradients(probs, s, torch.zeros_like(w), prior, labels=y)
+    torch.testing.assert_close(balanced_w_base(w, sens.mean(dim=0), prior) + sens.mean(dim=0), h_w)
+    assert float(torch.linalg.vector_norm(sens.reshape(n, -1), dim=1).max()) <= w_radius_of(prior) + 1e-5
+    assert w_radius_of(prior) == pytest.approx(2 / (math.sqrt(k) * float(prior.block_probs().min())))

@@ -44,8 +44,23 @@ from protocols.privacy.gaussian import GaussianMechanism
 
 def w_radius_of(prior: GroupPrior) -> float:
     """R_W = 2 / sqrt(rho): the radius of the ball that record i's s-dependent W-gradient lies in (rho: the smallest
-    prior probability the objective uses; ||F_i||_2 <= 1)."""
+    prior probability the objective uses; ||F_i||_2 <= 1). For the group-balanced objective (`protocols.ermi`) a
+    record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior 1/k: R_W = 2 / (sqrt(k) rho)
+    (`GroupPrior.w_gradient_bound`)."""
+    if prior.balanced:
+        return prior.w_gradient_bound()
     return 2.0 / math.sqrt(prior.rho)
+
+
+def balanced_w_base(w: torch.Tensor, w_sensitive: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
+    """The -2 W (.) mean_i omega_i F_i term of the balanced objective's W-gradient, from the NOISED s-dependent part.
+
+    With the balanced prior the term depends on s_i through omega_i, so the non-sensitive division cannot compute it.
+    It is a post-processing of the released sum instead: entry (b, r, u) of the s-dependent part is
+    2 sqrt(k) sum_{i in b, s_i = r} omega_i F_iu / (q n_j), so its sum over r, divided by sqrt(k), is
+    2 sum_{i in b} omega_i F_iu / (q n_j), and the term is -W times that (every W block and group alike)."""
+    sqrt_k = math.sqrt(prior.num_groups)
+    return -w * (w_sensitive.sum(dim=-2, keepdim=True) / sqrt_k)
 
 
 def w_gradient_base(probs: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
@@ -100,6 +115,9 @@ def fairness_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sensitive division's noised (h_theta, s-dependent h_W), each a sum over its own Poisson sample / (q n_j).
 
+    For the group-balanced objective (``prior.balanced``) h_W is the whole W-gradient: the s-dependent part plus
+    :func:`balanced_w_base` computed from it after the noise (post-processing); the caller adds nothing to it.
+
     Record i's theta-contribution is clipped into the ball of radius C around 0, and its s-dependent W-contribution
     lies in the ball of radius R_W around 0; 0 is also what a record that is not sampled contributes. That is the
     geometry dp-accounting's replace-one Poisson-subsampled Gaussian assumes (mu_upper/mu_lower = q N(+-R) +
@@ -126,6 +144,8 @@ def fairness_gradients(
             w_sum, generator
         )
     expected = rate * len(sensitive.groups)
+    if prior.balanced:  # the whole W-gradient: its s-independent-looking term depends on s through omega_i
+        return theta_sum / expected, w_sum / expected + balanced_w_base(w, w_sum / expected, prior)
     return theta_sum / expected, w_sum / expected
 
 
