@@ -272,6 +272,15 @@ class GroupPrior:
         balanced; None (every weight 1) otherwise."""
         return (1.0 / self.num_groups) / self.block_probs() if self.balanced else None
 
+    def w_row_bounds(self) -> np.ndarray:
+        """``(blocks, k)``: the largest L2 norm of one record's s-dependent W-gradient, which lies in row ``(b, r)``
+        of ``W`` for a record of group ``r`` in block ``b``: ``2 / sqrt(p_b(r))``, or ``2 sqrt(k) omega = 2 / (sqrt(k)
+        p_b(r))`` when balanced. Its maximum is :meth:`w_gradient_bound`."""
+        probs = self.block_probs()
+        if self.balanced:
+            return 2.0 * math.sqrt(self.num_groups) * ((1.0 / self.num_groups) / probs)
+        return 2.0 / np.sqrt(probs)
+
     def w_gradient_bound(self) -> float:
         """Largest L2 norm of one record's s-dependent W-gradient ``2 omega_i e_{s_i} F_i^T / sqrt(p(s_i))``
         (``||F_i||_2 <= 1``): ``2 / sqrt(rho)``, or ``2 sqrt(k) / (k rho) = 2 / (sqrt(k) rho)`` when balanced."""

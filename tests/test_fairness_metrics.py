@@ -250,15 +250,24 @@ def test_group_report_empty_groups_and_thresholds() -> None:
         group_report(counts, group_names=["x"])
 
 
-@pytest.mark.parametrize("group_weight", ["prior", "balanced"])
-def test_result_json_reports_each_groups_support_and_the_min_support_violations(group_weight: str) -> None:
+@pytest.mark.parametrize(("group_weight", "w_noise"), [("prior", "isotropic"), ("balanced", "per-group")])
+def test_result_json_reports_each_groups_support_and_the_min_support_violations(
+    group_weight: str, w_noise: str
+) -> None:
     """A SteFFLe run's result.json: `fairness_groups` from the summed test counts of the last evaluation (the same
     violations as `final`, supports adding up to the test records); `final` keeps its keys."""
     from protocols.config import RunConfig
     from server.engines import run_job
 
     config = RunConfig.parse(
-        {"algorithm": "steffle", "dataset": "synthetic", "rounds": 3, "epsilon": 4.0, "group-weight": group_weight}
+        {
+            "algorithm": "steffle",
+            "dataset": "synthetic",
+            "rounds": 3,
+            "epsilon": 4.0,
+            "group-weight": group_weight,
+            "w-noise": w_noise,
+        }
     )
     result = run_job(config, engine="inprocess", progress=False)
     assert set(result["final"]) == {"accuracy", "error", "loss", "dp_violation", "eo_violation", "eopp_violation"}

@@ -111,6 +111,7 @@ def train_round(
             noise_multiplier=plan.noise_multiplier,
             rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
             generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+            w_noise=instr.w_noise,
         )
         fair_arrays = _named(h_theta, spec)
         # Balanced objective: h_w is the whole W-gradient (its -2 W F term depends on s; `algo.balanced_w_base`).
