@@ -80,6 +80,7 @@ class RaceRun:
     min_support: int
     groups: list[dict[str, Any]] = field(default_factory=list)  # fairness_groups["groups"]
     label: str = ""  # method_label of its configuration
+    rho: float | None = None  # the smallest probability of the run's (noised) group prior
     wall: float | None = None
     cpu: float | None = None
 
@@ -160,6 +161,7 @@ def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
                 min_support=int(groups["min_support"]),
                 groups=list(groups["groups"]),
                 label=method_label(config),
+                rho=min(prior) if (prior := (result.get("server_state") or {}).get("prior")) else None,
                 wall=timing.get("total_seconds"),
                 cpu=timing.get("cpu_seconds", meta.get("cpu_seconds")),
             )
@@ -339,8 +341,8 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
         "lambda moves the demographic-parity violation far less than on sex. Two causes in the algorithm: the papers' "
         "ERMI is a chi-square average over the groups, each weighted by its share p_S(r), so a gap between small "
         "groups hardly enters it (`--group-weight balanced`: the ERMI of the group-balanced distribution, every group "
-        "weighing 1/k); and every entry of the W release is noised at the smallest group's radius 2/sqrt(rho), about "
-        "20-40 here against 3.5 for sex (`--w-noise per-group`: each group's row at its own radius). The violation is "
+        "weighing 1/k); and every entry of the W release is noised at the smallest group's radius 2/sqrt(rho) "
+        "(`--w-noise per-group`: each group's row at its own radius). The violation is "
         "reported over all groups (`final.dp_violation`) and over the groups with enough test records "
         "(`fairness_groups` in result.json): a group of 70 test records moves its rate by a few hundredths through "
         "sampling alone.",
@@ -357,6 +359,13 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
     if not runs:
         return lines, files
     labels = _labels(runs)
+    private = sorted(2 / math.sqrt(r.rho) for r in runs if r.rho and math.isfinite(r.epsilon))
+    if private:
+        lines += [
+            f"The W-noise radius 2/sqrt(rho) of the papers' release, from each private run's noised prior: "
+            f"{private[0]:.1f} to {private[-1]:.1f} (a binary attribute with shares 1/3 and 2/3 has 3.5).",
+            "",
+        ]
     lines += ["Methods: " + "; ".join(labels[m] for m in sorted(labels, key=_order)) + ".", ""]
     cells = _cells(runs)
     summary: dict[tuple[float, str], dict[float, tuple[float, float, float]]] = defaultdict(dict)

@@ -55,6 +55,7 @@ def _write_run(root: Path, method: str, epsilon: float, lam: float, seed: int, e
         "fairness_groups": groups,
         "status": {"completed": True},
         "timing": {"total_seconds": 10.0},
+        "server_state": {"prior": [0.01, 0.04, 0.95] if seed == 0 else [0.04, 0.16, 0.8]},
     }
     (folder / "result.json").write_text(json.dumps(result))
     (folder / "run.json").write_text(json.dumps({"method": method, "cpu_seconds": 8.0}))
@@ -84,6 +85,7 @@ def test_race_section_tables_and_conclusion_from_known_runs(tmp_path: Path) -> N
     assert "| steffle | 2 | 2 | 0.1600 ± 0.0141 | 0.1800 ± 0.0000 | 0.0900 ± 0.0000 |" in text
     assert "| steffle-balanced | 2 | 2 | 0.1650 ± 0.0141 | 0.0700 ± 0.0000 | 0.0200 ± 0.0000 |" in text
     assert "steffle-balanced (group-weight balanced, w-noise isotropic, w-lr 0.1)" in text
+    assert "from each private run's noised prior: 10.0 to 20.0" in text  # 2 / sqrt(0.04) and 2 / sqrt(0.01)
     # supports and rates per group; Small is flagged
     assert "| Small | 50 (under min support) | 5.0% | 0.4000 ± 0.0000 | 0.3800 ± 0.0000 | 0.3000 ± 0.0000 |" in text
     assert "| Large | 750 | 75.0% |" in text
