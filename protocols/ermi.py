@@ -43,10 +43,11 @@ Group-balanced ERMI (``GroupPrior(..., balanced=True)``; issue 20). ERMI is a ch
 average over the groups, each group weighted by its share ``p_S(r)``: at ``W*`` its gradient pushes group ``r``'s
 prediction rate with a force proportional to ``p_S(r)`` times its gap to the overall rate. With a binary attribute of
 shares 1/3 and 2/3 that matches the max-over-groups violation; with a many-valued attribute whose gaps sit in small
-groups (Adult's race: the largest gap is between groups of 3% and 10% of the records, beside a group of 85%) it hardly
-moves them. The balanced objective is the ERMI of the group-balanced distribution, where every group has mass
-``1/k``: each sample is weighted by ``omega_i = (1/k) / p_b(s_i)`` (``p_b`` the real prior of its block) and ``psi``
-uses the uniform prior ``1/k`` in place of ``p_b``::
+groups (Adult's race: the largest gap is between a group of 3% of the records and one of 10% or 1%, beside a group of
+85%) it hardly moves them: at lambda 0 the papers' ERMI of race is about 0.011 against 0.054 for sex, at a similar
+violation (0.22 and 0.19). The balanced objective is the ERMI of the group-balanced distribution, where every group
+has mass ``1/k``: each sample is weighted by ``omega_i = (1/k) / p_b(s_i)`` (``p_b`` the real prior of its block)
+and ``psi`` uses the uniform prior ``1/k`` in place of ``p_b``::
 
     psi_i^bal = omega_i * ( - sum_{r,u} W_ru^2 F_u(x_i) + 2 sqrt(k) sum_u W_{s_i,u} F_u(x_i) - 1 )
 
