@@ -39,6 +39,28 @@ Fairness notions and the W layout (the spec leaves them open; decided here):
 :func:`ermi_value` returns the per-block ERMI ``(blocks,)``; :func:`block_weights` returns the weights ``n_b / n`` such
 that ``(block_weights * ermi_value).sum() == ermi_objective(F, groups, optimal_w(...))``.
 
+Group-balanced ERMI (``GroupPrior(..., balanced=True)``; issue 20). ERMI is a chi-square (mutual-information-like)
+average over the groups, each group weighted by its share ``p_S(r)``: at ``W*`` its gradient pushes group ``r``'s
+prediction rate with a force proportional to ``p_S(r)`` times its gap to the overall rate. With a binary attribute of
+shares 1/3 and 2/3 that matches the max-over-groups violation; with a many-valued attribute whose gaps sit in small
+groups (Adult's race: the largest gap is between a group of 3% of the records and one of 10% or 1%, beside a group of
+85%) it hardly moves them: at lambda 0 the papers' ERMI of race is about 0.011 against 0.054 for sex, at a similar
+violation (0.22 and 0.19). The balanced objective is the ERMI of the group-balanced distribution, where every group
+has mass ``1/k``: each sample is weighted by ``omega_i = (1/k) / p_b(s_i)`` (``p_b`` the real prior of its block)
+and ``psi`` uses the uniform prior ``1/k`` in place of ``p_b``::
+
+    psi_i^bal = omega_i * ( - sum_{r,u} W_ru^2 F_u(x_i) + 2 sqrt(k) sum_u W_{s_i,u} F_u(x_i) - 1 )
+
+Every function below then computes the same quantities with ``omega_i`` folded into the sample's activity (its
+``[i active]`` factor) and ``1/k`` in place of the prior: ``W*_ru = J_ru / (k^(-1/2) M_u)`` with the weighted soft
+joint ``J_ru = sum_{i: s_i = r} omega_i F_iu`` and ``M_u = sum_r J_ru``; ``ermi_value`` divides by the weighted block
+size ``sum_i omega_i`` and :func:`block_weights` returns it over ``n``, so that ``block_weights * ermi_value`` is
+still the maximum of :func:`ermi_objective` over ``W``. In expectation the weighted statistics are the group-balanced
+ones (``E[omega_i [s_i = r]] = 1/k``), and the maximum is ``sum_{u,r} (1/k) p(u|r)^2 / q(u) - 1`` with ``q(u) =
+mean_r p(u|r)``: zero exactly when the predictions are independent of ``s``, as before, but every group counts alike.
+A record's s-dependent W-gradient then lies in a ball of radius ``2 sqrt(k) max omega = 2 / (sqrt(k) rho)`` instead
+of ``2 / sqrt(rho)`` (:meth:`GroupPrior.w_gradient_bound`), and its -2 W F term depends on ``s`` through ``omega_i``.
+
 Empty blocks (no sample of block ``b`` in the batch) and columns with ``sum_i F_iu = 0`` leave ``W*`` at 0 there (the
 objective does not depend on those entries) and give ``ERMI_b = 0`` (undefined, weight 0).
 
@@ -124,9 +146,15 @@ class GroupPrior:
     notion: str
     probs: np.ndarray
     num_labels: int | None = None
+    #: The group-balanced objective (module docstring): samples weighted by ``(1/k) / p_b(s_i)``, ``psi`` with the
+    #: uniform prior ``1/k``. False (the papers' ERMI) unless asked.
+    balanced: bool = False
 
     def __post_init__(self) -> None:
         notion = _check_notion(self.notion)
+        if not isinstance(self.balanced, (bool, np.bool_)):
+            raise ValueError(f"balanced must be a bool, got {self.balanced!r}")
+        object.__setattr__(self, "balanced", bool(self.balanced))
         try:
             probs = np.array(self.probs, dtype=np.float64)
         except (TypeError, ValueError) as exc:
@@ -165,7 +193,7 @@ class GroupPrior:
         object.__setattr__(self, "num_labels", num_labels)
 
     @classmethod
-    def from_counts(cls, notion: str, counts: np.ndarray, *, floor: float = 0.0) -> GroupPrior:
+    def from_counts(cls, notion: str, counts: np.ndarray, *, floor: float = 0.0, balanced: bool = False) -> GroupPrior:
         """Prior from ``counts (k, l)``: records by (group, label), summed over silos (possibly DP-noised).
 
         ``"dp"`` uses the row sums (``p_S(r) = n_r / n``); ``"eo"`` normalises each label's column
@@ -177,6 +205,7 @@ class GroupPrior:
         proportionally so the row still sums to 1 (repeated until no entry falls below ``floor``; the ratios between
         unfloored entries are kept): every entry ends ``>= floor``, so :attr:`rho` ``>= floor``. ``floor`` must
         satisfy ``k * floor <= 1``. With ``floor = 0`` an empty group raises (its probability would be 0).
+        ``balanced`` selects the group-balanced objective (module docstring).
         """
         notion = _check_notion(notion)
         try:
@@ -202,8 +231,8 @@ class GroupPrior:
             raise ValueError(f"{what} sum to <= 0 after clipping negatives; a prior needs records in every label")
         probs = np.stack([_floor_row(row / row.sum(), float(floor)) for row in rows])
         if notion == "dp":
-            return cls(notion, probs[0], num_labels=l_)
-        return cls(notion, probs)
+            return cls(notion, probs[0], num_labels=l_, balanced=balanced)
+        return cls(notion, probs, balanced=balanced)
 
     @property
     def num_groups(self) -> int:
@@ -233,18 +262,46 @@ class GroupPrior:
         """Smallest group probability the objective uses (the ``rho`` of Theorem 3.3's sensitivity bounds)."""
         return float(self.block_probs().min())
 
+    def objective_probs(self) -> np.ndarray:
+        """``(blocks, k)``: the group distribution ``psi`` is written with: :meth:`block_probs`, or ``1/k`` when
+        balanced."""
+        probs = self.block_probs()
+        return np.full(probs.shape, 1.0 / self.num_groups) if self.balanced else probs
+
+    def sample_weights(self) -> np.ndarray | None:
+        """``(blocks, k)``: the weight ``omega = (1/k) / p_b(r)`` of a sample of group ``r`` in block ``b`` when
+        balanced; None (every weight 1) otherwise."""
+        return (1.0 / self.num_groups) / self.block_probs() if self.balanced else None
+
+    def w_row_bounds(self) -> np.ndarray:
+        """``(blocks, k)``: the largest L2 norm of one record's s-dependent W-gradient, which lies in row ``(b, r)``
+        of ``W`` for a record of group ``r`` in block ``b``: ``2 / sqrt(p_b(r))``, or ``2 sqrt(k) omega = 2 / (sqrt(k)
+        p_b(r))`` when balanced. Its maximum is :meth:`w_gradient_bound`."""
+        probs = self.block_probs()
+        if self.balanced:
+            return 2.0 * math.sqrt(self.num_groups) * ((1.0 / self.num_groups) / probs)
+        return 2.0 / np.sqrt(probs)
+
+    def w_gradient_bound(self) -> float:
+        """Largest L2 norm of one record's s-dependent W-gradient ``2 omega_i e_{s_i} F_i^T / sqrt(p(s_i))``
+        (``||F_i||_2 <= 1``): ``2 / sqrt(rho)``, or ``2 sqrt(k) / (k rho) = 2 / (sqrt(k) rho)`` when balanced."""
+        if not self.balanced:
+            return 2.0 / math.sqrt(self.rho)
+        return 2.0 * math.sqrt(self.num_groups) * (1.0 / self.num_groups) / self.rho
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, GroupPrior):
             return NotImplemented
         return (
             self.notion == other.notion
+            and self.balanced == other.balanced
             and self.num_labels == other.num_labels
             and self.probs.shape == other.probs.shape
             and bool(np.array_equal(self.probs, other.probs))
         )
 
     def __hash__(self) -> int:
-        return hash((self.notion, self.num_labels, self.probs.shape, self.probs.tobytes()))
+        return hash((self.notion, self.balanced, self.num_labels, self.probs.shape, self.probs.tobytes()))
 
 
 def _floor_row(p: np.ndarray, floor: float) -> np.ndarray:
@@ -341,8 +398,17 @@ def _check_w(W: object, prior: GroupPrior, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _probs_tensor(prior: GroupPrior, dtype: torch.dtype) -> torch.Tensor:
-    """The prior's ``(blocks, k)`` table as a tensor (copied: the stored array is read-only)."""
-    return torch.from_numpy(prior.block_probs().copy()).to(dtype)
+    """The ``(blocks, k)`` table ``psi`` uses (:meth:`GroupPrior.objective_probs`) as a tensor (copied: the stored
+    array is read-only)."""
+    return torch.from_numpy(prior.objective_probs().copy()).to(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _weight_table(prior: GroupPrior, dtype: torch.dtype) -> torch.Tensor:
+    """The balanced objective's sample weights ``(blocks, k)`` in ``dtype`` (read-only by convention)."""
+    weights = prior.sample_weights()
+    assert weights is not None
+    return torch.from_numpy(weights).to(dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -353,18 +419,23 @@ def _inv_sqrt_table(prior: GroupPrior, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _layout(
-    prior: GroupPrior, labels: torch.Tensor | None, n: int, dtype: torch.dtype
+    prior: GroupPrior, labels: torch.Tensor | None, n: int, dtype: torch.dtype, groups: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per sample: its W block index ``b_i (n,)``, whether it contributes ``active_i (n,)`` (0/1 in ``dtype``), and
-    the table ``p_b(r)^(-1/2)`` ``(blocks, k)`` in ``dtype``."""
+    """Per sample: its W block index ``b_i (n,)``, whether it contributes ``active_i (n,)`` (0/1 in ``dtype``; times
+    the sample weight ``omega_i`` for a balanced prior), and the table ``p_b(r)^(-1/2)`` ``(blocks, k)`` of the
+    objective's prior in ``dtype``."""
     inv_sqrt = _inv_sqrt_table(prior, dtype)
     if prior.notion == "dp":
-        return torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=dtype), inv_sqrt
-    assert labels is not None and prior.num_labels is not None
-    if prior.notion == "eo":
-        return labels, torch.ones(n, dtype=dtype), inv_sqrt
-    active = (labels == prior.num_labels - 1).to(dtype)
-    return torch.zeros(n, dtype=torch.long), active, inv_sqrt
+        block, active = torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=dtype)
+    else:
+        assert labels is not None and prior.num_labels is not None
+        if prior.notion == "eo":
+            block, active = labels, torch.ones(n, dtype=dtype)
+        else:
+            block, active = torch.zeros(n, dtype=torch.long), (labels == prior.num_labels - 1).to(dtype)
+    if prior.balanced:
+        active = active * _weight_table(prior, dtype)[block, groups]
+    return block, active, inv_sqrt
 
 
 def _blocks_view(W: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
@@ -407,7 +478,7 @@ def psi(
     groups = _check_index("groups", groups, prior.num_groups, n)
     labels = _check_labels(labels, prior, n)
     W = _check_w(W, prior, F.dtype)
-    block, active, inv_sqrt = _layout(prior, labels, n, F.dtype)
+    block, active, inv_sqrt = _layout(prior, labels, n, F.dtype, groups)
     a = _cotangents(groups, W, prior, block, active, inv_sqrt)
     return (a * F).sum(dim=1) - active
 
@@ -434,7 +505,7 @@ def _soft_joint(
     n = F.shape[0]
     groups = _check_index("groups", groups, prior.num_groups, n)
     labels = _check_labels(labels, prior, n)
-    block, active, _ = _layout(prior, labels, n, F.dtype)
+    block, active, _ = _layout(prior, labels, n, F.dtype, groups)
     weights = torch.nn.functional.one_hot(block, prior.blocks()).to(F.dtype) * active.unsqueeze(1)  # (n, blocks)
     member = torch.nn.functional.one_hot(groups, prior.num_groups).to(F.dtype)  # (n, k)
     joint = torch.einsum("nb,nk,nl->bkl", weights, member, F)
@@ -487,7 +558,7 @@ def block_weights(
     groups = _check_index("groups", groups, prior.num_groups, None)
     n = groups.shape[0]
     labels = _check_labels(labels, prior, n)
-    block, active, _ = _layout(prior, labels, n, dtype)
+    block, active, _ = _layout(prior, labels, n, dtype, groups)
     sizes = (torch.nn.functional.one_hot(block, prior.blocks()).to(dtype) * active.unsqueeze(1)).sum(dim=0)
     return sizes / n if n else sizes
 
@@ -510,7 +581,7 @@ def psi_w_gradients(
     groups = _check_index("groups", groups, prior.num_groups, n)
     labels = _check_labels(labels, prior, n)
     W = _check_w(W, prior, F.dtype)
-    block, active, inv_sqrt = _layout(prior, labels, n, F.dtype)
+    block, active, inv_sqrt = _layout(prior, labels, n, F.dtype, groups)
     Wb = _blocks_view(W, prior)
     member = torch.nn.functional.one_hot(groups, prior.num_groups).to(F.dtype)  # (n, k)
     scale = (member * inv_sqrt[block]).unsqueeze(2)  # (n, k, 1): [s_i = r] p_b(r)^(-1/2)
@@ -536,7 +607,7 @@ def psi_output_cotangents(
     if not isinstance(W, torch.Tensor):
         raise TypeError(f"W must be a torch tensor of shape {prior.w_shape()}, got {type(W).__name__}")
     W = _check_w(W, prior, W.dtype)
-    block, active, inv_sqrt = _layout(prior, labels, n, W.dtype)
+    block, active, inv_sqrt = _layout(prior, labels, n, W.dtype, groups)
     return _cotangents(groups, W, prior, block, active, inv_sqrt)
 
 
@@ -555,11 +626,11 @@ def psi_output_cotangents_checked(
     for checked inputs: ``groups`` (and ``labels`` for ``"eo"``/``"eopp"``) int64 in range, ``W`` of the prior's
     :func:`w_shape`, floating and finite. Dtype of ``W``."""
     inv_sqrt = _inv_sqrt_table(prior, W.dtype)
-    if prior.notion == "dp":  # one block, every sample active: _cotangents without the block index and the 1.0 factor
+    if prior.notion == "dp" and not prior.balanced:  # one block, every sample active: no block index, no 1.0 factor
         Wb = _blocks_view(W, prior)
         col_sq = (Wb * Wb).sum(dim=1)  # (1, l): sum_r W_ru^2
         return -col_sq[0] + 2.0 * Wb[0][groups] * inv_sqrt[0][groups].unsqueeze(1)
-    block, active, _ = _layout(prior, labels, groups.shape[0], W.dtype)
+    block, active, _ = _layout(prior, labels, groups.shape[0], W.dtype, groups)
     return _cotangents(groups, W, prior, block, active, inv_sqrt)
 
 
@@ -575,9 +646,9 @@ def psi_w_sensitive_sum_checked(
     n = F.shape[0]
     inv_sqrt = _inv_sqrt_table(prior, F.dtype)
     member = torch.nn.functional.one_hot(groups, prior.num_groups).to(F.dtype)  # (n, k)
-    if prior.notion == "dp":  # one block, every sample active: no placement (a factor 1.0)
+    if prior.notion == "dp" and not prior.balanced:  # one block, every sample active: no placement (a factor 1.0)
         return ((2.0 * (member * inv_sqrt[0])).unsqueeze(2) * F.unsqueeze(1)).sum(dim=0)
-    block, active, _ = _layout(prior, labels, n, F.dtype)
+    block, active, _ = _layout(prior, labels, n, F.dtype, groups)
     own = (2.0 * (member * inv_sqrt[block]).unsqueeze(2)) * F.unsqueeze(1)  # (n, k, l)
     place = torch.nn.functional.one_hot(block, prior.blocks()).to(F.dtype) * active.unsqueeze(1)  # (n, blocks)
     return (place[:, :, None, None] * own.unsqueeze(1)).reshape(n, *prior.w_shape()).sum(dim=0)

@@ -279,6 +279,21 @@ class ErmiOptions(OptionGroup):
     )
     w_radius: float = Field(default=2.0, gt=0.0, description="radius D of the ball W is projected onto")
     w_lr: float = Field(default=0.1, gt=0.0, le=1e4, description="ascent step size of W")
+    w_noise: Literal["isotropic", "per-group"] = Field(
+        default="isotropic",
+        description="isotropic: the same noise on every entry of the W release, scaled to the smallest group's bound "
+        "2/sqrt(rho); per-group: each group's row of W noised at its own bound 2/sqrt(p_S(r)) (the release scaled "
+        "row by row to sensitivity 1, noised, scaled back: the same mechanism for the accountant), so the noise of a "
+        "tiny group no longer lands on the large groups' rows",
+        json_schema_extra=SILO,
+    )
+    group_weight: Literal["prior", "balanced"] = Field(
+        default="prior",
+        description="prior: the papers' ERMI, each group weighted by its share p_S(r); balanced: the ERMI of the "
+        "group-balanced distribution (every group weighs 1/k; records weighted by 1/(k p_S(s)), W-noise radius "
+        "2/(sqrt(k) rho) instead of 2/sqrt(rho)), for attributes whose gaps sit in small groups",
+        json_schema_extra=SILO,
+    )
 
 
 class DualOptions(OptionGroup):

@@ -106,7 +106,21 @@ def build_result(
             else {name: arr.numpy().tolist() for name, arr in history.arrays.items()}
         ),
         "server_state": history.server_state,
+        **_fairness_groups(history, federation),
     }
+
+
+def _fairness_groups(history: RunHistory, federation: Federation) -> dict[str, Any]:
+    """`fairness_groups`: each sensitive group's test support and rates at the last evaluation, and the violations
+    over all groups and over the groups with at least `MIN_SUPPORT` test records (`group_report`); absent when the
+    last evaluation kept no counts (a central evaluation, or a run stopped before one)."""
+    from protocols.fairness_metrics import group_report
+
+    counts = history.last_evaluation_counts
+    if counts is None:
+        return {}
+    report = group_report(counts, group_names=list(federation.info.group_names) or None)
+    return {"fairness_groups": {"label_names": list(federation.info.label_names), **report}}
 
 
 def _num(value: float) -> float | str:

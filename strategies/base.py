@@ -112,6 +112,9 @@ class RoundRecord:
     lr: float | None = None
     epsilon_spent: float | None = None
     evaluation: dict[str, float] | None = None
+    #: The summed (group, label, prediction) test counts of this round's evaluation (not in `to_json`: result.json
+    #: reports the last one as `fairness_groups`; not kept in checkpoints).
+    counts: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.server_round, "seconds": self.seconds}
@@ -138,6 +141,14 @@ class RunHistory:
         for record in reversed(self.rounds):
             if record.evaluation is not None:
                 return record.evaluation
+        return None
+
+    @property
+    def last_evaluation_counts(self) -> np.ndarray | None:
+        """The summed test counts ``(groups, labels, labels)`` of the last evaluation (None if it did not keep them)."""
+        for record in reversed(self.rounds):
+            if record.evaluation is not None:
+                return record.counts
         return None
 
 
@@ -276,6 +287,8 @@ class SiloflStrategy(Strategy):
         self.silo_reports: dict[int, msg.TrainReport] = {}
         self._current: dict[str, np.ndarray] | None = None
         self.history: RunHistory | None = None
+        #: The summed test counts of the last federated evaluation (set by `aggregate_evaluate`).
+        self._eval_counts: np.ndarray | None = None
 
     # -- subclass API -----------------------------------------------------------------------------------------------
     def train_instruction(self, server_round: int) -> ConfigRecord:
@@ -387,6 +400,7 @@ class SiloflStrategy(Strategy):
             total += c
             loss_sum += report.loss_sum
             n += report.num_examples
+        self._eval_counts = total
         return evaluation_metrics(total, loss_sum, n)
 
     def summary(self) -> None:
@@ -474,8 +488,10 @@ class SiloflStrategy(Strategy):
                 ev_replies = grid.send_and_receive(
                     self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout
                 )
+                self._eval_counts = None
                 ev = self.aggregate_evaluate(server_round, ev_replies)
                 record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
+                record.counts = self._eval_counts
             record.seconds = time.perf_counter() - t0
             history.arrays = arrays
             history.rounds.append(record)

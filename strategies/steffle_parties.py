@@ -203,4 +203,5 @@ class PartiesNoisyAggregation(NoisyAggregation):
                 f"round {server_round}: the sensitive parties counted {int(total.sum())} of the {n} test predictions; "
                 "every test record's sensitive value must be held by exactly one sensitive party"
             )
+        self._eval_counts = total
         return evaluation_metrics(total, loss_sum, n)

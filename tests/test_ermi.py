@@ -618,3 +618,108 @@ def test_logreg_clipped_sum_without_backward_pass_gives_autograds_bits(notion: s
         for clip in (1e-4, 0.05, 1e6):
             expected = linear_stack_clipped_sum(model, x, total, clip)
             assert torch.equal(clipped_psi_theta_sum(model, x, groups, W, prior, clip, labels), expected)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The group-balanced objective (issue 20)
+
+
+def _balanced(notion: str, groups: torch.Tensor, labels: torch.Tensor, k: int, l_: int) -> GroupPrior:
+    """A prior far from uniform (not the batch's frequencies), balanced."""
+    counts = _counts(groups, labels, k, l_) * np.linspace(1.0, 6.0, k)[:, None]
+    return GroupPrior.from_counts(notion, counts, balanced=True)
+
+
+def _omega(prior: GroupPrior, groups: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """omega_i = (1/k) / p_b(s_i) per sample, 0 for inactive eopp samples (loop reference)."""
+    k, l_ = prior.num_groups, prior.num_labels
+    out = []
+    for s, y in zip(groups.tolist(), labels.tolist(), strict=True):
+        if prior.notion == "dp":
+            out.append((1 / k) / prior.probs[s])
+        elif prior.notion == "eo":
+            out.append((1 / k) / prior.probs[y, s])
+        else:
+            out.append((1 / k) / prior.probs[l_ - 1, s] if y == l_ - 1 else 0.0)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("notion", FAIRNESS_NOTIONS)
+@pytest.mark.parametrize(("k", "l_"), SHAPES)
+def test_balanced_psi_is_the_weighted_psi_of_the_uniform_prior(notion: str, k: int, l_: int) -> None:
+    F, groups, labels = _batch(30, k, l_, seed=2)
+    prior = _balanced(notion, groups, labels, k, l_)
+    uniform_probs = np.full(prior.probs.shape, 1 / k)
+    uniform = GroupPrior(notion, uniform_probs, num_labels=l_)
+    W = _random_w(prior, seed=3)
+    omega = _omega(prior, groups, labels)
+    torch.testing.assert_close(psi(F, groups, W, prior, labels), omega * psi(F, groups, W, uniform, labels))
+    torch.testing.assert_close(
+        psi_w_gradients(F, groups, W, prior, labels),
+        omega.reshape(-1, *([1] * W.ndim)) * psi_w_gradients(F, groups, W, uniform, labels),
+    )
+    torch.testing.assert_close(
+        psi_output_cotangents(groups, W, prior, labels),
+        omega[:, None] * psi_output_cotangents(groups, W, uniform, labels),
+    )
+    assert torch.equal(
+        psi_output_cotangents_checked(groups, W, prior, labels), psi_output_cotangents(groups, W, prior, labels)
+    )
+    expected = psi_w_gradients(F, groups, torch.zeros_like(W), prior, labels).sum(dim=0)
+    torch.testing.assert_close(psi_w_sensitive_sum_checked(F, groups, prior, labels), expected)
+
+
+@pytest.mark.parametrize("notion", FAIRNESS_NOTIONS)
+@pytest.mark.parametrize(("k", "l_"), SHAPES)
+def test_balanced_optimal_w_is_the_maximiser_and_gives_its_ermi(notion: str, k: int, l_: int) -> None:
+    F, groups, labels = _batch(40, k, l_, seed=7)
+    prior = _balanced(notion, groups, labels, k, l_)
+    w_star = optimal_w(F, groups, prior, labels).requires_grad_(True)
+    best = ermi_objective(F, groups, w_star, prior, labels)
+    (gradient,) = torch.autograd.grad(best, w_star)
+    assert float(gradient.abs().max()) < 1e-12
+    value = (block_weights(groups, prior, labels, dtype=torch.float64) * ermi_value(F, groups, prior, labels)).sum()
+    torch.testing.assert_close(best.detach(), value)
+
+
+def test_balanced_ermi_weighs_every_group_alike() -> None:
+    """Hard predictions, prior = the data's frequencies: the balanced maximum is sum_{u,r} (1/k) p(u|r)^2 / q(u) - 1
+    with q(u) = mean_r p(u|r), and a gap in a small group counts as much as one in a large group."""
+    k = 3
+    sizes, rates = [600, 30, 30], [0.2, 0.5, 0.2]  # the small group 1 predicts positive more often
+    groups = torch.tensor([r for r in range(k) for _ in range(sizes[r])])
+    positive = torch.cat([torch.arange(sizes[r]) < round(rates[r] * sizes[r]) for r in range(k)])
+    F = torch.stack([1.0 - positive.double(), positive.double()], dim=1)
+    counts = np.array([[s / 2, s / 2] for s in sizes], dtype=np.float64)  # dp uses the row sums only
+    prior = GroupPrior.from_counts("dp", counts)
+    balanced = GroupPrior.from_counts("dp", counts, balanced=True)
+    q1 = float(np.mean(rates))
+    expected = sum((1 / k) * (r**2 / q1 + (1 - r) ** 2 / (1 - q1)) for r in rates) - 1
+    assert float(ermi_value(F, groups, balanced)[0]) == pytest.approx(expected, rel=1e-9)
+    p1 = float(np.dot(sizes, rates) / sum(sizes))
+    papers = (
+        sum((s / sum(sizes)) * (r**2 / p1 + (1 - r) ** 2 / (1 - p1)) for s, r in zip(sizes, rates, strict=True)) - 1
+    )
+    assert float(ermi_value(F, groups, prior)[0]) == pytest.approx(papers, rel=1e-6)
+    assert expected > 4 * papers  # the small group's gap hardly registers in the papers' ERMI
+
+
+def test_balanced_prior_bound_equality_and_validation() -> None:
+    probs = np.array([0.05, 0.15, 0.8])
+    prior = GroupPrior("dp", probs, num_labels=2)
+    balanced = GroupPrior("dp", probs, num_labels=2, balanced=True)
+    assert prior != balanced and hash(prior) != hash(balanced)
+    assert balanced == GroupPrior("dp", probs, num_labels=2, balanced=True)
+    assert prior.w_gradient_bound() == 2.0 / math.sqrt(0.05)
+    assert balanced.w_gradient_bound() == pytest.approx(2.0 / (math.sqrt(3) * 0.05))
+    assert prior.sample_weights() is None
+    np.testing.assert_allclose(balanced.sample_weights(), (1 / 3) / probs[None, :])
+    np.testing.assert_allclose(balanced.objective_probs(), np.full((1, 3), 1 / 3))
+    # a record's s-dependent W-gradient 2 omega_i sqrt(k) e_s F_i^T lies within the bound (reached at rho, F a vertex)
+    F = torch.tensor([[0.0, 1.0], [0.3, 0.7]], dtype=torch.float64)
+    groups = torch.tensor([0, 0])
+    rows = psi_w_gradients(F, groups, torch.zeros(3, 2, dtype=torch.float64), balanced)
+    norms = torch.linalg.vector_norm(rows.reshape(2, -1), dim=1)
+    assert float(norms[0]) == pytest.approx(balanced.w_gradient_bound()) and float(norms[1]) < norms[0]
+    with pytest.raises(ValueError, match="balanced must be a bool"):
+        GroupPrior("dp", probs, num_labels=2, balanced="yes")  # type: ignore[arg-type]

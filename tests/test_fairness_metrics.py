@@ -199,3 +199,83 @@ def test_bad_records_are_rejected() -> None:
         confusion_counts(ok, np.array([[0, 1]]), ok, 2, 2)
     with pytest.raises(ValueError, match="num_labels must be an integer >= 1"):
         confusion_counts(ok, ok, ok, 2, 0)
+
+
+def test_group_report_supports_rates_and_min_support_violations() -> None:
+    from protocols.fairness_metrics import group_report
+
+    counts = np.zeros((3, 2, 2), dtype=np.int64)
+    counts[0] = [[60, 20], [10, 30]]  # 120 records, predicted positive 50/120, TPR 30/40, FPR 20/80
+    counts[1] = [[70, 10], [5, 15]]  # 100 records, predicted positive 25/100
+    counts[2] = [[1, 0], [0, 9]]  # 10 records, predicted positive 9/10: decides every violation over all groups
+    report = group_report(counts, min_support=100, group_names=["a", "b", "c"])
+    assert report["min_support"] == 100 and report["groups_kept"] == ["a", "b"]
+    every = fairness_from_counts(counts)
+    assert (report["dp_violation"], report["eo_violation"], report["eopp_violation"]) == (
+        every.dp_violation,
+        every.eo_violation,
+        every.eopp_violation,
+    )
+    assert report["dp_violation"] == pytest.approx(0.9 - 0.25)
+    assert report["dp_violation_min_support"] == pytest.approx(50 / 120 - 0.25)
+    kept = fairness_from_counts(counts[:2])
+    assert report["eo_violation_min_support"] == kept.eo_violation
+    assert report["eopp_violation_min_support"] == kept.eopp_violation
+    a, b, c = report["groups"]
+    assert (a["name"], a["support"], a["label_support"]) == ("a", 120, [80, 40])
+    assert a["prediction_rate"] == pytest.approx([70 / 120, 50 / 120])
+    assert a["prediction_rate_se"][1] == pytest.approx(np.sqrt((50 / 120) * (70 / 120) / 120))
+    assert a["hit_rate"] == pytest.approx([60 / 80, 30 / 40])  # per label u: P[yhat=u | y=u]; [1] is the TPR
+    assert a["false_rate"] == pytest.approx([10 / 40, 20 / 80])  # per label u: P[yhat=u | y!=u]; [1] is the FPR
+    assert a["counts"] == [[60, 20], [10, 30]]
+    assert (b["support"], c["support"]) == (100, 10)
+
+
+def test_group_report_empty_groups_and_thresholds() -> None:
+    from protocols.fairness_metrics import MIN_SUPPORT, group_report
+
+    counts = np.zeros((3, 2, 2), dtype=np.int64)
+    counts[0] = [[5, 5], [0, 10]]
+    counts[1] = [[10, 0], [2, 8]]  # group 2 has no records: undefined rates are None, it is never kept
+    report = group_report(counts, min_support=0)
+    assert report["groups_kept"] == ["0", "1"]  # support >= 0 keeps only groups with records (an empty one has none)
+    assert report["groups"][2]["prediction_rate"] == [None, None] and report["groups"][2]["hit_rate"] == [None, None]
+    assert report["dp_violation_min_support"] == report["dp_violation"]
+    none_kept = group_report(counts)  # default MIN_SUPPORT: no group has 100 records
+    assert MIN_SUPPORT == 100 and none_kept["groups_kept"] == []
+    assert none_kept["dp_violation_min_support"] == 0.0 and none_kept["dp_violation"] > 0
+    with pytest.raises(ValueError, match="min_support"):
+        group_report(counts, min_support=-1)
+    with pytest.raises(ValueError, match="group_names"):
+        group_report(counts, group_names=["x"])
+
+
+@pytest.mark.parametrize(("group_weight", "w_noise"), [("prior", "isotropic"), ("balanced", "per-group")])
+def test_result_json_reports_each_groups_support_and_the_min_support_violations(
+    group_weight: str, w_noise: str
+) -> None:
+    """A SteFFLe run's result.json: `fairness_groups` from the summed test counts of the last evaluation (the same
+    violations as `final`, supports adding up to the test records); `final` keeps its keys."""
+    from protocols.config import RunConfig
+    from server.engines import run_job
+
+    config = RunConfig.parse(
+        {
+            "algorithm": "steffle",
+            "dataset": "synthetic",
+            "rounds": 3,
+            "epsilon": 4.0,
+            "group-weight": group_weight,
+            "w-noise": w_noise,
+        }
+    )
+    result = run_job(config, engine="inprocess", progress=False)
+    assert set(result["final"]) == {"accuracy", "error", "loss", "dp_violation", "eo_violation", "eopp_violation"}
+    groups = result["fairness_groups"]
+    for key in ("dp_violation", "eo_violation", "eopp_violation"):
+        assert groups[key] == result["final"][key]
+        assert 0.0 <= groups[f"{key}_min_support"] <= 1.0
+    assert [g["name"] for g in groups["groups"]] == result["federation"]["group_names"]
+    assert sum(g["support"] for g in groups["groups"]) == sum(s["n_test"] for s in result["federation"]["silos"])
+    assert groups["min_support"] == 100 and groups["label_names"] == result["federation"]["label_names"]
+    assert 0.0 < result["privacy"]["epsilon_spent"] <= 4.0 + 1e-9

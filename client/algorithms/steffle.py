@@ -44,8 +44,23 @@ from protocols.privacy.gaussian import GaussianMechanism
 
 def w_radius_of(prior: GroupPrior) -> float:
     """R_W = 2 / sqrt(rho): the radius of the ball that record i's s-dependent W-gradient lies in (rho: the smallest
-    prior probability the objective uses; ||F_i||_2 <= 1)."""
+    prior probability the objective uses; ||F_i||_2 <= 1). For the group-balanced objective (`protocols.ermi`) a
+    record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior 1/k: R_W = 2 / (sqrt(k) rho)
+    (`GroupPrior.w_gradient_bound`)."""
+    if prior.balanced:
+        return prior.w_gradient_bound()
     return 2.0 / math.sqrt(prior.rho)
+
+
+def balanced_w_base(w: torch.Tensor, w_sensitive: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
+    """The -2 W (.) mean_i omega_i F_i term of the balanced objective's W-gradient, from the NOISED s-dependent part.
+
+    With the balanced prior the term depends on s_i through omega_i, so the non-sensitive division cannot compute it.
+    It is a post-processing of the released sum instead: entry (b, r, u) of the s-dependent part is
+    2 sqrt(k) sum_{i in b, s_i = r} omega_i F_iu / (q n_j), so its sum over r, divided by sqrt(k), is
+    2 sum_{i in b} omega_i F_iu / (q n_j), and the term is -W times that (every W block and group alike)."""
+    sqrt_k = math.sqrt(prior.num_groups)
+    return -w * (w_sensitive.sum(dim=-2, keepdim=True) / sqrt_k)
 
 
 def w_gradient_base(probs: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
@@ -97,8 +112,15 @@ def fairness_gradients(
     noise_multiplier: float,
     rng: np.random.Generator,
     generator: torch.Generator,
+    w_noise: str = "isotropic",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sensitive division's noised (h_theta, s-dependent h_W), each a sum over its own Poisson sample / (q n_j).
+
+    ``w_noise = "per-group"`` noises each group's row of the W release at that row's own bound
+    (:func:`_per_group_w_release`) instead of every entry at the largest one.
+
+    For the group-balanced objective (``prior.balanced``) h_W is the whole W-gradient: the s-dependent part plus
+    :func:`balanced_w_base` computed from it after the noise (post-processing); the caller adds nothing to it.
 
     Record i's theta-contribution is clipped into the ball of radius C around 0, and its s-dependent W-contribution
     lies in the ball of radius R_W around 0; 0 is also what a record that is not sampled contributes. That is the
@@ -122,11 +144,34 @@ def fairness_gradients(
         theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)  # zeros
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
-        w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
-            w_sum, generator
-        )
+        if w_noise == "per-group":
+            w_sum = _per_group_w_release(w_sum, prior, noise_multiplier, generator)
+        else:
+            w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
+                w_sum, generator
+            )
     expected = rate * len(sensitive.groups)
+    if prior.balanced:  # the whole W-gradient: its s-independent-looking term depends on s through omega_i
+        return theta_sum / expected, w_sum / expected + balanced_w_base(w, w_sum / expected, prior)
     return theta_sum / expected, w_sum / expected
+
+
+def _per_group_w_release(
+    w_sum: torch.Tensor, prior: GroupPrior, noise_multiplier: float, generator: torch.Generator
+) -> torch.Tensor:
+    """The s-dependent W-sum noised row by row: row (b, r) of W gets noise std sigma * B_br, with B_br the largest
+    norm of one record's contribution to that row (`GroupPrior.w_row_bounds`: 2 / sqrt(p_b(r))).
+
+    A record of group r in block b contributes to row (b, r) only, with norm <= B_br. Dividing each row by its B_br
+    maps every record's contribution into the unit ball around 0 (0: a record that is not sampled), whatever its s:
+    the replace-one Poisson-subsampled Gaussian of radius 1 the accountant assumes, at the same noise multiplier as
+    the isotropic release of radius max B = R_W. Multiplying back is post-processing. The large groups' rows, whose
+    bound is small, are no longer noised at the smallest group's bound."""
+    bounds = torch.from_numpy(prior.w_row_bounds()).to(w_sum.dtype).reshape(*w_sum.shape[:-1], 1)
+    return (
+        GaussianMechanism(sensitivity=1.0, noise_multiplier=noise_multiplier).release(w_sum / bounds, generator)
+        * bounds
+    )
 
 
 def _clipped_theta_sum_and_outputs(

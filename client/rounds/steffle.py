@@ -79,7 +79,7 @@ def train_round(
     )
     fair = msg.check_arrays(message.content, msg.FAIRNESS, [("w", w_shape), ("prior", prior_shape)], what=what)
     try:
-        prior = group_prior(instr.fairness, fair["prior"], info.num_labels)
+        prior = group_prior(instr.fairness, fair["prior"], info.num_labels, balanced=instr.group_weight == "balanced")
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
     w = torch.from_numpy(fair["w"])
@@ -111,9 +111,12 @@ def train_round(
             noise_multiplier=plan.noise_multiplier,
             rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
             generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+            w_noise=instr.w_noise,
         )
         fair_arrays = _named(h_theta, spec)
-        fair_arrays["w"] = (w_base + h_w).detach().numpy().astype(np.float32)
+        # Balanced objective: h_w is the whole W-gradient (its -2 W F term depends on s; `algo.balanced_w_base`).
+        w_gradient = h_w if prior.balanced else w_base + h_w
+        fair_arrays["w"] = w_gradient.detach().numpy().astype(np.float32)
         arrays[msg.FAIR_UPDATE] = fair_arrays
     report = msg.TrainReport(
         silo_id=silo.silo_id,
@@ -126,18 +129,23 @@ def train_round(
     return arrays, report
 
 
-def group_prior(notion: str, probs: np.ndarray, num_labels: int) -> GroupPrior:
-    """The validated group prior of a train message (raises ValueError for an invalid one).
+def group_prior(notion: str, probs: np.ndarray, num_labels: int, *, balanced: bool = False) -> GroupPrior:
+    """The validated group prior of a train message (raises ValueError for an invalid one); ``balanced``: the
+    group-balanced objective (the run's `group-weight`, `protocols.ermi`).
 
     The server sends the same prior every round: a prior is validated once per distinct (notion, bytes, shape,
-    number of labels) and the (immutable) GroupPrior reused."""
+    number of labels, balanced) and the (immutable) GroupPrior reused."""
     probs = np.ascontiguousarray(probs, dtype=np.float64)
-    return _group_prior(notion, probs.tobytes(), probs.shape, num_labels)
+    return _group_prior(notion, probs.tobytes(), probs.shape, num_labels, balanced)
 
 
 @functools.lru_cache(maxsize=64)
-def _group_prior(notion: str, data: bytes, shape: tuple[int, ...], num_labels: int) -> GroupPrior:
-    return GroupPrior(notion, np.frombuffer(data, dtype=np.float64).reshape(shape), num_labels=num_labels)
+def _group_prior(
+    notion: str, data: bytes, shape: tuple[int, ...], num_labels: int, balanced: bool = False
+) -> GroupPrior:
+    return GroupPrior(
+        notion, np.frombuffer(data, dtype=np.float64).reshape(shape), num_labels=num_labels, balanced=balanced
+    )
 
 
 def _named(vector: torch.Tensor, spec: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:

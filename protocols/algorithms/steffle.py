@@ -51,9 +51,11 @@ SILOS_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its (group, label) "
     "counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson sample q = m/n_j drawn by "
     "the sensitive division: per-sample theta-gradients of psi clipped to C and the s-dependent W-gradients (radius "
-    "2/sqrt(rho)), both noised at one multiplier sigma (two releases, one composed mechanism, PLD); the loss gradient "
-    "g and the s-independent part of the W-gradient come from the non-sensitive division's own sample and are sent "
-    "in the clear (they do not depend on s)"
+    "2/sqrt(rho); 2/(sqrt(k) rho) with group-weight balanced; with w-noise per-group each group's row at its own "
+    "radius, 2/sqrt(p_S(r)), through a release scaled to radius 1), both noised at one multiplier sigma (two "
+    "releases, one composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come "
+    "from the non-sensitive division's own sample and are sent in the clear (they do not depend on s; with "
+    "group-weight balanced that part is computed from the noised W release instead)"
 )
 PARTIES_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation), topology {topology}. Each sensitive party: a Gaussian "
@@ -92,7 +94,11 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
         return out
     if not config.private or not history.server_state:
         return out
-    rho = float(min(np.asarray(history.server_state["prior"], dtype=np.float64).ravel()))
+    prior = np.asarray(history.server_state["prior"], dtype=np.float64)
+    rho = float(min(prior.ravel()))
+    # the W-gradient's radius: 2 / sqrt(rho), or 2 / (sqrt(k) rho) for the group-balanced objective (protocols.ermi)
+    balanced = config.group_weight == "balanced"
+    w_bound = 2.0 / (math.sqrt(prior.shape[-1]) * rho) if balanced else 2.0 / math.sqrt(rho)
     per_silo = {}
     for silo_id, report in sorted(history.silo_reports.items()):
         m = max(1, round(report.sampling_rate * report.num_examples))
@@ -100,7 +106,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
         paper = steffle_closed_form(config.epsilon, delta, report.num_examples, m, rounds, rho, 1.0, config.w_radius)
         per_silo[str(silo_id)] = {
             "silofl_sigma_theta": report.noise_multiplier * config.clip / expected,
-            "silofl_sigma_w": report.noise_multiplier * (2.0 / math.sqrt(rho)) / expected,
+            "silofl_sigma_w": report.noise_multiplier * w_bound / expected,
             "papers_sigma_theta": paper["sigma_theta"],
             "papers_sigma_w": paper["sigma_w"],
             "papers_conditions_hold": paper["valid"],
@@ -124,6 +130,11 @@ def check(config: Any) -> None:
         raise ValueError(
             f"'sensitive-by' deals the ids to the sensitive parties of topology 'general'; topology "
             f"{config.topology!r} fixes who holds which id (drop the key)"
+        )
+    if config.topology != "silos" and (config.group_weight != "prior" or config.w_noise != "isotropic"):
+        raise ValueError(
+            "'group-weight balanced' and 'w-noise per-group' are implemented for topology 'silos' only (the sensitive "
+            "parties compute the papers' ERMI with isotropic noise); drop the keys or use topology silos"
         )
     if config.topology == "silos" and config.keep_rate != 1.0:
         raise ValueError(

@@ -1,0 +1,400 @@
+"""SteFFLe on a many-valued sensitive attribute (issue 20): the docs/RESULTS.md section of the Adult race sweep.
+
+`race_section(sweeps, sweep_files, figures, doc_dir)` reads the runs of `benchmarks/sweeps/steffle_adult_race.toml`
+(Adult read as a CSV with `--sensitive race`: five groups, two of them near 1% of the records) and returns the
+section's markdown lines and the runs it read (a :class:`RunFiles`, the fields and `merge` of `results.RunFiles`).
+Everything the section says is computed from the run folders: per epsilon, lambda against the test error, the
+demographic-parity violation over all groups and over the groups with at least `min_support` test records (each run's
+`fairness_groups`, from the summed test counts), for the papers' ERMI (`group-weight prior`) and the group-balanced one
+(`group-weight balanced`); each group's test support; and a conclusion from those tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: The sweep file stem (= its run folder under runs/sweeps/).
+RACE_SWEEP = "steffle_adult_race"
+RACE_HEADING = "## SteFFLe on a many-valued attribute (Adult, race)"
+DATA_ENV = "SILOFL_DATA_DIR=../shared/data"
+#: The sweep's methods, in the tables' order: the papers' ERMI (each group weighted by its share, isotropic W noise),
+#: the group-balanced ERMI, and the balanced ERMI with each group's row of W noised at its own radius and a smaller
+#: W step. Their labels come from the runs' configurations (:func:`method_label`).
+METHODS = ("steffle", "steffle-balanced", "steffle-balanced-pg")
+#: The configuration keys that tell the methods apart, with the defaults of runs that predate them.
+METHOD_KEYS = {"group-weight": "prior", "w-noise": "isotropic", "w-lr": 0.1}
+#: The lambda the conclusion and the group table compare with lambda 0 (the issue's probe), if the sweep has it.
+REFERENCE_LAMBDA = 2.0
+#: Error budget over lambda 0's error for the "lowest violation at about the same error" comparison.
+ERROR_BUDGET = 0.01
+
+
+@dataclass
+class RunFiles:
+    """The runs a section used: their count and the time they took (as `results.RunFiles`, which merges it)."""
+
+    runs: int = 0
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    cpu_recorded: int = 0
+
+    def add(self, wall: float | None, cpu: float | None) -> None:
+        self.runs += 1
+        self.wall_seconds += float(wall or 0.0)
+        if cpu is not None:
+            self.cpu_seconds += float(cpu)
+            self.cpu_recorded += 1
+
+    def merge(self, other: Any) -> None:
+        self.runs += other.runs
+        self.wall_seconds += other.wall_seconds
+        self.cpu_seconds += other.cpu_seconds
+        self.cpu_recorded += other.cpu_recorded
+
+
+@dataclass
+class RaceRun:
+    """One completed run of the sweep: what the section needs of its result.json."""
+
+    folder: Path
+    method: str
+    epsilon: float
+    lam: float
+    seed: int
+    error: float
+    dp_all: float
+    dp_min: float
+    min_support: int
+    groups: list[dict[str, Any]] = field(default_factory=list)  # fairness_groups["groups"]
+    label: str = ""  # method_label of its configuration
+    rho: float | None = None  # the smallest probability of the run's (noised) group prior
+    wall: float | None = None
+    cpu: float | None = None
+
+
+def _order(method: str) -> tuple[int, str]:
+    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+
+
+def method_label(config: dict[str, Any]) -> str:
+    """`group-weight prior, w-noise isotropic, w-lr 0.1` from a run's configuration (defaults for missing keys)."""
+    return ", ".join(f"{key} {_fmt_any(config.get(key, default))}" for key, default in METHOD_KEYS.items())
+
+
+def _fmt_any(value: Any) -> str:
+    return _fmt(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, str):
+        return math.inf if value.strip().lower() in {"inf", "infinity"} else float(value)
+    return float(value)
+
+
+def _fmt(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:g}"
+
+
+def _rel(path: Path, start: Path | None = None) -> str:
+    try:
+        return os.path.relpath(path, start or Path.cwd())
+    except ValueError:  # another drive
+        return str(path)
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _ms(values: Sequence[float]) -> str:
+    mean, sd = mean_sd(values)
+    return f"{mean:.4f} ± {sd:.4f}"
+
+
+def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
+    """The completed runs under `folder` that report `fairness_groups`, and the number of folders skipped (not
+    completed, or written before result.json had `fairness_groups`)."""
+    runs, skipped = [], 0
+    for path in sorted(folder.glob("*/result.json")):
+        result = _read_json(path)
+        groups = result.get("fairness_groups")
+        if not (result.get("status") or {}).get("completed", False) or not groups:
+            skipped += 1
+            continue
+        config = result.get("config") or {}
+        meta = _read_json(path.parent / "run.json")
+        weight = config.get("group-weight", "prior")
+        method = meta.get("method") or ("steffle-balanced" if weight == "balanced" else "steffle")
+        timing = result.get("timing") or {}
+        runs.append(
+            RaceRun(
+                folder=path.parent,
+                method=str(method),
+                epsilon=_float(config.get("epsilon", math.inf)),
+                lam=_float(config.get("lambda", 0.0)),
+                seed=int(config.get("seed", 0)),
+                error=float(result["final"]["error"]),
+                dp_all=float(groups["dp_violation"]),
+                dp_min=float(groups["dp_violation_min_support"]),
+                min_support=int(groups["min_support"]),
+                groups=list(groups["groups"]),
+                label=method_label(config),
+                rho=min(prior) if (prior := (result.get("server_state") or {}).get("prior")) else None,
+                wall=timing.get("total_seconds"),
+                cpu=timing.get("cpu_seconds", meta.get("cpu_seconds")),
+            )
+        )
+    return runs, skipped
+
+
+def _cells(runs: Sequence[RaceRun]) -> dict[tuple[float, str, float], list[RaceRun]]:
+    """Runs by (epsilon, method, lambda). Lambda 0 has no fairness term, so its runs belong to every method."""
+    cells: dict[tuple[float, str, float], list[RaceRun]] = defaultdict(list)
+    methods = sorted({r.method for r in runs if r.lam != 0}, key=_order) or sorted({r.method for r in runs}, key=_order)
+    for r in runs:
+        targets = methods if r.lam == 0 else [r.method]
+        for method in targets:
+            cells[(r.epsilon, method, r.lam)].append(r)
+    return cells
+
+
+def _state_text(folder: Path, sweep_file: Path, found: int, skipped: int) -> str:
+    from server.sweep import SweepError, load_sweep, run_state
+
+    text = f"{found} completed runs in `{_rel(folder)}`" + (f", {skipped} skipped (incomplete)" if skipped else "")
+    try:
+        expected = load_sweep(sweep_file, out=folder).runs
+        done = sum(run_state(run) == "finished" for run in expected)
+        text += f"; the sweep file has {len(expected)} runs, {done} finished"
+    except (SweepError, OSError, ValueError) as exc:
+        text += f"; the sweep file does not load: {exc}"
+    return text
+
+
+def _labels(runs: Sequence[RaceRun]) -> dict[str, str]:
+    """Each method's label: its name and what sets it apart (from its runs with a fairness term)."""
+    labels: dict[str, str] = {}
+    for r in sorted(runs, key=lambda r: r.lam == 0):
+        labels.setdefault(r.method, f"{r.method} ({r.label})")
+    return labels
+
+
+Summary = Mapping[tuple[float, str], Mapping[float, tuple[float, float, float]]]
+
+
+def _support_table(runs: Sequence[RaceRun]) -> list[str]:
+    """Each group's test support (the test split depends on the seed only) and predicted-positive rate at lambda 0
+    and at REFERENCE_LAMBDA for every method, at the sweep's largest epsilon."""
+    by_seed = {r.seed: r for r in sorted(runs, key=lambda r: (r.seed, r.lam))}
+    first = next(iter(by_seed.values()))
+    names = [g["name"] for g in first.groups]
+    total = statistics.fmean(sum(g["support"] for g in r.groups) for r in by_seed.values())
+    epsilon = max(r.epsilon for r in runs)
+    cells = _cells(runs)
+    columns = [("lambda 0", [r for r in runs if r.epsilon == epsilon and r.lam == 0])]
+    for method in sorted({m for _, m, _ in cells}, key=_order):
+        chosen = cells.get((epsilon, method, REFERENCE_LAMBDA), [])
+        if chosen:
+            columns.append((f"{method}, lambda {_fmt(REFERENCE_LAMBDA)}", chosen))
+    lines = [
+        f"Each group's test support (records of the pooled test splits; seeds {', '.join(map(str, sorted(by_seed)))}), "
+        f"its share of the test records, and its rate of positive predictions P[yhat = 1 | group] at epsilon "
+        f"{_fmt(epsilon)} (mean ± sd over seeds; a rate estimated from n records has a sampling sd of "
+        f"sqrt(p (1 - p) / n), about 0.035 for p = 0.1 and n = 70). Groups under {first.min_support} test records are "
+        "left out of the min-support violation.",
+        "",
+        "| group | test support | share | " + " | ".join(f"P[yhat=1], {label}" for label, _ in columns) + " |",
+        "|---|---|---|" + "---|" * len(columns),
+    ]
+    for i, name in enumerate(names):
+        supports = [r.groups[i]["support"] for r in by_seed.values()]
+        low, high = min(supports), max(supports)
+        texts = []
+        for _, chosen in columns:
+            rates = [r.groups[i]["prediction_rate"][-1] for r in chosen]
+            rates = [p for p in rates if p is not None]
+            texts.append(_ms(rates) if rates else "-")
+        support = (f"{low}" if low == high else f"{low}-{high}") + (
+            "" if low >= first.min_support else " (under min support)"
+        )
+        share = 100 * statistics.fmean(supports) / total
+        lines.append(f"| {name} | {support} | {share:.1f}% | " + " | ".join(texts) + " |")
+    return lines
+
+
+def _best_within_budget(by_lam: Mapping[float, tuple[float, float, float]]) -> tuple[float, float, float, float]:
+    """(lambda, error, violation all groups, violation min support) of the lowest mean min-support violation among
+    the lambdas whose mean error is within ERROR_BUDGET of lambda 0's."""
+    base = by_lam[0.0]
+    budget = {lam: v for lam, v in by_lam.items() if v[0] <= base[0] + ERROR_BUDGET}
+    lam, (err, vio_all, vio_min) = min(budget.items(), key=lambda kv: (kv[1][2], kv[0]))
+    return lam, err, vio_all, vio_min
+
+
+def _conclusion(summary: Summary, decided_by_small: tuple[int, int]) -> list[str]:
+    """Per epsilon and method: the violations at lambda 0 and at REFERENCE_LAMBDA, and the lowest min-support
+    violation within ERROR_BUDGET of lambda 0's error; per epsilon, which method reaches the lowest; and how often a
+    group under the min support decides the all-groups violation."""
+    lines = []
+    for epsilon in sorted({e for e, _ in summary}):
+        best: dict[str, tuple[float, float, float, float]] = {}
+        for method in sorted((m for e, m in summary if e == epsilon), key=_order):
+            by_lam = summary[(epsilon, method)]
+            if 0.0 not in by_lam:
+                continue
+            base = by_lam[0.0]
+            text = f"- epsilon {_fmt(epsilon)}, {method}:"
+            ref = by_lam.get(REFERENCE_LAMBDA)
+            if ref is not None:
+                text += (
+                    f" lambda {_fmt(REFERENCE_LAMBDA)} takes the violation over all groups from {base[1]:.4f} to "
+                    f"{ref[1]:.4f} ({100 * (ref[1] / base[1] - 1):+.0f}%) and over the groups with min support from "
+                    f"{base[2]:.4f} to {ref[2]:.4f} ({100 * (ref[2] / base[2] - 1):+.0f}%), error {base[0]:.4f} -> "
+                    f"{ref[0]:.4f};"
+                )
+            best[method] = lam, err, _, vio_min = _best_within_budget(by_lam)
+            text += (
+                f" within +{ERROR_BUDGET:g} error of lambda 0 its lowest min-support violation is {vio_min:.4f} "
+                f"({100 * (vio_min / base[2] - 1):+.0f}%; lambda {_fmt(lam)}, error {err:.4f})."
+            )
+            lines.append(text)
+        if len(best) > 1:
+            winner = min(best, key=lambda m: (best[m][3], _order(m)))
+            lines.append(
+                f"- epsilon {_fmt(epsilon)}: within that error budget the lowest min-support violation is "
+                f"{winner}'s ({best[winner][3]:.4f}, lambda {_fmt(best[winner][0])})"
+                + "".join(
+                    f"; {m}: {v[3]:.4f} (lambda {_fmt(v[0])})"
+                    for m, v in sorted(best.items(), key=lambda kv: _order(kv[0]))
+                    if m != winner
+                )
+                + "."
+            )
+    small, total = decided_by_small
+    if total:
+        lines.append(
+            f"- In {small} of {total} runs the violation over all groups is larger than over the groups with min "
+            "support: there a group under the min support decides the all-groups figure."
+        )
+    return ["Computed from the tables:", "", *lines] if lines else []
+
+
+def race_figure(summary: Summary, labels: Mapping[str, str]) -> Any:
+    """Min-support violation against test error (means over seeds), one panel per epsilon, one curve per method
+    traced by lambda."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epsilons = sorted({e for e, _ in summary})
+    fig, axes = plt.subplots(
+        1, len(epsilons), figsize=(4.8 * len(epsilons), 3.8), constrained_layout=True, squeeze=False
+    )
+    for ax, epsilon in zip(axes[0], epsilons, strict=True):
+        for method in sorted((m for e, m in summary if e == epsilon), key=_order):
+            points = sorted(summary[(epsilon, method)].items())
+            ax.plot([v[0] for _, v in points], [v[2] for _, v in points], marker="o", label=labels.get(method, method))
+            for lam, v in points:
+                ax.annotate(_fmt(lam), (v[0], v[2]), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        ax.set_title(f"epsilon {_fmt(epsilon)}", fontsize=9)
+        ax.set_xlabel("test error")
+        ax.set_ylabel("DP violation, groups with min support")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle("SteFFLe on Adult, sensitive race: violation against error, traced by lambda", fontsize=10)
+    return fig
+
+
+def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
+    """Markdown of the many-valued-attribute section: commands, run state, per epsilon a table of lambda against the
+    error and the violations over all groups and over the groups with min support (mean ± sd over seeds) for every
+    method, the groups' test supports and rates, a conclusion computed from the tables, and a figure in `figures`."""
+    folder, sweep_file = sweeps / RACE_SWEEP, sweep_files / f"{RACE_SWEEP}.toml"
+    command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)} --workers 1"
+    lines = [
+        RACE_HEADING,
+        "",
+        "Issue 20: on Adult read as a CSV with `--sensitive race` (five groups, two of them near 1% of the records), "
+        "lambda moves the demographic-parity violation far less than on sex. Two causes in the algorithm: the papers' "
+        "ERMI is a chi-square average over the groups, each weighted by its share p_S(r), so a gap between small "
+        "groups hardly enters it (`--group-weight balanced`: the ERMI of the group-balanced distribution, every group "
+        "weighing 1/k); and every entry of the W release is noised at the smallest group's radius 2/sqrt(rho) "
+        "(`--w-noise per-group`: each group's row at its own radius). The violation is "
+        "reported over all groups (`final.dp_violation`) and over the groups with enough test records "
+        "(`fairness_groups` in result.json): a group of 70 test records moves its rate by a few hundredths through "
+        "sampling alone.",
+        "",
+    ]
+    if not folder.is_dir():
+        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
+    runs, skipped = load_race_runs(folder)
+    files = RunFiles()
+    for r in runs:
+        files.add(r.wall, r.cpu)
+    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py", "```", ""]
+    lines += [f"Runs: {_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
+    if not runs:
+        return lines, files
+    labels = _labels(runs)
+    private = sorted(2 / math.sqrt(r.rho) for r in runs if r.rho and math.isfinite(r.epsilon))
+    if private:
+        lines += [
+            f"The W-noise radius 2/sqrt(rho) of the papers' release, from each private run's noised prior: "
+            f"{private[0]:.1f} to {private[-1]:.1f} (a binary attribute with shares 1/3 and 2/3 has 3.5).",
+            "",
+        ]
+    lines += ["Methods: " + "; ".join(labels[m] for m in sorted(labels, key=_order)) + ".", ""]
+    cells = _cells(runs)
+    summary: dict[tuple[float, str], dict[float, tuple[float, float, float]]] = defaultdict(dict)
+    for epsilon in sorted({r.epsilon for r in runs}):
+        lines += [
+            f"Epsilon {_fmt(epsilon)}: test error and demographic-parity violation over all groups and over the groups "
+            f"with at least {runs[0].min_support} test records (mean ± sd over seeds; lambda 0, without the fairness "
+            "term, is one set of runs shared by every method):",
+            "",
+            "| method | lambda | seeds | test error | violation, all groups | violation, min support |",
+            "|---|---|---|---|---|---|",
+        ]
+        for (eps, method, lam), chosen in sorted(cells.items(), key=lambda kv: (_order(kv[0][1]), kv[0][2])):
+            if eps != epsilon:
+                continue
+            errors, alls, mins = ([getattr(r, k) for r in chosen] for k in ("error", "dp_all", "dp_min"))
+            lines.append(f"| {method} | {_fmt(lam)} | {len(chosen)} | {_ms(errors)} | {_ms(alls)} | {_ms(mins)} |")
+            summary[(epsilon, method)][lam] = (mean_sd(errors)[0], mean_sd(alls)[0], mean_sd(mins)[0])
+        lines.append("")
+    lines += [*_support_table(runs), ""]
+    decided = (sum(r.dp_all > r.dp_min + 1e-12 for r in runs), len(runs))
+    lines += [*_conclusion(summary, decided), ""]
+    try:
+        fig = race_figure(summary, labels)
+    except ImportError:  # matplotlib is optional for the tables
+        return lines, files
+    figures.mkdir(parents=True, exist_ok=True)
+    path = figures / "steffle-adult-race.png"
+    fig.savefig(path, dpi=150)
+    fig.clear()
+    lines += [f"![SteFFLe on Adult, sensitive race]({_rel(path, doc_dir)})", ""]
+    return lines, files

@@ -1,0 +1,104 @@
+"""benchmarks/results_race.py: the many-valued-attribute section, from synthetic run folders with known numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location(
+        "silofl_results_race", PROJECT_ROOT / "benchmarks" / "results_race.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+race = _load()
+
+NAMES = ["Small", "Mid", "Large"]
+SUPPORTS = [50, 200, 750]
+
+
+def _groups(rates: list[float]) -> list[dict]:
+    return [
+        {"name": name, "support": n, "prediction_rate": [1 - p, p], "label_support": [n, 0]}
+        for name, n, p in zip(NAMES, SUPPORTS, rates, strict=True)
+    ]
+
+
+def _write_run(root: Path, method: str, epsilon: float, lam: float, seed: int, error: float, rates: list[float]):
+    """A run folder whose violations follow from `rates`: all groups = max - min; min support 100 = without Small."""
+    folder = root / f"{method}__lambda={lam:g}_epsilon={epsilon:g}_seed={seed}"
+    folder.mkdir(parents=True)
+    config = {"algorithm": "steffle", "epsilon": epsilon, "lambda": lam, "seed": seed, "w-lr": 0.1}
+    if method != "steffle":
+        config["group-weight"] = "balanced"
+    groups = {
+        "min_support": 100,
+        "groups_kept": NAMES[1:],
+        "dp_violation": max(rates) - min(rates),
+        "dp_violation_min_support": max(rates[1:]) - min(rates[1:]),
+        "groups": _groups(rates),
+    }
+    result = {
+        "config": config,
+        "final": {"error": error, "dp_violation": groups["dp_violation"]},
+        "fairness_groups": groups,
+        "status": {"completed": True},
+        "timing": {"total_seconds": 10.0},
+        "server_state": {"prior": [0.01, 0.04, 0.95] if seed == 0 else [0.04, 0.16, 0.8]},
+    }
+    (folder / "result.json").write_text(json.dumps(result))
+    (folder / "run.json").write_text(json.dumps({"method": method, "cpu_seconds": 8.0}))
+
+
+def test_race_section_tables_and_conclusion_from_known_runs(tmp_path: Path) -> None:
+    sweeps = tmp_path / "sweeps"
+    root = sweeps / race.RACE_SWEEP
+    # lambda 0 (shared): Small 0.40 (tiny group decides), Mid 0.30, Large 0.20 -> all 0.20, min support 0.10
+    for seed, err in ((0, 0.15), (1, 0.17)):
+        _write_run(root, "steffle", 3.0, 0.0, seed, err, [0.40, 0.30, 0.20])
+    # papers' ERMI at lambda 2: barely moves (min support 0.09); balanced at lambda 2: min support 0.02, error +0.005
+    for seed, err in ((0, 0.15), (1, 0.17)):
+        _write_run(root, "steffle", 3.0, 2.0, seed, err, [0.38, 0.29, 0.20])
+        _write_run(root, "steffle-balanced", 3.0, 2.0, seed, err + 0.005, [0.30, 0.25, 0.23])
+    # balanced at lambda 4: lower violation but error + 0.03, outside the 0.01 budget
+    for seed, err in ((0, 0.18), (1, 0.20)):
+        _write_run(root, "steffle-balanced", 3.0, 4.0, seed, err, [0.25, 0.24, 0.24])
+    lines, files = race.race_section(sweeps, tmp_path / "no-sweep-files", tmp_path / "figures", tmp_path)
+    text = "\n".join(lines)
+    assert lines[0] == race.RACE_HEADING
+    assert files.runs == 8 and files.wall_seconds == pytest.approx(80.0) and files.cpu_seconds == pytest.approx(64)
+    assert "8 completed runs" in text and "the sweep file does not load" in text
+    # lambda 0 appears once per method with both seeds; means ± sample sd
+    assert "| steffle | 0 | 2 | 0.1600 ± 0.0141 | 0.2000 ± 0.0000 | 0.1000 ± 0.0000 |" in text
+    assert "| steffle-balanced | 0 | 2 | 0.1600 ± 0.0141 | 0.2000 ± 0.0000 | 0.1000 ± 0.0000 |" in text
+    assert "| steffle | 2 | 2 | 0.1600 ± 0.0141 | 0.1800 ± 0.0000 | 0.0900 ± 0.0000 |" in text
+    assert "| steffle-balanced | 2 | 2 | 0.1650 ± 0.0141 | 0.0700 ± 0.0000 | 0.0200 ± 0.0000 |" in text
+    assert "steffle-balanced (group-weight balanced, w-noise isotropic, w-lr 0.1)" in text
+    assert "from each private run's noised prior: 10.0 to 20.0" in text  # 2 / sqrt(0.04) and 2 / sqrt(0.01)
+    # supports and rates per group; Small is flagged
+    assert "| Small | 50 (under min support) | 5.0% | 0.4000 ± 0.0000 | 0.3800 ± 0.0000 | 0.3000 ± 0.0000 |" in text
+    assert "| Large | 750 | 75.0% |" in text
+    # the conclusion is computed: -10% for the papers' ERMI, -80% for balanced; balanced wins within the budget
+    assert "from 0.1000 to 0.0900 (-10%)" in text and "from 0.1000 to 0.0200 (-80%)" in text
+    assert "lowest min-support violation is 0.0200 (-80%; lambda 2, error 0.1650)" in text
+    assert (
+        "the lowest min-support violation is steffle-balanced's (0.0200, lambda 2); steffle: 0.0900 (lambda 2)" in text
+    )
+    assert "In 8 of 8 runs the violation over all groups is larger" in text
+    assert (tmp_path / "figures" / "steffle-adult-race.png").is_file()
+
+
+def test_race_section_without_runs_says_how_to_make_them(tmp_path: Path) -> None:
+    lines, files = race.race_section(tmp_path / "sweeps", tmp_path, tmp_path / "figures", tmp_path)
+    assert files.runs == 0 and "Not generated yet" in lines[-2] and "steffle_adult_race.toml" in lines[-2]
