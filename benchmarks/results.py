@@ -1448,6 +1448,11 @@ def _headline_module() -> ModuleType:
     return _load_module("results_headline", ROOT / "benchmarks" / "results_headline.py")
 
 
+def _race_module() -> ModuleType:
+    """benchmarks/results_race.py (the many-valued attribute section)."""
+    return _load_module("results_race", ROOT / "benchmarks" / "results_race.py")
+
+
 def steffle_part(results: Sequence[SweepResult], sweeps: Path, sweep_files: Path, doc_dir: Path) -> list[str]:
     """The SteFFLe sweeps' part of the document: every sweep's section, the summary, the headline and the gap."""
     headline = _headline_module()
@@ -1489,11 +1494,15 @@ def build_document(
     body += topology_lines
     silos_lines, silos_files = silos_section(sweeps, sweep_files, figures, doc_dir)
     body += silos_lines
+    race = _race_module()
+    race_lines, race_files = race.race_section(sweeps, sweep_files, figures, doc_dir)
+    body += race_lines
     mu2_lines, mu2_files = mu2_section(sweeps, mu2_cache, figures, doc_dir, sweep_files)
     fedsc_lines, fedsc_files = fedsc_section(sweeps, fedsc_runs, figures, doc_dir, sweep_files)
     files = {r.name: r.files for r in results}
     files[TOPOLOGY_SWEEP[0]] = topology_files
     files[SILOS_SWEEP[0]] = silos_files
+    files[race.RACE_SWEEP] = race_files
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files
     now = now or dt.datetime.now().astimezone()
@@ -1511,7 +1520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "topologies", "silos", "parkinsons"],
+        choices=["steffle", "topologies", "silos", "race", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     args = parser.parse_args(argv)
@@ -1559,9 +1568,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         if not out.is_file():
             parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
+        race = _race_module()
         make, heading = {
             "topologies": (topology_section, TOPOLOGY_HEADING),
             "silos": (silos_section, SILOS_HEADING),
+            "race": (race.race_section, race.RACE_HEADING),
         }[args.only]
         section, files = make(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
         now = dt.datetime.now().astimezone()

@@ -349,12 +349,16 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
         "",
     ]
     if not folder.is_dir():
-        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
+        return [
+            *lines,
+            f"Not generated yet: run `{command}`, then `python benchmarks/results.py --only race`.",
+            "",
+        ], RunFiles()
     runs, skipped = load_race_runs(folder)
     files = RunFiles()
     for r in runs:
         files.add(r.wall, r.cpu)
-    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py", "```", ""]
+    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only race", "```", ""]
     lines += [f"Runs: {_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
     if not runs:
         return lines, files
