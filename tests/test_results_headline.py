@@ -151,3 +151,28 @@ def test_gap_rows_and_their_conclusion_name_the_factor_that_moves_the_comparison
     text = headline.gap_conclusion([main, small, big, missing])
     assert "'big'" in text and "beyond the seed spread" in text  # -90% against 30%: 120 points, sd 7 points
     assert "within twice the seed sd" in headline.gap_conclusion([main, small])  # 5 points against sd 7
+
+
+def test_cross_noise_table_reads_each_method_at_its_own_epsilon(tmp_path: Path):
+    from server.plots import RunRecord
+
+    def run(method: str, eps: float, lam: float, error: float, violation: float) -> RunRecord:
+        config = {"algorithm": method, "num-silos": 3, "heterogeneity": 0.0, "epsilon": eps, "lambda": lam, "seed": 0}
+        return RunRecord(tmp_path, method, config, {"error": error, "dp_violation": violation})
+
+    records = [
+        run("steffle", 1.0, 0.0, 0.15, 0.20),
+        run("steffle", 1.0, 1.0, 0.18, 0.10),
+        run("steffle", 3.0, 0.0, 0.15, 0.20),
+        run("steffle", 3.0, 1.0, 0.16, 0.05),
+        run("tran", 1.0, 0.0, 0.16, 0.10),
+        run("tran", 3.0, 0.0, 0.17, 0.08),
+    ]
+    table = headline.cross_noise_table(records)
+    # SteFFLe eps 1 at e* = 0.16: 0.20 - 0.10 / 3 on its front; against Tran eps 1 (0.10) and eps 3 (e* 0.17: 0.1667)
+    assert table[(1.0, 1.0)] == pytest.approx(1 - (0.20 - 0.10 / 3) / 0.10)
+    assert table[(1.0, 3.0)] == pytest.approx(1 - (0.20 - 0.10 * 2 / 3) / 0.08)
+    assert table[(3.0, 1.0)] == pytest.approx(1 - 0.05 / 0.10)  # less noise for SteFFLe: its eps-3 front at 0.16
+    assert table[(3.0, 3.0)] == pytest.approx(1 - 0.05 / 0.08)
+    lines = headline._cross_noise_lines(records)
+    assert any(line.startswith("| 3 | 50.0% | 37.5% |") for line in lines)
