@@ -248,6 +248,7 @@ def headline_section(results: Sequence[SweepResult]) -> list[str]:
         "datasets | paper | the paper's number inside silofl's interval? |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    verdicts: list[str] = []
     for fairness in ("dp", "eo"):
         mine = [p for p in panels if p.fairness == fairness and p.value is not None]
         for b in baselines:
@@ -275,7 +276,31 @@ def headline_section(results: Sequence[SweepResult]) -> list[str]:
                 f"{lower} of {len(values)} panels | {', '.join(datasets) or '-'} | "
                 f"{'-' if paper is None else f'{100 * paper:.2f}%'} | {inside} |"
             )
-    return [*lines, ""]
+            if paper is not None:
+                verdicts.append(_verdict(fairness, b, paper, mean, ci, lower, len(values)))
+    return [*lines, "", "Against the paper (computed from the table above):", "", *verdicts, ""]
+
+
+def _verdict(
+    fairness: str, baseline: str, paper: float, mean: float | None, ci: tuple[float, float] | None, lower: int, n: int
+) -> str:
+    """One sentence per paper claim: silofl's mean and interval against the paper's number."""
+    claim = f"- {plots.FAIRNESS_NAMES[fairness]} vs {_name(baseline)} (paper: {100 * paper:.2f}% lower)"
+    if mean is None:
+        return f"{claim}: no panel with runs of all three methods yet."
+    where = f"SteFFLe's violation is lower in {lower} of {n} panels"
+    if ci is None:
+        return f"{claim}: silofl {_pct(mean)}; {where}; one seed only, no interval."
+    if ci[0] <= paper <= ci[1]:
+        return (
+            f"{claim}: silofl {_pct(mean)}, 95% interval [{_pct(ci[0])}, {_pct(ci[1])}], which contains the paper's "
+            f"number; {where}."
+        )
+    side = "above" if paper > ci[1] else "below"
+    return (
+        f"{claim}: silofl {_pct(mean)}, 95% interval [{_pct(ci[0])}, {_pct(ci[1])}]: the paper's number lies {side} "
+        f"it, so silofl disagrees; {where}."
+    )
 
 
 # -- the gap to Tran et al. -------------------------------------------------------------------------------------------

@@ -176,3 +176,11 @@ def test_cross_noise_table_reads_each_method_at_its_own_epsilon(tmp_path: Path):
     assert table[(3.0, 3.0)] == pytest.approx(1 - 0.05 / 0.08)
     lines = headline._cross_noise_lines(records)
     assert any(line.startswith("| 3 | 50.0% | 37.5% |") for line in lines)
+
+
+def test_the_verdict_says_where_the_papers_number_lies():
+    text = headline._verdict("dp", "tran", 0.7547, 0.02, (-0.4, 0.5), 6, 10)
+    assert "lies above it, so silofl disagrees" in text and "6 of 10 panels" in text
+    assert "contains the paper's number" in headline._verdict("dp", "fedfdp", 0.5293, 0.45, (0.1, 0.8), 10, 10)
+    assert "lies below it" in headline._verdict("eo", "fedfdp", 0.2, 0.6, (0.5, 0.7), 4, 4)
+    assert "no panel" in headline._verdict("eo", "fedfdp", 0.9542, None, None, 0, 0)
