@@ -1442,15 +1442,21 @@ def load_steffle_sweeps(sweeps: Path, sweep_files: Path, figures: Path) -> list[
     ]
 
 
-def _headline_module() -> ModuleType:
-    """benchmarks/results_headline.py, which imports this module as `results` (the same module object, not a copy)."""
+def _section_module(name: str) -> ModuleType:
+    """benchmarks/<name>.py, a module of sections that uses this one as `results` (the same module object, not a
+    second copy)."""
     sys.modules.setdefault("results", sys.modules[__name__])
-    return _load_module("results_headline", ROOT / "benchmarks" / "results_headline.py")
+    return _load_module(name, ROOT / "benchmarks" / f"{name}.py")
+
+
+def _headline_module() -> ModuleType:
+    """benchmarks/results_headline.py: the headline and the Tran-gap sections."""
+    return _section_module("results_headline")
 
 
 def _race_module() -> ModuleType:
     """benchmarks/results_race.py (the many-valued attribute section)."""
-    return _load_module("results_race", ROOT / "benchmarks" / "results_race.py")
+    return _section_module("results_race")
 
 
 def steffle_part(results: Sequence[SweepResult], sweeps: Path, sweep_files: Path, doc_dir: Path) -> list[str]:

@@ -11,15 +11,15 @@ demographic-parity violation over all groups and over the groups with at least `
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import math
-import os
 import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,27 +42,23 @@ REFERENCE_LAMBDA = 2.0
 ERROR_BUDGET = 0.01
 
 
-@dataclass
-class RunFiles:
-    """The runs a section used: their count and the time they took (as `results.RunFiles`, which merges it)."""
+def _results_module() -> ModuleType:
+    """benchmarks/results.py as the module `results`: the one that loaded this module when it builds the document,
+    else loaded here (this module used on its own, e.g. by its tests). Its RunFiles, _read_json and _rel serve here."""
+    module = sys.modules.get("results")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("results", Path(__file__).with_name("results.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["results"] = module
+        spec.loader.exec_module(module)
+    return module
 
-    runs: int = 0
-    wall_seconds: float = 0.0
-    cpu_seconds: float = 0.0
-    cpu_recorded: int = 0
 
-    def add(self, wall: float | None, cpu: float | None) -> None:
-        self.runs += 1
-        self.wall_seconds += float(wall or 0.0)
-        if cpu is not None:
-            self.cpu_seconds += float(cpu)
-            self.cpu_recorded += 1
-
-    def merge(self, other: Any) -> None:
-        self.runs += other.runs
-        self.wall_seconds += other.wall_seconds
-        self.cpu_seconds += other.cpu_seconds
-        self.cpu_recorded += other.cpu_recorded
+_RESULTS = _results_module()
+RunFiles = _RESULTS.RunFiles
+_read_json = _RESULTS._read_json
+_rel = _RESULTS._rel
 
 
 @dataclass
@@ -98,13 +94,6 @@ def _fmt_any(value: Any) -> str:
     return _fmt(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
 def _float(value: Any) -> float:
     if isinstance(value, str):
         return math.inf if value.strip().lower() in {"inf", "infinity"} else float(value)
@@ -113,13 +102,6 @@ def _float(value: Any) -> float:
 
 def _fmt(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:g}"
-
-
-def _rel(path: Path, start: Path | None = None) -> str:
-    try:
-        return os.path.relpath(path, start or Path.cwd())
-    except ValueError:  # another drive
-        return str(path)
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
