@@ -1563,8 +1563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         section[1:1] = [
             "",
             f"This part was regenerated alone (`python benchmarks/results.py --only steffle`) on "
-            f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {runs} runs of the six SteFFLe sweeps and "
-            f"`{'steffle_adult_tran_gap'}`; the header's counts are those of the last full regeneration.",
+            f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {runs} runs of the six SteFFLe sweeps, plus "
+            "the runs of `steffle_adult_tran_gap` for the Tran-gap section; the header's counts are those of the last "
+            "full regeneration.",
         ]
         out.write_text(replace_section(out.read_text(), STEFFLE_HEADING, section, TOPOLOGY_HEADING))
         print(f"wrote the part '{STEFFLE_HEADING[3:]}' of {out} ({runs} runs)")
