@@ -636,20 +636,24 @@ def noise_on_h(folder: Path) -> float | None:
 def _section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plots.RunRecord], RunFiles, str]:
     """The completed runs of a one-sweep section (those with an error and `metric`), their files, and a sentence on
     their state against the sweep file (how many it has, how many finished)."""
-    from server.sweep import SweepError, load_sweep, run_state
-
     records, incomplete = plots.load_runs([folder])
     records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
-    state = f"{len(records)} completed runs in `{_rel(folder)}`" + (
-        f", {incomplete} incomplete skipped" if incomplete else ""
-    )
+    return records, _records_files(records), sweep_state_text(folder, sweep_file, len(records), incomplete)
+
+
+def sweep_state_text(folder: Path, sweep_file: Path, found: int, incomplete: int) -> str:
+    """A sentence on a section's runs against its sweep file: how many completed runs were read, how many incomplete
+    ones skipped, how many runs the sweep file has and how many of them finished."""
+    from server.sweep import SweepError, load_sweep, run_state
+
+    state = f"{found} completed runs in `{_rel(folder)}`" + (f", {incomplete} incomplete skipped" if incomplete else "")
     try:
         expected = load_sweep(sweep_file, out=folder).runs
         done = sum(run_state(run) == "finished" for run in expected)
         state += f"; the sweep file has {len(expected)} runs, {done} finished"
-    except (SweepError, OSError) as exc:
+    except (SweepError, OSError, ValueError) as exc:
         state += f"; the sweep file does not load: {exc}"
-    return records, _records_files(records), state
+    return state
 
 
 def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:

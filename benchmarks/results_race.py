@@ -94,12 +94,6 @@ def _fmt_any(value: Any) -> str:
     return _fmt(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
-def _float(value: Any) -> float:
-    if isinstance(value, str):
-        return math.inf if value.strip().lower() in {"inf", "infinity"} else float(value)
-    return float(value)
-
-
 def _fmt(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:g}"
 
@@ -134,8 +128,8 @@ def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
             RaceRun(
                 folder=path.parent,
                 method=str(method),
-                epsilon=_float(config.get("epsilon", math.inf)),
-                lam=_float(config.get("lambda", 0.0)),
+                epsilon=_RESULTS.plots._float(config.get("epsilon", math.inf)),
+                lam=_RESULTS.plots._float(config.get("lambda", 0.0)),
                 seed=int(config.get("seed", 0)),
                 error=float(result["final"]["error"]),
                 dp_all=float(groups["dp_violation"]),
@@ -160,19 +154,6 @@ def _cells(runs: Sequence[RaceRun]) -> dict[tuple[float, str, float], list[RaceR
         for method in targets:
             cells[(r.epsilon, method, r.lam)].append(r)
     return cells
-
-
-def _state_text(folder: Path, sweep_file: Path, found: int, skipped: int) -> str:
-    from server.sweep import SweepError, load_sweep, run_state
-
-    text = f"{found} completed runs in `{_rel(folder)}`" + (f", {skipped} skipped (incomplete)" if skipped else "")
-    try:
-        expected = load_sweep(sweep_file, out=folder).runs
-        done = sum(run_state(run) == "finished" for run in expected)
-        text += f"; the sweep file has {len(expected)} runs, {done} finished"
-    except (SweepError, OSError, ValueError) as exc:
-        text += f"; the sweep file does not load: {exc}"
-    return text
 
 
 def _labels(runs: Sequence[RaceRun]) -> dict[str, str]:
@@ -341,7 +322,7 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
     for r in runs:
         files.add(r.wall, r.cpu)
     lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only race", "```", ""]
-    lines += [f"Runs: {_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
+    lines += [f"Runs: {_RESULTS.sweep_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
     if not runs:
         return lines, files
     labels = _labels(runs)
