@@ -162,6 +162,7 @@ def _source(spec: DataSpec) -> dict[str, Any]:
         "target": spec.target or None,
         "sensitive": [c for c in spec.sensitive.split(",") if c] or None,
         "features": [c for c in spec.features.split(",") if c] or None,
+        "missing": spec.missing,
     }
 
 

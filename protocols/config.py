@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 from pydantic import Field, ValidationError, model_validator
 
-from protocols.options import BUILTIN_DATASETS, CommonOptions
+from protocols.options import BUILTIN_DATASETS, TABULAR_BUILTINS, CommonOptions
 
 
 class ConfigError(ValueError):
@@ -43,8 +43,21 @@ class RunConfig(CommonOptions):
                 f"'dataset' = {self.dataset!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)}) nor a "
                 ".csv/.parquet file"
             )
-        if not is_file and (self.target or self.sensitive or self.features):
-            raise ValueError("'target', 'sensitive' and 'features' apply only to a .csv/.parquet 'dataset'")
+        if not is_file and self.missing != "error":
+            raise ValueError(
+                f"'missing' applies to a .csv/.parquet 'dataset'; the built-in dataset {self.dataset!r} handles its "
+                "own missing values: drop the key"
+            )
+        if not is_file and self.target:
+            raise ValueError(
+                f"'target' is fixed for the built-in dataset {self.dataset!r}; drop it, or give your own table as a "
+                ".csv/.parquet 'dataset' with its 'target' column"
+            )
+        if not is_file and self.dataset not in TABULAR_BUILTINS and (self.sensitive or self.features):
+            raise ValueError(
+                f"'sensitive' and 'features' choose columns of a tabular dataset ({', '.join(TABULAR_BUILTINS)} or a "
+                f".csv/.parquet file); the image dataset {self.dataset!r} has no sensitive attribute: drop them"
+            )
         if is_file and not (self.target and self.sensitive):
             raise ValueError(f"dataset '{self.dataset}' is a file: also give 'target' and 'sensitive' columns")
         check = self.spec.check

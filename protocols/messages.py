@@ -187,6 +187,7 @@ class DataSpec(_Schema):
     target: str = ""
     sensitive: str = ""
     features: str = ""
+    missing: Literal["error", "drop"] = "error"
     num_silos: int = Field(ge=1, le=1000)
     partition: Literal["iid", "attribute", "classes", "dirichlet"] = "iid"
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from protocols.fairness_metrics import MIN_SUPPORT
+
 #: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
 SILO: dict[str, Any] = {"silo": True}
 
@@ -32,6 +34,9 @@ BUILTIN_DATASETS: tuple[str, ...] = (
     "digits",
     "cifar10",
 )
+#: The built-in tabular datasets: their sensitive and feature columns may be chosen (`sensitive`, `features`); their
+#: target is fixed. The image datasets have no sensitive attribute (one group) and take neither.
+TABULAR_BUILTINS: tuple[str, ...] = ("adult", "credit", "parkinsons", "synthetic")
 
 
 def is_silo_field(info: Any) -> bool:
@@ -72,8 +77,17 @@ class DataOptions(OptionGroup):
     dataset: str = Field(default="synthetic", min_length=1, description="builtin name or path to a .csv/.parquet file")
     data_dir: str = Field(default="", description="folder with the datasets; empty: $SILOFL_DATA_DIR")
     target: str = Field(default="", description="label column of a CSV/Parquet dataset")
-    sensitive: str = Field(default="", description="comma-separated sensitive column(s) of a CSV/Parquet dataset")
+    sensitive: str = Field(
+        default="",
+        description="comma-separated sensitive column(s) (several form one joint attribute) of a CSV/Parquet file or "
+        "of a built-in tabular dataset (e.g. race on adult, EDUCATION on credit); empty: the dataset's default",
+    )
     features: str = Field(default="", description="comma-separated feature columns; empty: all other columns")
+    missing: Literal["error", "drop"] = Field(
+        default="error",
+        description="a .csv/.parquet dataset's rows with a missing value in a used column: error (name the columns) "
+        "or drop those rows",
+    )
     num_silos: int = Field(default=3, ge=1, le=1000, description="silos of a simulated federation")
     partition: Partition = Field(default="iid", description="how records are dealt to simulated silos")
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0, description="h in [0, 1] for partition 'attribute'")
@@ -210,6 +224,21 @@ class FairnessOptions(OptionGroup):
         lt=1.0,
         description="share of each silo's epsilon spent on its group counts",
         json_schema_extra=SILO,
+    )
+
+
+class GroupReportOptions(OptionGroup):
+    """How result.json's `fairness_groups` reports the violations beside those over every group."""
+
+    heading: ClassVar[str] = "fairness report"
+
+    min_support: int = Field(
+        default=MIN_SUPPORT,
+        ge=0,
+        le=10_000_000,
+        description="smallest number of test records of a sensitive group that enters the *_min_support violations of "
+        "result.json's fairness_groups (a group of 60 test records moves a rate by ~0.05 by sampling alone); 0: every "
+        "group",
     )
 
 

@@ -217,6 +217,6 @@ def deliver(client_app: ClientApp, message: Message, context: Context) -> Messag
         return client_app(message, context)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, ValueError | RuntimeError):
+        if not isinstance(exc, ValueError | RuntimeError | FileNotFoundError):  # user-facing errors: message only
             reason += "\n" + traceback.format_exc(limit=5)
         return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

@@ -56,6 +56,7 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
         target=config.target,
         sensitive=config.sensitive,
         features=config.features,
+        missing=config.missing,
         num_silos=config.num_silos,
         partition=config.partition,
         heterogeneity=config.heterogeneity,

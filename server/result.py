@@ -106,20 +106,25 @@ def build_result(
             else {name: arr.numpy().tolist() for name, arr in history.arrays.items()}
         ),
         "server_state": history.server_state,
-        **_fairness_groups(history, federation),
+        **_fairness_groups(history, federation, getattr(config, "min_support", None)),
     }
 
 
-def _fairness_groups(history: RunHistory, federation: Federation) -> dict[str, Any]:
+def _fairness_groups(history: RunHistory, federation: Federation, min_support: int | None) -> dict[str, Any]:
     """`fairness_groups`: each sensitive group's test support and rates at the last evaluation, and the violations
-    over all groups and over the groups with at least `MIN_SUPPORT` test records (`group_report`); absent when the
-    last evaluation kept no counts (a central evaluation, or a run stopped before one)."""
-    from protocols.fairness_metrics import group_report
+    over all groups and over the groups with at least `min_support` test records (the run's `min-support`; default
+    `MIN_SUPPORT`; `group_report`); absent when the last evaluation kept no counts (a central evaluation, or a run
+    stopped before one)."""
+    from protocols.fairness_metrics import MIN_SUPPORT, group_report
 
     counts = history.last_evaluation_counts
     if counts is None:
         return {}
-    report = group_report(counts, group_names=list(federation.info.group_names) or None)
+    report = group_report(
+        counts,
+        min_support=MIN_SUPPORT if min_support is None else min_support,
+        group_names=list(federation.info.group_names) or None,
+    )
     return {"fairness_groups": {"label_names": list(federation.info.label_names), **report}}
 
 

@@ -75,6 +75,19 @@ def test_file_dataset_needs_target_and_sensitive() -> None:
         RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "dataset": "my.csv"})
 
 
+def test_builtin_tabular_datasets_take_sensitive_and_features_but_not_target() -> None:
+    """`--dataset credit --sensitive EDUCATION` picks another attribute of a built-in table (the loaders support it);
+    the target of a built-in is fixed, and the image datasets have no attribute to pick."""
+    cfg = RunConfig.parse({"algorithm": "steffle", "rounds": 2, "dataset": "credit", "sensitive": "EDUCATION"})
+    assert cfg.sensitive == "EDUCATION"
+    with pytest.raises(ConfigError, match="'target' is fixed for the built-in dataset 'adult'"):
+        RunConfig.parse({"algorithm": "steffle", "rounds": 2, "dataset": "adult", "target": "sex"})
+    with pytest.raises(ConfigError, match="the image dataset 'mnist' has no sensitive attribute"):
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "dataset": "mnist", "features": "x"})
+    with pytest.raises(ConfigError, match="'missing' applies to a .csv/.parquet 'dataset'"):
+        RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "dataset": "adult", "missing": "drop"})
+
+
 def test_roundtrip_through_flower_run_config() -> None:
     cfg = RunConfig.parse({"algorithm": "dp-fedsgd", "rounds": 3})
     flat = cfg.to_run_config()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,3 +280,17 @@ def test_result_json_reports_each_groups_support_and_the_min_support_violations(
     assert sum(g["support"] for g in groups["groups"]) == sum(s["n_test"] for s in result["federation"]["silos"])
     assert groups["min_support"] == 100 and groups["label_names"] == result["federation"]["label_names"]
     assert 0.0 < result["privacy"]["epsilon_spent"] <= 4.0 + 1e-9
+
+
+def test_min_support_option_sets_the_threshold_of_the_report(tmp_path: Path) -> None:
+    """`--min-support N` through the real entry point: the report keeps exactly the groups with >= N test records."""
+    import json
+
+    from server.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "fedavg", "--rounds", "2", "--min-support", "700", "--out", str(out)]) == 0
+    groups = json.loads((out / "result.json").read_text())["fairness_groups"]
+    assert groups["min_support"] == 700
+    assert groups["groups_kept"] == [g["name"] for g in groups["groups"] if g["support"] >= 700]
+    assert 0 < len(groups["groups_kept"]) < len(groups["groups"])  # the synthetic test split straddles 700

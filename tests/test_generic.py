@@ -177,6 +177,24 @@ def test_missing_values_are_reported_by_column() -> None:
     assert ds.info.feature_names[0] == "Age"
 
 
+def test_missing_drop_drops_only_the_rows_missing_a_used_value() -> None:
+    """missing='drop' (--missing drop): the rows with a gap in a used column go, the others all stay."""
+    frame = toy_frame(120)
+    frame.loc[[3, 7], "income"] = np.nan
+    with pytest.raises(DataError, match="--missing drop"):  # the refusal names the way out
+        build_dataset(frame, name="t", target="approved", sensitive=["sex"])
+    ds = build_dataset(frame, name="t", target="approved", sensitive=["sex"], missing="drop")
+    assert len(ds.train) + len(ds.test) == 118
+    # a gap in an unused column drops nothing
+    kept = build_dataset(frame, name="t", target="approved", sensitive=["sex"], features=["Age"], missing="drop")
+    assert len(kept.train) + len(kept.test) == 120
+    frame["income"] = np.nan
+    with pytest.raises(DataError, match="left no rows"):
+        build_dataset(frame, name="t", target="approved", sensitive=["sex"], missing="drop")
+    with pytest.raises(DataError, match="missing must be one of"):
+        build_dataset(toy_frame(), name="t", target="approved", sensitive=["sex"], missing="impute")
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_generic_file_loader_roundtrip(tmp_path: Path, suffix: str) -> None:
     frame = toy_frame(120)

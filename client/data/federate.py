@@ -21,6 +21,7 @@ def load_federation(
     sensitive: Sequence[str] | None = None,
     features: Sequence[str] | None = None,
     download: bool = True,
+    missing: str = "error",
     partition: str = "iid",
     heterogeneity: float = 0.0,
     classes_per_silo: int = 2,
@@ -37,6 +38,7 @@ def load_federation(
         sensitive=sensitive,
         features=features,
         download=download,
+        missing=missing,
     )
     silos = partition_dataset(
         ds,

@@ -48,6 +48,10 @@ MAX_LABELS = 100
 LabelEncoder = Callable[[pd.Series, np.ndarray], tuple[np.ndarray, tuple[str, ...]]]
 
 
+#: What to do with a missing value in a used column of a file dataset (`build_dataset`).
+MISSING_POLICIES = ("error", "drop")
+
+
 def _sorted_values(values: Sequence[object]) -> list[object]:
     """Sort category values naturally (numbers numerically), falling back to their string form for mixed types."""
     try:
@@ -187,6 +191,7 @@ def build_dataset(
     seed: int = 0,
     test_fraction: float = 0.25,
     label_encoder: LabelEncoder | None = None,
+    missing: str = "error",
 ) -> TabularDataset:
     """Preprocess a clean table into a `TabularDataset` (see the module docstring for the steps).
 
@@ -194,6 +199,8 @@ def build_dataset(
     categorical: numeric columns to one-hot anyway (non-numeric and boolean columns are always one-hot).
     sort_key: a numeric column whose raw values become the Algorithm 3 sort key (it may also be a feature).
     label_encoder: how to turn the target column into class indices (default: `categorical_labels()`).
+    missing: "error" (default) refuses a table with a missing value in a column it uses, naming the columns and
+        counts; "drop" drops those rows first (only the used columns count), and refuses a table left empty.
     """
     if isinstance(sensitive, str):
         sensitive = [sensitive]
@@ -230,10 +237,19 @@ def build_dataset(
             raise DataError(f"sort_key column {sort_key!r} must be numeric, got dtype {frame[sort_key].dtype}")
 
     used = list(dict.fromkeys([target, *sensitive, *features, *([sort_key] if sort_key else [])]))
+    if missing not in MISSING_POLICIES:
+        raise DataError(f"missing must be one of {MISSING_POLICIES}, got {missing!r}")
     missing_counts = frame[used].isna().sum()
     if missing_counts.any():
         bad = {c: int(k) for c, k in missing_counts.items() if k}
-        raise DataError(f"missing values in columns {bad}; drop or impute those rows before loading")
+        if missing == "error":
+            raise DataError(
+                f"missing values in columns {bad}; drop or impute those rows before loading, or load with "
+                "missing='drop' (--missing drop) to drop the rows with a missing value in a used column"
+            )
+        frame = frame[used].dropna()
+        if frame.empty:
+            raise DataError(f"missing='drop' left no rows: every row misses a value in one of the columns {bad}")
     frame = frame[used].reset_index(drop=True)
 
     train_idx, test_idx = split_indices(len(frame), test_fraction, seed)
@@ -299,10 +315,11 @@ def load_table_dataset(
     features: Sequence[str] | None = None,
     seed: int = 0,
     test_fraction: float = 0.25,
+    missing: str = "error",
 ) -> TabularDataset:
     """The generic loader: any CSV/Parquet table with a categorical target and one or more sensitive columns.
 
-    The Algorithm 3 sort key is the column named 'age' (any case) when there is one.
+    The Algorithm 3 sort key is the column named 'age' (any case) when there is one. `missing`: see `build_dataset`.
     """
     if not target:
         raise DataError(f"{path}: a file dataset needs target=COLUMN (--target) naming the label column")
@@ -320,4 +337,5 @@ def load_table_dataset(
         sort_key=_default_sort_key(frame),
         seed=seed,
         test_fraction=test_fraction,
+        missing=missing,
     )

@@ -251,6 +251,7 @@ def load_dataset(
     sensitive: Sequence[str] | None = None,
     features: Sequence[str] | None = None,
     download: bool = True,
+    missing: str = "error",
 ) -> TabularDataset:
     """Load and preprocess a dataset: a name of `BUILTIN_DATASETS` or a path to a `.csv`/`.parquet` file.
 
@@ -258,7 +259,8 @@ def load_dataset(
     seed / test_fraction: the random train/test split. target / sensitive / features: the columns of a file dataset
     (target and sensitive required; features default to all other columns, non-numeric ones one-hot). For built-ins
     only `sensitive` and `features` may be overridden (image datasets: nothing). download: fetch missing built-in files
-    from their canonical address.
+    from their canonical address. missing: a file dataset's rows with a missing value in a used column: "error"
+    (default) or "drop" (`generic.build_dataset`); the built-ins handle their own (see the module docstring).
     """
     sens = _as_list(sensitive)
     feats = _as_list(features)
@@ -299,7 +301,13 @@ def load_dataset(
         )
     if Path(str(name)).suffix.lower() in (".csv", ".parquet"):
         return load_table_dataset(
-            name, target=target, sensitive=sens, features=feats, seed=seed, test_fraction=test_fraction
+            name,
+            target=target,
+            sensitive=sens,
+            features=feats,
+            seed=seed,
+            test_fraction=test_fraction,
+            missing=missing,
         )
     raise DataError(
         f"unknown dataset {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or a path to a .csv or .parquet file"

@@ -104,6 +104,12 @@ def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
         help="feature columns (default: all other columns)",
     )
     split.add_argument(
+        "--missing",
+        choices=("error", "drop"),
+        default="error",
+        help="file datasets: rows with a missing value in a used column: error (default) or drop them",
+    )
+    split.add_argument(
         "--topology",
         choices=TOPOLOGIES,
         default="silos",
@@ -177,6 +183,7 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
         "sensitive": args.sensitive,
         "features": args.features,
         "download": not args.no_download,
+        "missing": args.missing,
     }
 
 

@@ -5,7 +5,14 @@ public batch size m; the server averages and steps. Server: `strategies.gradient
 
 from protocols.algorithms import register
 from protocols.algorithms.base import Algorithm
-from protocols.options import ClipOptions, LrDecayOptions, PrivacyOptions, SgdOptions, TabularModelOptions
+from protocols.options import (
+    ClipOptions,
+    GroupReportOptions,
+    LrDecayOptions,
+    PrivacyOptions,
+    SgdOptions,
+    TabularModelOptions,
+)
 
 #: The SteFFLe sweeps' training setup on Adult (docs/RESULTS.md): 40 epochs, batch 256, lr 0.25 x 0.8 every 10.
 MINIBATCH_DEFAULTS = {"epochs": 40.0, "batch-size": 256, "lr": 0.25, "lr-decay": 0.8, "lr-decay-epochs": 10.0}
@@ -14,7 +21,7 @@ SPEC = register(
     Algorithm(
         name="dp-fedsgd",
         summary="record-level DP-FedSGD: clipped per-sample gradients, Gaussian noise added in each silo",
-        options=(PrivacyOptions, TabularModelOptions, SgdOptions, LrDecayOptions, ClipOptions),
+        options=(PrivacyOptions, TabularModelOptions, SgdOptions, LrDecayOptions, ClipOptions, GroupReportOptions),
         defaults=MINIBATCH_DEFAULTS,
         aliases=("dpfedsgd", "dp_fedsgd"),
         strategy="strategies.gradient_step:build",

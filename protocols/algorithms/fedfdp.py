@@ -14,7 +14,14 @@ from typing import Any
 
 from protocols.algorithms import register
 from protocols.algorithms.base import Algorithm
-from protocols.options import ClipOptions, LossFairnessOptions, PrivacyOptions, SgdOptions, TabularModelOptions
+from protocols.options import (
+    ClipOptions,
+    GroupReportOptions,
+    LossFairnessOptions,
+    PrivacyOptions,
+    SgdOptions,
+    TabularModelOptions,
+)
 
 DEFAULTS = {"epochs": 40.0, "batch-size": 256, "lr": 0.25, "clip": 1.0, "lambda": 0.1}
 
@@ -65,7 +72,7 @@ SPEC = register(
     Algorithm(
         name="fedfdp",
         summary="FedFDP (Ling et al. 2024): equal loss across silos with fair clipping, record-level DP in each silo",
-        options=(PrivacyOptions, TabularModelOptions, SgdOptions, ClipOptions, LossFairnessOptions),
+        options=(PrivacyOptions, TabularModelOptions, SgdOptions, ClipOptions, LossFairnessOptions, GroupReportOptions),
         defaults=DEFAULTS,
         aliases=("fed-fdp", "ling2024"),
         strategy="strategies.fedfdp:build",

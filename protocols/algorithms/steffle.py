@@ -16,6 +16,7 @@ from protocols.options import (
     ClipOptions,
     ErmiOptions,
     FairnessOptions,
+    GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
     SgdOptions,
@@ -150,6 +151,7 @@ SPEC = register(
         options=(
             PrivacyOptions,
             TabularModelOptions,
+            GroupReportOptions,
             SgdOptions,
             LrDecayOptions,
             ClipOptions,

@@ -14,6 +14,7 @@ from protocols.options import (
     ClipOptions,
     DualOptions,
     FairnessOptions,
+    GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
     SgdOptions,
@@ -32,6 +33,7 @@ SPEC = register(
         options=(
             PrivacyOptions,
             TabularModelOptions,
+            GroupReportOptions,
             SgdOptions,
             LrDecayOptions,
             ClipOptions,
