@@ -1512,7 +1512,7 @@ def build_document(
     files = {r.name: r.files for r in results}
     files[TOPOLOGY_SWEEP[0]] = topology_files
     files[SILOS_SWEEP[0]] = silos_files
-    files[race.RACE_SWEEP] = race_files
+    files.update(race_files)
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files
     now = now or dt.datetime.now().astimezone()
@@ -1586,6 +1586,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "race": (race.race_section, race.RACE_HEADING),
         }[args.only]
         section, files = make(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
+        if isinstance(files, dict):  # a section of several sweeps (race)
+            total = RunFiles()
+            for part in files.values():
+                total.merge(part)
+            files = total
         now = dt.datetime.now().astimezone()
         section[1:1] = [
             "",

@@ -1,12 +1,13 @@
-"""SteFFLe on a many-valued sensitive attribute (issue 20): the docs/RESULTS.md section of the Adult race sweep.
+"""SteFFLe on many-valued sensitive attributes (issue 20): the docs/RESULTS.md section of the many-valued sweeps.
 
-`race_section(sweeps, sweep_files, figures, doc_dir)` reads the runs of `benchmarks/sweeps/steffle_adult_race.toml`
-(Adult read as a CSV with `--sensitive race`: five groups, two of them near 1% of the records) and returns the
-section's markdown lines and the runs it read (a :class:`RunFiles`, the fields and `merge` of `results.RunFiles`).
-Everything the section says is computed from the run folders: per epsilon, lambda against the test error, the
-demographic-parity violation over all groups and over the groups with at least `min_support` test records (each run's
-`fairness_groups`, from the summed test counts), for the papers' ERMI (`group-weight prior`) and the group-balanced one
-(`group-weight balanced`); each group's test support; and a conclusion from those tables.
+`race_section(sweeps, sweep_files, figures, doc_dir)` reads the runs of each sweep of :data:`MANY_VALUED` (Adult read
+as a CSV with `--sensitive race`: five groups, two of them near 1% of the records; the Credit Card CSV with its raw
+EDUCATION code: seven groups, four of them under 1%) and returns the section's markdown lines and, per sweep, the runs
+it read (a :class:`RunFiles`, the fields and `merge` of `results.RunFiles`). Everything the section says is computed
+from the run folders: per sweep and epsilon, lambda against the test error, the demographic-parity violation over all
+groups and over the groups with at least `min_support` test records (each run's `fairness_groups`, from the summed
+test counts), for every method of the sweep file (the papers' ERMI with isotropic or per-group W noise, the
+group-balanced ERMI, W steps); each group's test support; and a conclusion from those tables.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import importlib.util
 import math
 import statistics
 import sys
+import tomllib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -26,14 +28,42 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-#: The sweep file stem (= its run folder under runs/sweeps/).
-RACE_SWEEP = "steffle_adult_race"
-RACE_HEADING = "## SteFFLe on a many-valued attribute (Adult, race)"
+RACE_HEADING = "## SteFFLe on a many-valued attribute"
 DATA_ENV = "SILOFL_DATA_DIR=../shared/data"
-#: The sweep's methods, in the tables' order: the papers' ERMI (each group weighted by its share, isotropic W noise),
-#: the group-balanced ERMI, and the balanced ERMI with each group's row of W noised at its own radius and a smaller
-#: W step. Their labels come from the runs' configurations (:func:`method_label`).
-METHODS = ("steffle", "steffle-balanced", "steffle-balanced-pg")
+
+
+@dataclass(frozen=True)
+class ManyValuedSweep:
+    """One sweep of the section: its file stem (= its run folder under runs/sweeps/), the subsection's title, what
+    the attribute is, and the figure's file name."""
+
+    name: str
+    title: str
+    what: str
+    figure: str
+
+
+#: The sweeps of the section, in its order. A sweep's methods come in the order of its file's [[methods]]; their
+#: labels from the runs' configurations (:func:`method_label`).
+MANY_VALUED = (
+    ManyValuedSweep(
+        "steffle_adult_race",
+        "Adult, race (five groups)",
+        "Adult read as a CSV with `--sensitive race`: White 85%, Black 10%, Asian-Pac-Islander 3%, Amer-Indian-Eskimo "
+        "1%, Other 0.8% of the records",
+        "steffle-adult-race.png",
+    ),
+    ManyValuedSweep(
+        "steffle_credit_education",
+        "Credit Card, raw EDUCATION (seven groups)",
+        "the Credit Card CSV read as a user's own file with `--sensitive EDUCATION --missing drop`: codes 2 (47%), 1 "
+        "(35%), 3 (16%), and 5, 4, 6, 0 with 0.9%, 0.4%, 0.2% and 0.05% of the records (the built-in `credit` merges "
+        "those four)",
+        "steffle-credit-education.png",
+    ),
+)
+#: The first sweep's stem (the Adult race sweep).
+RACE_SWEEP = MANY_VALUED[0].name
 #: The configuration keys that tell the methods apart, with the defaults of runs that predate them.
 METHOD_KEYS = {"group-weight": "prior", "w-noise": "isotropic", "w-lr": 0.1}
 #: The lambda the conclusion and the group table compare with lambda 0 (the issue's probe), if the sweep has it.
@@ -81,8 +111,25 @@ class RaceRun:
     cpu: float | None = None
 
 
-def _order(method: str) -> tuple[int, str]:
-    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+Order = Callable[[str], tuple[int, str]]
+
+
+def method_order(methods: Sequence[str]) -> Order:
+    """A sort key putting methods in `methods`' order (a sweep file's), unknown ones after, by name."""
+
+    def order(method: str) -> tuple[int, str]:
+        return (methods.index(method) if method in methods else len(methods), method)
+
+    return order
+
+
+def sweep_methods(sweep_file: Path) -> list[str]:
+    """The method names of a sweep file, in its order (empty when the file does not load)."""
+    try:
+        table = tomllib.loads(sweep_file.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    return [str(m.get("name", "")) for m in table.get("methods", []) if m.get("name")]
 
 
 def method_label(config: dict[str, Any]) -> str:
@@ -145,10 +192,10 @@ def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
     return runs, skipped
 
 
-def _cells(runs: Sequence[RaceRun]) -> dict[tuple[float, str, float], list[RaceRun]]:
+def _cells(runs: Sequence[RaceRun], order: Order) -> dict[tuple[float, str, float], list[RaceRun]]:
     """Runs by (epsilon, method, lambda). Lambda 0 has no fairness term, so its runs belong to every method."""
     cells: dict[tuple[float, str, float], list[RaceRun]] = defaultdict(list)
-    methods = sorted({r.method for r in runs if r.lam != 0}, key=_order) or sorted({r.method for r in runs}, key=_order)
+    methods = sorted({r.method for r in runs if r.lam != 0}, key=order) or sorted({r.method for r in runs}, key=order)
     for r in runs:
         targets = methods if r.lam == 0 else [r.method]
         for method in targets:
@@ -167,7 +214,7 @@ def _labels(runs: Sequence[RaceRun]) -> dict[str, str]:
 Summary = Mapping[tuple[float, str], Mapping[float, tuple[float, float, float]]]
 
 
-def _support_table(runs: Sequence[RaceRun]) -> list[str]:
+def _support_table(runs: Sequence[RaceRun], order: Order) -> list[str]:
     """Each group's test support (the test split depends on the seed only) and predicted-positive rate at lambda 0
     and at REFERENCE_LAMBDA for every method, at the sweep's largest epsilon."""
     by_seed = {r.seed: r for r in sorted(runs, key=lambda r: (r.seed, r.lam))}
@@ -175,9 +222,9 @@ def _support_table(runs: Sequence[RaceRun]) -> list[str]:
     names = [g["name"] for g in first.groups]
     total = statistics.fmean(sum(g["support"] for g in r.groups) for r in by_seed.values())
     epsilon = max(r.epsilon for r in runs)
-    cells = _cells(runs)
+    cells = _cells(runs, order)
     columns = [("lambda 0", [r for r in runs if r.epsilon == epsilon and r.lam == 0])]
-    for method in sorted({m for _, m, _ in cells}, key=_order):
+    for method in sorted({m for _, m, _ in cells}, key=order):
         chosen = cells.get((epsilon, method, REFERENCE_LAMBDA), [])
         if chosen:
             columns.append((f"{method}, lambda {_fmt(REFERENCE_LAMBDA)}", chosen))
@@ -216,14 +263,14 @@ def _best_within_budget(by_lam: Mapping[float, tuple[float, float, float]]) -> t
     return lam, err, vio_all, vio_min
 
 
-def _conclusion(summary: Summary, decided_by_small: tuple[int, int]) -> list[str]:
+def _conclusion(summary: Summary, decided_by_small: tuple[int, int], order: Order) -> list[str]:
     """Per epsilon and method: the violations at lambda 0 and at REFERENCE_LAMBDA, and the lowest min-support
     violation within ERROR_BUDGET of lambda 0's error; per epsilon, which method reaches the lowest; and how often a
     group under the min support decides the all-groups violation."""
     lines = []
     for epsilon in sorted({e for e, _ in summary}):
         best: dict[str, tuple[float, float, float, float]] = {}
-        for method in sorted((m for e, m in summary if e == epsilon), key=_order):
+        for method in sorted((m for e, m in summary if e == epsilon), key=order):
             by_lam = summary[(epsilon, method)]
             if 0.0 not in by_lam:
                 continue
@@ -244,13 +291,13 @@ def _conclusion(summary: Summary, decided_by_small: tuple[int, int]) -> list[str
             )
             lines.append(text)
         if len(best) > 1:
-            winner = min(best, key=lambda m: (best[m][3], _order(m)))
+            winner = min(best, key=lambda m: (best[m][3], order(m)))
             lines.append(
                 f"- epsilon {_fmt(epsilon)}: within that error budget the lowest min-support violation is "
                 f"{winner}'s ({best[winner][3]:.4f}, lambda {_fmt(best[winner][0])})"
                 + "".join(
                     f"; {m}: {v[3]:.4f} (lambda {_fmt(v[0])})"
-                    for m, v in sorted(best.items(), key=lambda kv: _order(kv[0]))
+                    for m, v in sorted(best.items(), key=lambda kv: order(kv[0]))
                     if m != winner
                 )
                 + "."
@@ -264,7 +311,7 @@ def _conclusion(summary: Summary, decided_by_small: tuple[int, int]) -> list[str
     return ["Computed from the tables:", "", *lines] if lines else []
 
 
-def race_figure(summary: Summary, labels: Mapping[str, str]) -> Any:
+def race_figure(summary: Summary, labels: Mapping[str, str], order: Order, title: str) -> Any:
     """Min-support violation against test error (means over seeds), one panel per epsilon, one curve per method
     traced by lambda."""
     import matplotlib
@@ -277,7 +324,7 @@ def race_figure(summary: Summary, labels: Mapping[str, str]) -> Any:
         1, len(epsilons), figsize=(4.8 * len(epsilons), 3.8), constrained_layout=True, squeeze=False
     )
     for ax, epsilon in zip(axes[0], epsilons, strict=True):
-        for method in sorted((m for e, m in summary if e == epsilon), key=_order):
+        for method in sorted((m for e, m in summary if e == epsilon), key=order):
             points = sorted(summary[(epsilon, method)].items())
             ax.plot([v[0] for _, v in points], [v[2] for _, v in points], marker="o", label=labels.get(method, method))
             for lam, v in points:
@@ -287,30 +334,45 @@ def race_figure(summary: Summary, labels: Mapping[str, str]) -> Any:
         ax.set_ylabel("DP violation, groups with min support")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6)
-    fig.suptitle("SteFFLe on Adult, sensitive race: violation against error, traced by lambda", fontsize=10)
+    fig.suptitle(f"SteFFLe on {title}: violation against error, traced by lambda", fontsize=10)
     return fig
 
 
-def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
-    """Markdown of the many-valued-attribute section: commands, run state, per epsilon a table of lambda against the
-    error and the violations over all groups and over the groups with min support (mean ± sd over seeds) for every
-    method, the groups' test supports and rates, a conclusion computed from the tables, and a figure in `figures`."""
-    folder, sweep_file = sweeps / RACE_SWEEP, sweep_files / f"{RACE_SWEEP}.toml"
-    command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)} --workers 1"
+def race_section(
+    sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path
+) -> tuple[list[str], dict[str, RunFiles]]:
+    """Markdown of the many-valued-attribute section: why the papers' ERMI struggles there, then one subsection per
+    sweep of :data:`MANY_VALUED` (:func:`sweep_subsection`); and, per sweep, the runs read."""
     lines = [
         RACE_HEADING,
         "",
-        "Issue 20: on Adult read as a CSV with `--sensitive race` (five groups, two of them near 1% of the records), "
-        "lambda moves the demographic-parity violation far less than on sex. Two causes in the algorithm: the papers' "
-        "ERMI is a chi-square average over the groups, each weighted by its share p_S(r), so a gap between small "
-        "groups hardly enters it (`--group-weight balanced`: the ERMI of the group-balanced distribution, every group "
-        "weighing 1/k); and every entry of the W release is noised at the smallest group's radius 2/sqrt(rho) "
-        "(`--w-noise per-group`: each group's row at its own radius). The violation is "
+        "Issue 20: on an attribute with many values and small groups, lambda moves the demographic-parity violation "
+        "far less than on sex, and can raise it. Two causes in the algorithm: the papers' ERMI is a chi-square average "
+        "over the groups, each weighted by its share p_S(r), so a gap between small groups hardly enters it "
+        "(`--group-weight balanced`: the ERMI of the group-balanced distribution, every group weighing 1/k); and every "
+        "entry of the W release is noised at the smallest group's radius 2/sqrt(rho) (`--w-noise per-group`: each "
+        "group's row at its own radius 2/sqrt(p_S(r)), the same mechanism for the accountant). The violation is "
         "reported over all groups (`final.dp_violation`) and over the groups with enough test records "
-        "(`fairness_groups` in result.json): a group of 70 test records moves its rate by a few hundredths through "
-        "sampling alone.",
+        "(`fairness_groups` in result.json, `--min-support`): a group of 70 test records moves its rate by a few "
+        "hundredths through sampling alone.",
         "",
     ]
+    files: dict[str, RunFiles] = {}
+    for sweep in MANY_VALUED:
+        sub, files[sweep.name] = sweep_subsection(sweep, sweeps, sweep_files, figures, doc_dir)
+        lines += sub
+    return lines, files
+
+
+def sweep_subsection(
+    sweep: ManyValuedSweep, sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path
+) -> tuple[list[str], RunFiles]:
+    """One sweep's subsection: commands, run state, per epsilon a table of lambda against the error and the
+    violations over all groups and over the groups with min support (mean ± sd over seeds) for every method, the
+    groups' test supports and rates, a conclusion computed from the tables, and a figure in `figures`."""
+    folder, sweep_file = sweeps / sweep.name, sweep_files / f"{sweep.name}.toml"
+    command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
+    lines = [f"### {sweep.title}", "", f"The attribute: {sweep.what}.", ""]
     if not folder.is_dir():
         return [
             *lines,
@@ -325,6 +387,7 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
     lines += [f"Runs: {_RESULTS.sweep_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
     if not runs:
         return lines, files
+    order = method_order(sweep_methods(sweep_file))
     labels = _labels(runs)
     private = sorted(2 / math.sqrt(r.rho) for r in runs if r.rho and math.isfinite(r.epsilon))
     if private:
@@ -333,8 +396,8 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
             f"{private[0]:.1f} to {private[-1]:.1f} (a binary attribute with shares 1/3 and 2/3 has 3.5).",
             "",
         ]
-    lines += ["Methods: " + "; ".join(labels[m] for m in sorted(labels, key=_order)) + ".", ""]
-    cells = _cells(runs)
+    lines += ["Methods: " + "; ".join(labels[m] for m in sorted(labels, key=order)) + ".", ""]
+    cells = _cells(runs, order)
     summary: dict[tuple[float, str], dict[float, tuple[float, float, float]]] = defaultdict(dict)
     for epsilon in sorted({r.epsilon for r in runs}):
         lines += [
@@ -345,23 +408,23 @@ def race_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) 
             "| method | lambda | seeds | test error | violation, all groups | violation, min support |",
             "|---|---|---|---|---|---|",
         ]
-        for (eps, method, lam), chosen in sorted(cells.items(), key=lambda kv: (_order(kv[0][1]), kv[0][2])):
+        for (eps, method, lam), chosen in sorted(cells.items(), key=lambda kv: (order(kv[0][1]), kv[0][2])):
             if eps != epsilon:
                 continue
             errors, alls, mins = ([getattr(r, k) for r in chosen] for k in ("error", "dp_all", "dp_min"))
             lines.append(f"| {method} | {_fmt(lam)} | {len(chosen)} | {_ms(errors)} | {_ms(alls)} | {_ms(mins)} |")
             summary[(epsilon, method)][lam] = (mean_sd(errors)[0], mean_sd(alls)[0], mean_sd(mins)[0])
         lines.append("")
-    lines += [*_support_table(runs), ""]
+    lines += [*_support_table(runs, order), ""]
     decided = (sum(r.dp_all > r.dp_min + 1e-12 for r in runs), len(runs))
-    lines += [*_conclusion(summary, decided), ""]
+    lines += [*_conclusion(summary, decided, order), ""]
     try:
-        fig = race_figure(summary, labels)
+        fig = race_figure(summary, labels, order, sweep.title)
     except ImportError:  # matplotlib is optional for the tables
         return lines, files
     figures.mkdir(parents=True, exist_ok=True)
-    path = figures / "steffle-adult-race.png"
+    path = figures / sweep.figure
     fig.savefig(path, dpi=150)
     fig.clear()
-    lines += [f"![SteFFLe on Adult, sensitive race]({_rel(path, doc_dir)})", ""]
+    lines += [f"![SteFFLe on {sweep.title}]({_rel(path, doc_dir)})", ""]
     return lines, files

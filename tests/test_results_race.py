@@ -74,9 +74,12 @@ def test_race_section_tables_and_conclusion_from_known_runs(tmp_path: Path) -> N
     # balanced at lambda 4: lower violation but error + 0.03, outside the 0.01 budget
     for seed, err in ((0, 0.18), (1, 0.20)):
         _write_run(root, "steffle-balanced", 3.0, 4.0, seed, err, [0.25, 0.24, 0.24])
-    lines, files = race.race_section(sweeps, tmp_path / "no-sweep-files", tmp_path / "figures", tmp_path)
+    lines, by_sweep = race.race_section(sweeps, tmp_path / "no-sweep-files", tmp_path / "figures", tmp_path)
     text = "\n".join(lines)
-    assert lines[0] == race.RACE_HEADING
+    assert lines[0] == race.RACE_HEADING and "### Adult, race (five groups)" in lines
+    files = by_sweep[race.RACE_SWEEP]
+    assert by_sweep["steffle_credit_education"].runs == 0  # its folder is absent: the subsection says how to make it
+    assert "Not generated yet: run `SILOFL_DATA_DIR=../shared/data silofl sweep" in text
     assert files.runs == 8 and files.wall_seconds == pytest.approx(80.0) and files.cpu_seconds == pytest.approx(64)
     assert "8 completed runs" in text and "the sweep file does not load" in text
     # lambda 0 appears once per method with both seeds; means ± sample sd
@@ -100,5 +103,25 @@ def test_race_section_tables_and_conclusion_from_known_runs(tmp_path: Path) -> N
 
 
 def test_race_section_without_runs_says_how_to_make_them(tmp_path: Path) -> None:
-    lines, files = race.race_section(tmp_path / "sweeps", tmp_path, tmp_path / "figures", tmp_path)
-    assert files.runs == 0 and "Not generated yet" in lines[-2] and "steffle_adult_race.toml" in lines[-2]
+    lines, by_sweep = race.race_section(tmp_path / "sweeps", tmp_path, tmp_path / "figures", tmp_path)
+    assert all(files.runs == 0 for files in by_sweep.values()) and set(by_sweep) == {s.name for s in race.MANY_VALUED}
+    missing = [line for line in lines if line.startswith("Not generated yet")]
+    assert len(missing) == 2
+    assert "steffle_adult_race.toml" in missing[0] and "steffle_credit_education.toml" in missing[1]
+
+
+def test_methods_follow_the_sweep_files_order(tmp_path: Path) -> None:
+    """The tables list a sweep's methods in its file's [[methods]] order, not by name."""
+    sweeps, files = tmp_path / "sweeps", tmp_path / "files"
+    files.mkdir()
+    (files / f"{race.RACE_SWEEP}.toml").write_text(
+        '[[methods]]\nname = "steffle-balanced"\n\n[[methods]]\nname = "steffle"\n'
+    )
+    root = sweeps / race.RACE_SWEEP
+    for method in ("steffle", "steffle-balanced"):
+        _write_run(root, method, 3.0, 2.0, 0, 0.15, [0.38, 0.29, 0.20])
+    _write_run(root, "steffle", 3.0, 0.0, 1, 0.15, [0.40, 0.30, 0.20])
+    lines, _ = race.race_section(sweeps, files, tmp_path / "figures", tmp_path)
+    rows = [line.split(" | ")[0] for line in lines if line.startswith("| steffle")]
+    assert rows[0] == "| steffle-balanced" and rows[-1] == "| steffle"
+    assert race.sweep_methods(files / "absent.toml") == []
