@@ -946,15 +946,20 @@ def _silos_summary(summary: Mapping[tuple[float, int], Mapping[float, tuple[floa
 
 
 def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
-    """`document` with its `heading` section (up to the next heading of the same level) replaced by `section`, or
-    with `section` inserted before the heading `before` (at the end if that is missing too)."""
-    level = heading.split(" ", 1)[0] + " "
+    """`document` with its `heading` section (up to the next heading of the same level or above) replaced by
+    `section`, or with `section` inserted before the heading `before` (at the end if that is missing too)."""
+    level = len(heading.split(" ", 1)[0])
     text = "\n".join(section).rstrip() + "\n\n"
     lines = document.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == heading]
+
+    def ends_it(line: str) -> bool:  # a heading of the same level or above
+        marks = len(line) - len(line.lstrip("#"))
+        return 0 < marks <= level and line[marks : marks + 1] == " "
+
     if starts:
         start = starts[0]
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(level)), len(lines))
+        end = next((i for i in range(start + 1, len(lines)) if ends_it(lines[i])), len(lines))
         return "".join(lines[:start]) + text + "".join(lines[end:])
     at = next((i for i, line in enumerate(lines) if line.rstrip("\n") == before), len(lines))
     return "".join(lines[:at]) + text + "".join(lines[at:])
@@ -1458,6 +1463,14 @@ def _headline_module() -> ModuleType:
     return _section_module("results_headline")
 
 
+def _tran_gap_module() -> ModuleType:
+    """benchmarks/results_tran_gap.py: the Tran-gap factors on Adult, demographic parity, h 0 (it imports
+    results_headline, loaded first if it is not)."""
+    if "results_headline" not in sys.modules:
+        _headline_module()
+    return _section_module("results_tran_gap")
+
+
 def _race_module() -> ModuleType:
     """benchmarks/results_race.py (the many-valued attribute section)."""
     return _section_module("results_race")
@@ -1482,7 +1495,9 @@ def steffle_part(results: Sequence[SweepResult], sweeps: Path, sweep_files: Path
         body += steffle_section(result, doc_dir)
     body += summary_section(results)
     body += headline.headline_section(results)
-    body += headline.gap_section(results, sweeps, sweep_files)
+    body += headline.gap_section(results)
+    adult = next((r for r in results if r.dataset == "adult" and r.fairness == "dp"), None)
+    body += _tran_gap_module().factor_section(adult.records if adult else [], sweeps, sweep_files)
     return body
 
 
@@ -1530,7 +1545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "topologies", "silos", "race", "parkinsons"],
+        choices=["steffle", "tran-gap", "topologies", "silos", "race", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     args = parser.parse_args(argv)
@@ -1556,6 +1571,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             document = replace_section(document, section[0], section, SUMMARY_HEADING)
             print(f"wrote the section '{section[0][4:]}' of {out} ({len(result.records)} runs)")
         out.write_text(document)
+        return 0
+    if args.only == "tran-gap":
+        if not out.is_file():
+            parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
+        gap = _tran_gap_module()
+        main_runs = Path(args.sweeps) / gap.MAIN_SWEEP
+        adult = plots.load_runs([main_runs])[0] if main_runs.is_dir() else []  # no figure: the sweep may be partial
+        section = gap.factor_section(adult, Path(args.sweeps), Path(args.sweep_files))
+        now = dt.datetime.now().astimezone()
+        section[1:1] = [
+            "",
+            f"This section was regenerated alone (`python benchmarks/results.py --only tran-gap`) on "
+            f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}).",
+        ]
+        out.write_text(replace_section(out.read_text(), gap.FACTORS_HEADING, section, TOPOLOGY_HEADING))
+        print(f"wrote the section '{gap.FACTORS_HEADING[4:]}' of {out}")
         return 0
     if args.only == "steffle":
         if not out.is_file():

@@ -84,7 +84,7 @@ def test_builtin_tabular_datasets_take_sensitive_and_features_but_not_target() -
         RunConfig.parse({"algorithm": "steffle", "rounds": 2, "dataset": "adult", "target": "sex"})
     with pytest.raises(ConfigError, match="the image dataset 'mnist' has no sensitive attribute"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "dataset": "mnist", "features": "x"})
-    with pytest.raises(ConfigError, match="'missing' applies to a .csv/.parquet 'dataset'"):
+    with pytest.raises(ConfigError, match=r"'missing' applies to a \.csv/\.parquet 'dataset'"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 2, "dataset": "adult", "missing": "drop"})
 
 

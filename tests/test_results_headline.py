@@ -129,7 +129,8 @@ def test_only_steffle_replaces_the_steffle_part_in_place(tmp_path: Path):
         assert text.startswith(before) and text.endswith(after)
         assert text.count(results.STEFFLE_HEADING) == 1 and text.count(headline.HEADLINE_HEADING) == 1
     assert "STALE" not in text and "regenerated alone (`python benchmarks/results.py --only steffle`)" in text
-    assert headline.GAP_HEADING in text and "steffle_adult_tran_gap.toml" in text  # the gap sweep's command
+    assert headline.GAP_HEADING in text and "steffle_adult_tran_gap.toml" in text  # the factor sweep's command
+    assert "### The gap to Tran et al.: one factor at a time" in text
 
 
 def test_gap_rows_and_their_conclusion_name_the_factor_that_moves_the_comparison():
@@ -174,7 +175,7 @@ def test_cross_noise_table_reads_each_method_at_its_own_epsilon(tmp_path: Path):
     assert table[(1.0, 3.0)] == pytest.approx(1 - (0.20 - 0.10 * 2 / 3) / 0.08)
     assert table[(3.0, 1.0)] == pytest.approx(1 - 0.05 / 0.10)  # less noise for SteFFLe: its eps-3 front at 0.16
     assert table[(3.0, 3.0)] == pytest.approx(1 - 0.05 / 0.08)
-    lines = headline._cross_noise_lines(records)
+    lines = headline.cross_noise_lines(records)
     assert any(line.startswith("| 3 | 50.0% | 37.5% |") for line in lines)
 
 
