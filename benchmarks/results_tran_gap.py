@@ -62,6 +62,12 @@ def factors() -> list[Factor]:
         Factor("SteFFLe's W radius 4", steffle=("steffle-w-radius-4",)),
         Factor("SteFFLe's clip 0.5", steffle=("steffle-clip-0.5",)),
         Factor("SteFFLe's clip 2", steffle=("steffle-clip-2",)),
+        Factor("SteFFLe's W step 0.02 (0.1 in the main sweeps)", steffle=("steffle-w-lr-0.02",)),
+        Factor("SteFFLe's W step 0.005", steffle=("steffle-w-lr-0.005",)),
+        Factor(
+            "SteFFLe's W step 0.005, balanced ERMI, per-group W noise",
+            steffle=("steffle-balanced-pg-w-lr-0.005",),
+        ),
         Factor(
             "noise, bounded: SteFFLe WITHOUT noise (6 lambdas) against Tran et al. at this epsilon",
             steffle=("steffle-nonprivate",),
