@@ -308,6 +308,19 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
     ledger = load_ledger(context, plan)
     if _pending_round(context) == server_round and ledger.last_round == server_round:
         return spent(context)
+    spent_now = _charged(context, plan, ledger, server_round=server_round, silo=silo, last=server_round >= plan.steps)
+    context.state[PENDING_KEY] = flower_record(ConfigRecord, {"round": server_round})
+    save_ledger(context, ledger, spent_now)
+    return spent_now
+
+
+def _charged(
+    context: Context, plan: NoisePlan, ledger: PrivacyLedger, *, server_round: int, silo: str, last: bool
+) -> float:
+    """Charge one step of `plan` to `ledger` at `server_round` (the caller saves it); the epsilon spent after it.
+
+    The figure is `PrivacyLedger.charge`'s cheap upper bound, except for the plan's `last` step, which reports the
+    exact one. A refused or misordered charge raises (BudgetExceededError, ValueError) and charges nothing."""
     try:
         spent_now = ledger.charge(
             round=server_round,
@@ -319,11 +332,7 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
         )
     except ValueError as exc:
         raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
-    if server_round >= plan.steps:
-        spent_now = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
-    context.state[PENDING_KEY] = flower_record(ConfigRecord, {"round": server_round})
-    save_ledger(context, ledger, spent_now)
-    return spent_now
+    return ledger.spent() if last else spent_now
 
 
 def _charge_epoch(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -> float:
@@ -351,19 +360,7 @@ def _charge_epoch(context: Context, plan: NoisePlan, *, server_round: int, silo:
         raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
     epoch = epoch_of(server_round, plan.batches_per_epoch)
     if epoch > epoch_of(ledger.last_round or 0, plan.batches_per_epoch):  # the epoch is not paid for yet
-        try:
-            spent_now = ledger.charge(
-                round=server_round,
-                noise_multiplier=plan.noise_multiplier,
-                sampling_rate=plan.sampling_rate,
-                releases=plan.releases,
-                silo=silo,
-                companion=plan.companion,
-            )
-        except ValueError as exc:
-            raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
-        if epoch >= plan.steps:
-            spent_now = ledger.spent()  # the last epoch reports the exact figure, as `charge`'s last round does
+        spent_now = _charged(context, plan, ledger, server_round=server_round, silo=silo, last=epoch >= plan.steps)
         _admit(context, server_round)
         save_ledger(context, ledger, spent_now)
         return spent_now

@@ -116,7 +116,7 @@ def test_calibrate_shuffled_epochs_accounts_one_unsampled_step_per_epoch_next_to
     assert f"x{shuffled.noise_multiplier / poisson.noise_multiplier:.3g}" in output
     assert "shuffled epochs, no amplification" in output
     assert re.search(r"batches per epoch B = ceil\(n / m\) +│ +16 │", output)
-    assert re.search(r"epochs E = ceil\(T / B\): steps at q = 1 +│ +7 │", output)
+    assert re.search(r"epochs E = ceil\(T / B\), each q = 1 +│ +7 │", output)
 
 
 def test_calibrate_poisson_rate_from_records_and_batch_size() -> None:

@@ -112,7 +112,7 @@ def calibrate_command(args: argparse.Namespace, console: Console | None = None) 
         table.add_row("sampling", "shuffled epochs, no amplification")
         table.add_row("rounds T", f"{args.steps}")
         table.add_row("batches per epoch B = ceil(n / m)", f"{plan.batches}")
-        table.add_row("epochs E = ceil(T / B): steps at q = 1", f"{result.steps}")
+        table.add_row("epochs E = ceil(T / B), each q = 1", f"{result.steps}")
     else:
         table.add_row("sampling rate q", f"{result.sampling_rate:g}")
         table.add_row("steps T", f"{result.steps}")
