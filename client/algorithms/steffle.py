@@ -18,6 +18,12 @@ most 2 / sqrt(rho) with rho the smallest prior probability (||F_i||_2 <= 1). So 
 Gaussian under the replace-one relation with radius C (theta) and R_W = 2 / sqrt(rho) (W); the silo adds noise
 sigma * C and sigma * R_W, and the two releases are one composed mechanism (`releases = 2`). lambda never enters what
 the silo releases (the server applies it), so the noise does not depend on lambda (the spec's "lambda factor" gap).
+
+With the run option `sampling = shuffle` (the spec's step 1 says Poisson; the papers' released code shuffles) both
+functions are handed their records (`sample`: the round's batch of the division's own shuffled epoch,
+`client.batches`) instead of drawing a Poisson sample; the sums are still divided by q n_j = min(m, n_j). The balls
+above are unchanged, but nothing is amplified: the silo accounts each epoch as one unsampled release of the two
+(`protocols.shuffled_epochs` has the argument).
 """
 
 from __future__ import annotations
