@@ -126,6 +126,7 @@ def noise_plan(
     noise_multiplier: float | None = None,
     companion_ratio: float = math.inf,
     batches_per_epoch: int = 0,
+    epoch_seed: int = -1,
 ) -> NoisePlan:
     """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
 
@@ -146,6 +147,8 @@ def noise_plan(
 
     `batches_per_epoch` > 0: shuffled epochs of that many rounds (`protocols.shuffled_epochs`); the caller gives
     `sampling_rate` 1 and `steps` = E_j, the epochs of the run, and :func:`charge` charges one step per epoch.
+    `epoch_seed` is the run seed the epochs' permutations come from: it is bound like the other parameters, since a
+    permutation changed in the middle of an epoch could put a record in two batches of that epoch.
     """
     wanted = {
         "epsilon": epsilon,
@@ -158,8 +161,9 @@ def noise_plan(
         "one-off-share": one_off_share,
         "fixed-multiplier": -1.0 if noise_multiplier is None else noise_multiplier,
         "companion-ratio": -1.0 if math.isinf(companion_ratio) else companion_ratio,
-        "batches-per-epoch": batches_per_epoch if batches_per_epoch > 0 else -1,  # -1: Poisson (as a state saved
-        # before shuffled epochs existed reads)
+        # -1: Poisson sampling (what a state saved before shuffled epochs existed reads as)
+        "batches-per-epoch": batches_per_epoch if batches_per_epoch > 0 else -1,
+        "epoch-seed": epoch_seed if batches_per_epoch > 0 else -1,
     }
     if batches_per_epoch > 0 and (sampling_rate != 1.0 or noise_multiplier is not None):
         raise ValueError("shuffled epochs are accounted as unsampled steps (sampling_rate 1), with calibrated noise")

@@ -25,6 +25,8 @@ them composed, after the one-off group-count histogram, as one composition (PLD)
 1. The permutation is independent of the data: its seed comes from public values, never from an attribute. We
    condition on it: the bound below holds for every fixed permutation, so it holds when the server knows it (it can,
    from the run seed) and for the mixture over permutations. Nothing is claimed from the permutation's randomness.
+   The silo binds the run seed with its calibration (``client.privacy_state.noise_plan``): a server that changes it
+   mid-run, which could put a record in two batches of one epoch, is refused.
 2. Neighbours D, D' differ in one record's sensitive attribute s_i only: the replace-one relation keeps the record's
    index i (and its x_i, y_i). Given the permutation, record i therefore lies in the same single batch b_i of epoch
    e in D and in D'.

@@ -100,6 +100,8 @@ def test_each_round_is_answered_once_and_in_order() -> None:
     driver.report(driver.train(7))  # a server may skip rounds: epoch 2 is paid for at the first round it asks
     assert driver.ledger().rounds() == [0, 1, 7]
     assert driver.train(5).has_error()
+    reseeded = driver.train(8, seed=1)  # another permutation mid-epoch could put a record in two of its batches
+    assert reseeded.has_error() and "changed 'epoch-seed' from 0 to 1" in reseeded.error.reason
 
 
 def test_a_pending_round_is_answered_once_and_then_replayed(tmp_path, monkeypatch) -> None:

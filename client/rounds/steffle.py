@@ -57,6 +57,7 @@ def plan_for(context: Context, silo: SiloData, instr: msg.TrainInstruction) -> p
         relation="replace_one",
         one_off_share=instr.counts_share,
         batches_per_epoch=batches,
+        epoch_seed=instr.seed,
     )
 
 
