@@ -8,6 +8,12 @@ charges its ledger, which refuses (and charges nothing) once the answer would ex
 smaller of the run's epsilon and the silo's own cap (`epsilon-budget` in its node config), so a silo operator can bound
 what any server may ask of it.
 
+Shuffled epochs (`protocols.shuffled_epochs`; a plan with `batches_per_epoch` > 0) are calibrated for E_j unsampled
+steps, one per epoch, and charged per epoch (:func:`charge`): the first round of an epoch the silo answers charges the
+epoch's one release (q = 1) before anything of it is computed; the epoch's other rounds charge nothing new, but are
+admitted only in increasing order, once each (the last admitted round is kept in the state, like the ledger), and
+refused when the ledger is over budget. The pending mark and the journal below work for them as for charged rounds.
+
 Both live in `context.state`, a RecordDict that Flower keeps between the messages of a run. Flower forgets it when the
 silo's SuperNode restarts, and a server that restarts from its checkpoint starts a new Flower run (a fresh
 `context.state`). A silo whose node config names a `state-dir` therefore also keeps, per job, everything its state
@@ -60,6 +66,8 @@ PENDING_KEY = "silofl.pending"
 #: The last answer of each message kind: `silofl.journal.<kind>` (round, request digest, record names) and
 #: `silofl.journal.<kind>/<record>` (the reply's records).
 JOURNAL_KEY = "silofl.journal"
+#: Shuffled epochs: the last round this silo admitted (charged, or covered by its epoch's charge).
+ADMITTED_KEY = "silofl.admitted"
 STATE_FORMAT = 1
 _TRANSIENT = frozenset({DATA_SPEC_KEY, JOB_KEY})
 
@@ -81,6 +89,9 @@ class NoisePlan:
     #: noise multiplier of a second release per round on its own, independent Poisson sample (inf: none; FedFDP's
     #: loss release): `companion_ratio` x noise_multiplier
     companion: float = math.inf
+    #: shuffled epochs: B_j, the rounds of one epoch, each epoch one unsampled step of the plan (0: Poisson sampling,
+    #: one step per round)
+    batches_per_epoch: int = 0
 
 
 def _accountant():
@@ -114,6 +125,8 @@ def noise_plan(
     one_off_share: float = 0.0,
     noise_multiplier: float | None = None,
     companion_ratio: float = math.inf,
+    batches_per_epoch: int = 0,
+    epoch_seed: int = -1,
 ) -> NoisePlan:
     """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
 
@@ -131,6 +144,11 @@ def noise_plan(
     `companion_ratio` finite: each round also makes a release on its own, independent Poisson sample of the same
     rate with multiplier `companion_ratio` x the calibrated one (FedFDP's loss release, sigma_l = 2.5 sigma); both are
     calibrated and charged together, composed (:func:`protocols.privacy.accountant.calibrate_noise`).
+
+    `batches_per_epoch` > 0: shuffled epochs of that many rounds (`protocols.shuffled_epochs`); the caller gives
+    `sampling_rate` 1 and `steps` = E_j, the epochs of the run, and :func:`charge` charges one step per epoch.
+    `epoch_seed` is the run seed the epochs' permutations come from: it is bound like the other parameters, since a
+    permutation changed in the middle of an epoch could put a record in two batches of that epoch.
     """
     wanted = {
         "epsilon": epsilon,
@@ -143,7 +161,12 @@ def noise_plan(
         "one-off-share": one_off_share,
         "fixed-multiplier": -1.0 if noise_multiplier is None else noise_multiplier,
         "companion-ratio": -1.0 if math.isinf(companion_ratio) else companion_ratio,
+        # -1: Poisson sampling (what a state saved before shuffled epochs existed reads as)
+        "batches-per-epoch": batches_per_epoch if batches_per_epoch > 0 else -1,
+        "epoch-seed": epoch_seed if batches_per_epoch > 0 else -1,
     }
+    if batches_per_epoch > 0 and (sampling_rate != 1.0 or noise_multiplier is not None):
+        raise ValueError("shuffled epochs are accounted as unsampled steps (sampling_rate 1), with calibrated noise")
     if STATE_KEY in context.state:
         rec = context.state[STATE_KEY]
         for key, value in wanted.items():
@@ -229,6 +252,7 @@ def _plan_from(rec: ConfigRecord) -> NoisePlan:
     multiplier = float(rec["noise-multiplier"])
     return NoisePlan(
         companion=math.inf if ratio < 0 else ratio * multiplier,
+        batches_per_epoch=max(0, int(rec.get("batches-per-epoch", -1))),
         noise_multiplier=float(rec["noise-multiplier"]),
         sampling_rate=float(rec["sampling-rate"]),
         releases=int(rec["releases"]),
@@ -280,11 +304,27 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
 
     Returns the epsilon spent after it: an upper bound during the run (see `PrivacyLedger.charge`), exact on the
     run's last round. A round charged before but never released (the silo went down before answering) is not
-    charged again: this answer is the one it paid for.
+    charged again: this answer is the one it paid for. A plan of shuffled epochs charges per epoch
+    (:func:`_charge_epoch`).
     """
+    if plan.batches_per_epoch > 0:
+        return _charge_epoch(context, plan, server_round=server_round, silo=silo)
     ledger = load_ledger(context, plan)
     if _pending_round(context) == server_round and ledger.last_round == server_round:
         return spent(context)
+    spent_now = _charged(context, plan, ledger, server_round=server_round, silo=silo, last=server_round >= plan.steps)
+    context.state[PENDING_KEY] = flower_record(ConfigRecord, {"round": server_round})
+    save_ledger(context, ledger, spent_now)
+    return spent_now
+
+
+def _charged(
+    context: Context, plan: NoisePlan, ledger: PrivacyLedger, *, server_round: int, silo: str, last: bool
+) -> float:
+    """Charge one step of `plan` to `ledger` at `server_round` (the caller saves it); the epsilon spent after it.
+
+    The figure is `PrivacyLedger.charge`'s cheap upper bound, except for the plan's `last` step, which reports the
+    exact one. A refused or misordered charge raises (BudgetExceededError, ValueError) and charges nothing."""
     try:
         spent_now = ledger.charge(
             round=server_round,
@@ -296,11 +336,62 @@ def charge(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -
         )
     except ValueError as exc:
         raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
-    if server_round >= plan.steps:
-        spent_now = ledger.spent()  # the last answer reports the exact figure, not the cheap upper bound of `charge`
-    context.state[PENDING_KEY] = flower_record(ConfigRecord, {"round": server_round})
-    save_ledger(context, ledger, spent_now)
+    return ledger.spent() if last else spent_now
+
+
+def _charge_epoch(context: Context, plan: NoisePlan, *, server_round: int, silo: str) -> float:
+    """Admit round `server_round` of a run of shuffled epochs, charging its epoch if it is the epoch's first answer.
+
+    The epoch's one unsampled release (q = 1, `plan.releases` releases at `plan.noise_multiplier`) is charged to the
+    ledger at the first round of the epoch this silo answers, before anything of that round is computed: the record
+    whose attribute a round reveals may sit in the epoch's first batch, so the whole epoch is paid for up front
+    (`protocols.shuffled_epochs` has the argument). A later round of an epoch that is paid for charges nothing new;
+    it is refused if the ledger is over its budget, and any round at or before the last admitted one is refused (each
+    batch answered once: a second answer would put the batch's records in the epoch twice). Like :func:`charge`, a
+    round admitted but never released (pending) is answered without a second admission. Returns the epsilon spent:
+    the ledger's figure after the charge (exact from the run's last epoch on), else the figure it last reported.
+    """
+    from protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE, BudgetExceededError
+    from protocols.shuffled_epochs import epoch_of
+
+    ledger = load_ledger(context, plan)
+    admitted = max(_admitted_round(context), ledger.last_round or 0)
+    if _pending_round(context) == server_round and admitted == server_round:
+        return spent(context)
+    if server_round <= admitted:
+        seen = "was already answered" if server_round == admitted else "comes before the last answered round"
+        exc = ValueError(f"round {server_round} {seen} ({admitted}); a silo answers each round of its epochs once")
+        raise ValueError(f"{exc}{_already_hint(context, exc)}") from None
+    epoch = epoch_of(server_round, plan.batches_per_epoch)
+    if epoch > epoch_of(ledger.last_round or 0, plan.batches_per_epoch):  # the epoch is not paid for yet
+        spent_now = _charged(context, plan, ledger, server_round=server_round, silo=silo, last=epoch >= plan.steps)
+        _admit(context, server_round)
+        save_ledger(context, ledger, spent_now)
+        return spent_now
+    spent_now = spent(context)
+    if spent_now > ledger.epsilon_budget * (1.0 + BUDGET_RELATIVE_TOLERANCE):
+        raise BudgetExceededError(
+            silo=silo,
+            round=server_round,
+            budget=ledger.epsilon_budget,
+            spent=spent_now,
+            cost=spent_now,
+            accountant=ledger.accountant,
+            delta=ledger.delta,
+        )
+    _admit(context, server_round)
+    persist(context)
     return spent_now
+
+
+def _admitted_round(context: Context) -> int:
+    return int(context.state[ADMITTED_KEY]["round"]) if ADMITTED_KEY in context.state else 0
+
+
+def _admit(context: Context, server_round: int) -> None:
+    """Mark `server_round` admitted and pending (its answer not released yet); the caller persists the state."""
+    context.state[ADMITTED_KEY] = flower_record(ConfigRecord, {"round": server_round})
+    context.state[PENDING_KEY] = flower_record(ConfigRecord, {"round": server_round})
 
 
 def charge_one_off(context: Context, plan: NoisePlan, *, silo: str) -> float:
@@ -485,7 +576,10 @@ def _pending_round(context: Context) -> int | None:
 
 def _already_hint(context: Context, exc: ValueError) -> str:
     """What to do about a round the ledger refuses as already charged (or out of order); '' for other errors."""
-    if "already charged" not in str(exc) and "before the last charged round" not in str(exc):
+    if not any(
+        phrase in str(exc)
+        for phrase in ("already charged", "before the last charged round", "already answered", "last answered round")
+    ):
         return ""
     where = f" (its ledger is in {context.state[JOB_KEY]['path']})" if persistent(context) else ""
     return (

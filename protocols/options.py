@@ -185,6 +185,32 @@ class SgdOptions(OptionGroup):
     lr: float = Field(default=0.5, gt=0.0, le=1e4, description="learning rate", json_schema_extra=SILO)
 
 
+class SamplingOptions(OptionGroup):
+    """How each silo draws its minibatches: Poisson samples (what the accountants' amplification by sampling assumes)
+    or shuffled epochs (the SteFFLe paper's released code), accounted without amplification
+    (`protocols.shuffled_epochs`)."""
+
+    heading: ClassVar[str] = "minibatch sampling"
+
+    sampling: Literal["poisson", "shuffle"] = Field(
+        default="poisson",
+        description="poisson: each round each record joins the batch with probability m / n_j (accounted with "
+        "amplification by sampling); shuffle: shuffled epochs, every record exactly once per epoch in batches of m "
+        "(the last one smaller), accounted WITHOUT amplification, one unsampled Gaussian release per epoch (far more "
+        "noise at the same epsilon); topology silos only",
+        json_schema_extra=SILO,
+    )
+
+    def sampling_problem(self, topology: str) -> str | None:
+        """Why this sampling cannot run on `topology` (None: it can): shuffled epochs are implemented for silos."""
+        if self.sampling == "shuffle" and topology != "silos":
+            return (
+                f"'sampling' = 'shuffle' is implemented for topology 'silos' only (the separate feature and sensitive "
+                f"parties of topology {topology!r} draw Poisson samples); use 'sampling' = 'poisson' or topology silos"
+            )
+        return None
+
+
 class LrDecayOptions(OptionGroup):
     """A step-decay schedule of the server's learning rate."""
 

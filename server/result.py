@@ -45,6 +45,8 @@ def build_result(
     if spec.privacy_report:
         privacy_extra = resolve(spec.privacy_report)(config, history, rounds, delta)
         spent = privacy_extra.pop("epsilon_spent", spent)
+        for silo_id, entries in privacy_extra.pop("per_silo", {}).items():  # e.g. each silo's shuffled epochs
+            per_silo.setdefault(silo_id, {}).update(entries)
     return {
         "config": config.to_json(),
         "engine": engine,

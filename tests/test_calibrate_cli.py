@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -101,3 +102,38 @@ def test_rdp_under_replace_one_is_reported() -> None:
 def test_parser_rejects_bad_command_lines(argv: str) -> None:
     with pytest.raises(SystemExit):
         _parser().parse_args(_words(argv))
+
+
+def test_calibrate_shuffled_epochs_accounts_one_unsampled_step_per_epoch_next_to_poisson() -> None:
+    """--sampling shuffle: 100 rounds over 1000 records in batches of 64 are B = 16 batches per epoch and E = 7
+    unsampled steps; the table also gives what Poisson sampling at q = 64/1000 would need for the 100 rounds."""
+    line = "privacy calibrate --epsilon 2 --delta 1e-6 --sampling shuffle --records 1000 --batch-size 64 --steps 100"
+    code, output = _run(f"{line} --releases 2")
+    shuffled = calibrate_noise(2.0, 1e-6, 1.0, 7, releases=2)
+    poisson = calibrate_noise(2.0, 1e-6, 0.064, 100, releases=2)
+    assert code == 0
+    assert f"{shuffled.noise_multiplier:.6f}" in output and f"{poisson.noise_multiplier:.6f}" in output
+    assert f"x{shuffled.noise_multiplier / poisson.noise_multiplier:.3g}" in output
+    assert "shuffled epochs, no amplification" in output
+    assert re.search(r"batches per epoch B = ceil\(n / m\) +│ +16 │", output)
+    assert re.search(r"epochs E = ceil\(T / B\), each q = 1 +│ +7 │", output)
+
+
+def test_calibrate_poisson_rate_from_records_and_batch_size() -> None:
+    code, output = _run("privacy calibrate --epsilon 2 --delta 1e-6 --records 1000 --batch-size 50 --steps 60")
+    assert code == 0 and f"{calibrate_noise(2.0, 1e-6, 0.05, 60).noise_multiplier:.6f}" in output
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        ("--sampling shuffle --steps 10", "--sampling shuffle needs --records N and --batch-size M"),
+        ("--sampling shuffle --sampling-rate 0.1 --records 100 --batch-size 10 --steps 10", "drop it"),
+        ("--steps 10", "give --sampling-rate Q (or --records N and --batch-size M"),
+        ("--records 100 --steps 10", "give --records and --batch-size together"),
+        ("--sampling-rate 0.1 --records 100 --batch-size 10 --steps 10", "not both"),
+    ],
+)
+def test_sampling_flags_that_do_not_fit_are_named(flags: str, needle: str) -> None:
+    code, output = _run(f"privacy calibrate --epsilon 2 --delta 1e-6 {flags}")
+    assert code == 2 and needle in " ".join(output.split())

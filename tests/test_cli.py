@@ -84,3 +84,18 @@ def test_default_length_is_the_algorithms_own(tmp_path) -> None:
     assert config_from_args(args).epochs == 40.0  # docs/RESULTS.md's configuration for the minibatch algorithms
     args = build_parser().parse_args(["run", "mu2fl", "--out", str(tmp_path)])
     assert config_from_args(args).epochs == 1.0  # a single pass over the data
+
+
+def test_run_steffle_with_shuffled_epochs_prints_the_ledgers_epsilon(tmp_path, capsys) -> None:
+    """`silofl run steffle --sampling shuffle --epsilon 1 --rounds 13`, progress bar on: the epsilon printed is the
+    silos' ledgers', the accountant's for 3 unsampled releases per silo after the histogram (B = 6, E = 3)."""
+    from tests.silo_driver import shuffled_cli_run
+
+    result = shuffled_cli_run("steffle", tmp_path / "run", capsys)
+    assert result["config"]["sampling"] == "shuffle" and result["status"]["completed"]
+
+
+def test_shuffled_epochs_are_refused_for_separate_parties(capsys) -> None:
+    assert main(["run", "steffle", "--sampling", "shuffle", "--topology", "divided", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "'sampling' = 'shuffle' is implemented for topology 'silos' only" in err and "topology silos" in err

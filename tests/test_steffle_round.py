@@ -124,3 +124,25 @@ def test_lambda_zero_releases_no_fairness_gradient_and_spends_nothing(tmp_path) 
     # only the group-count histogram was charged
     assert 0 < result["privacy"]["epsilon_spent"] < 1.0
     assert math.isfinite(result["privacy"]["epsilon_spent"])
+
+
+def test_shuffled_epochs_put_every_record_in_one_sensitive_batch_per_epoch(tmp_path) -> None:
+    """sampling shuffle, read from a silo's real replies: changing record i's attribute changes exactly one round's
+    fairness release per epoch (the round whose sensitive batch holds i), nothing else; over an epoch the rounds'
+    batches cover the 22 records once, in batches of 8, 8 and 6, the sampler's batches."""
+    from client.randomness import SENSITIVE_EPOCH_ORDER, epoch_seed
+    from protocols.shuffled_epochs import batch_indices
+    from tests.silo_driver import sensitive_rounds_of_each_record
+
+    _, silos = load_federation("synthetic", 2, seed=0)
+    small = dataclasses.replace(silos[0], train=silos[0].train.subset(np.arange(22)))
+    save_silo(small, tmp_path / "silo")
+    touched = sensitive_rounds_of_each_record(
+        "steffle", tmp_path / "silo", tmp_path, rounds=6, sampling="shuffle", batch_size=8, epsilon=1.0, delta=1e-6
+    )
+    assert all([(t - 1) // 3 for t in rounds] == [0, 1] for rounds in touched.values())  # B = 3: one round per epoch
+    for epoch in (1, 2):
+        batches = [{i for i, rounds in touched.items() if t in rounds} for t in range(3 * epoch - 2, 3 * epoch + 1)]
+        assert [len(b) for b in batches] == [8, 8, 6] and set().union(*batches) == set(range(22))
+        seed = epoch_seed(seed=0, silo_id=small.silo_id, epoch=epoch, stream=SENSITIVE_EPOCH_ORDER)
+        assert batches == [set(batch_indices(22, 8, b, seed).tolist()) for b in range(3)]

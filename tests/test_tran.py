@@ -345,3 +345,30 @@ def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_chang
     assert (msg.GROUPS, msg.COUNTS, "counts") in differing
     for kind, record_name, key in differing:
         assert record_name in (msg.COUNTS, msg.FAIR_UPDATE), (kind, record_name, key)
+
+
+def test_shuffled_epochs_from_the_command_line(tmp_path, capsys) -> None:
+    """`silofl run tran --sampling shuffle --epsilon 1 --rounds 13`, progress bar on: the ledgers' epsilon, the
+    accountant's for the histogram and 3 unsampled releases (`tests.silo_driver.shuffled_cli_run`)."""
+    from tests.silo_driver import shuffled_cli_run
+
+    result = shuffled_cli_run("tran", tmp_path / "run", capsys)
+    assert "constraint term" in result["privacy"]["mechanism"]
+
+
+def test_shuffled_epochs_put_every_record_in_one_sensitive_batch_per_epoch(tmp_path) -> None:
+    """sampling shuffle, read from a silo's real replies: record i's attribute changes exactly one round's release
+    (h and the group mass) per epoch, nothing else; the rounds of an epoch cover the 14 records once (5, 5, 4)."""
+    from client.data.federate import load_federation
+    from client.data.silo_store import save_silo
+    from tests.silo_driver import sensitive_rounds_of_each_record
+
+    _, silos = load_federation("synthetic", 2, seed=0)
+    save_silo(dataclasses.replace(silos[1], train=silos[1].train.subset(np.arange(14))), tmp_path / "silo")
+    touched = sensitive_rounds_of_each_record(
+        "tran", tmp_path / "silo", tmp_path, rounds=6, sampling="shuffle", batch_size=5, epsilon=1.0, delta=1e-6
+    )
+    assert all([(t - 1) // 3 for t in rounds] == [0, 1] for rounds in touched.values())
+    for first in (1, 4):
+        batches = [{i for i, rounds in touched.items() if t in rounds} for t in range(first, first + 3)]
+        assert [len(b) for b in batches] == [5, 5, 4] and set().union(*batches) == set(range(14))

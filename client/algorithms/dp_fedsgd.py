@@ -28,6 +28,16 @@ def poisson_sample(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
     return np.flatnonzero(rng.random(n) < rate)
 
 
+def step_sample(n: int, rate: float, rng: np.random.Generator | None, sample: np.ndarray | None) -> np.ndarray:
+    """The records of one step: `sample` when the caller drew them (a shuffled epoch's batch, `client.batches`), else
+    a Poisson sample at `rate` from `rng`. Exactly one of `rng` and `sample` must be given."""
+    if (rng is None) == (sample is None):
+        raise ValueError("give either rng (draw a Poisson sample) or sample (the step's records), not both or neither")
+    if sample is not None:
+        return sample
+    return poisson_sample(n, rate, rng)
+
+
 def noisy_gradient(
     model: nn.Module,
     data: NonSensitiveDivision,

@@ -18,6 +18,12 @@ most 2 / sqrt(rho) with rho the smallest prior probability (||F_i||_2 <= 1). So 
 Gaussian under the replace-one relation with radius C (theta) and R_W = 2 / sqrt(rho) (W); the silo adds noise
 sigma * C and sigma * R_W, and the two releases are one composed mechanism (`releases = 2`). lambda never enters what
 the silo releases (the server applies it), so the noise does not depend on lambda (the spec's "lambda factor" gap).
+
+With the run option `sampling = shuffle` (the spec's step 1 says Poisson; the papers' released code shuffles) both
+functions are handed their records (`sample`: the round's batch of the division's own shuffled epoch,
+`client.batches`) instead of drawing a Poisson sample; the sums are still divided by q n_j = min(m, n_j). The balls
+above are unchanged, but nothing is amplified: the silo accounts each epoch as one unsampled release of the two
+(`protocols.shuffled_epochs` has the argument).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.algorithms.dp_fedsgd import poisson_sample
+from client.algorithms.dp_fedsgd import step_sample
 from client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from client.gradients import mean_gradient_and_logits
 from protocols.ermi import (
@@ -88,11 +94,13 @@ def nonsensitive_step(
     w: torch.Tensor,
     prior: GroupPrior,
     rate: float,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None = None,
+    sample: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The non-sensitive division's share (line 7): on its own Poisson sample, the mean loss gradient g_j and the
-    s-independent part of the W-gradient (zeros for an empty sample). It reads no sensitive attribute."""
-    idx = poisson_sample(len(data.labels), rate, rng)
+    """The non-sensitive division's share (line 7): on its own Poisson sample (or its given `sample`, a shuffled
+    epoch's batch), the mean loss gradient g_j and the s-independent part of the W-gradient (zeros for an empty
+    sample). It reads no sensitive attribute."""
+    idx = step_sample(len(data.labels), rate, rng, sample)
     if len(idx) == 0:
         return torch.zeros(sum(p.numel() for p in model.parameters())), torch.zeros_like(w)
     x, y = torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx])
@@ -110,11 +118,15 @@ def fairness_gradients(
     rate: float,
     clip: float,
     noise_multiplier: float,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None = None,
     generator: torch.Generator,
     w_noise: str = "isotropic",
+    sample: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sensitive division's noised (h_theta, s-dependent h_W), each a sum over its own Poisson sample / (q n_j).
+
+    ``sample`` given (a shuffled epoch's batch, `client.batches`): the sums are over those records instead, still
+    divided by q n_j = min(m, n_j), the public batch size.
 
     ``w_noise = "per-group"`` noises each group's row of the W release at that row's own bound
     (:func:`_per_group_w_release`) instead of every entry at the largest one.
@@ -129,7 +141,7 @@ def fairness_gradients(
     sampled record's contribution away from the unsampled point 0 by up to 2 D, outside that geometry (and its norm
     would have to be paid for in the noise).
     """
-    idx = poisson_sample(len(sensitive.groups), rate, rng)
+    idx = step_sample(len(sensitive.groups), rate, rng, sample)
     x = torch.from_numpy(data.features[idx])
     y = torch.from_numpy(data.labels[idx])
     s = torch.from_numpy(sensitive.groups[idx])

@@ -7,7 +7,9 @@ the histogram is a replace-one Gaussian mechanism of radius sqrt(2)/2 around the
 
 Privacy accounting (see `client.algorithms.steffle`): one composed mechanism per silo, under the replace-one relation
 on sensitive attributes: the one-off histogram, then T rounds of a Poisson-sampled release of two vectors (theta and W
-parts) at the same noise multiplier.
+parts) at the same noise multiplier. With `sampling = shuffle` (`protocols.shuffled_epochs`) the divisions take the
+rounds' batches of shuffled epochs instead, and the rounds are accounted without amplification: E_j = ceil(T / B_j)
+unsampled releases of the same two vectors, one per epoch, charged at the epoch's first round.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from client import privacy_state, randomness
+from client import batches, privacy_state, randomness
 from client.algorithms import steffle as algo
 from client.data.tabular import SiloData
 from client.gradients import unflatten
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
+from protocols import shuffled_epochs
 from protocols.ermi import GroupPrior
 from protocols.models import parameter_spec
 from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
@@ -34,17 +37,27 @@ RELEASES_PER_ROUND = 2  # h_theta and h_W
 
 
 def plan_for(context: Context, silo: SiloData, instr: msg.TrainInstruction) -> privacy_state.NoisePlan:
-    """The silo's calibrated mechanism for this run (cached in its state; refuses a change of parameters)."""
+    """The silo's calibrated mechanism for this run (cached in its state; refuses a change of parameters).
+
+    Poisson sampling: T steps at q = min(1, m / n_j). Shuffled epochs: E_j = ceil(T / B_j) unsampled steps (q = 1),
+    one per epoch, no amplification (`protocols.shuffled_epochs`)."""
+    records = len(silo.train)
+    sampling_rate, steps, batches = min(1.0, instr.batch_size / records), instr.total_rounds, 0
+    if instr.sampling == "shuffle":
+        batches = shuffled_epochs.batches_per_epoch(records, instr.batch_size)
+        sampling_rate, steps = 1.0, shuffled_epochs.accounted_steps(instr.total_rounds, records, instr.batch_size)
     return privacy_state.noise_plan(
         context,
         epsilon=instr.epsilon,
         delta=instr.delta,
-        sampling_rate=min(1.0, instr.batch_size / len(silo.train)),
-        steps=instr.total_rounds,
+        sampling_rate=sampling_rate,
+        steps=steps,
         releases=RELEASES_PER_ROUND,
         accountant=instr.accountant,
         relation="replace_one",
         one_off_share=instr.counts_share,
+        batches_per_epoch=batches,
+        epoch_seed=instr.seed,
     )
 
 
@@ -93,13 +106,15 @@ def train_round(
     elif instr.lam == 0 and math.isfinite(plan.epsilon):
         spent = privacy_state.spent(context)  # nothing sensitive is released this round
 
-    # Non-sensitive division: its own Poisson sample; g and the s-independent part of the W-gradient, in the clear.
-    ns_rng = randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys)
-    g, w_base = algo.nonsensitive_step(model, silo.train.nonsensitive, w=w, prior=prior, rate=rate, rng=ns_rng)
+    # Non-sensitive division: its own sample (or batch); g and the s-independent part of the W-gradient, in the clear.
+    sample = functools.partial(batches.round_sample, context, instr, silo_id=silo.silo_id, records=len(silo.train))
+    g, w_base = algo.nonsensitive_step(
+        model, silo.train.nonsensitive, w=w, prior=prior, rate=rate, sample=sample(division="nonsensitive")
+    )
     spec = parameter_spec(model)
     arrays = {msg.UPDATE: _named(g, spec)}
     if instr.lam > 0:
-        # Sensitive division: an independent Poisson sample; clipped, noised fairness gradients.
+        # Sensitive division: an independent sample (or batch); clipped, noised fairness gradients.
         h_theta, h_w = algo.fairness_gradients(
             model,
             silo.train.nonsensitive,
@@ -109,7 +124,7 @@ def train_round(
             rate=rate,
             clip=instr.clip,
             noise_multiplier=plan.noise_multiplier,
-            rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
+            sample=sample(division="sensitive"),
             generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
             w_noise=instr.w_noise,
         )

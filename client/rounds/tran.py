@@ -24,12 +24,17 @@ attributes, replace-one neighbours; features and labels are not protected, as fo
   it computes anything. When every signed multiplier is 0 (the first round, or lambda = 0), h_j is exactly 0 whatever
   the data and is sent without noise (a constant needs none); the round is charged in full all the same.
 
+With `sampling = shuffle` both divisions take the rounds' batches of their own shuffled epochs instead of Poisson
+samples (`client.batches`), the sums are still divided by q n_j = min(m, n_j), and the silo accounts each epoch as one
+unsampled release of the two (no amplification; `protocols.shuffled_epochs`), charged at the epoch's first round.
+
 Nothing else the silo sends (its number of records, its report) depends on s. The primal and dual steps are the
 server's (`strategies.lagrangian`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -37,8 +42,8 @@ import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from client import privacy_state, randomness
-from client.algorithms.dp_fedsgd import poisson_sample
+from client import batches, privacy_state, randomness
+from client.algorithms.dp_fedsgd import step_sample
 from client.data.tabular import SiloData
 from client.gradients import mean_gradient, unflatten
 from client.rounds import RoundResult, with_records
@@ -69,12 +74,14 @@ def fairness_release(
     rate: float,
     clip: float,
     noise_multiplier: float,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None = None,
     generator: torch.Generator,
+    sample: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sensitive division's noised ``(h, group mass)``, each a sum over its own Poisson sample / (q n_j)."""
+    """The sensitive division's noised ``(h, group mass)``, each a sum over its own Poisson sample (or the given
+    `sample`, a shuffled epoch's batch) / (q n_j)."""
     data, sensitive = silo.train.nonsensitive, silo.train.sensitive
-    idx = poisson_sample(len(sensitive.groups), rate, rng)
+    idx = step_sample(len(sensitive.groups), rate, rng, sample)
     x = torch.from_numpy(data.features[idx])
     y = torch.from_numpy(data.labels[idx])
     s = torch.from_numpy(sensitive.groups[idx])
@@ -120,15 +127,16 @@ def train_round(
         # Charged BEFORE anything is computed or released: a refused answer releases nothing.
         spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
     keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+    sample = functools.partial(batches.round_sample, context, instr, silo_id=silo.silo_id, records=len(silo.train))
 
-    # Non-sensitive division: the loss gradient on its own Poisson sample (never reads s), in the clear.
+    # Non-sensitive division: the loss gradient on its own sample or batch (never reads s), in the clear.
     data = silo.train.nonsensitive
-    idx = poisson_sample(len(data.labels), rate, randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys))
+    idx = sample(division="nonsensitive")
     if len(idx):
         g = mean_gradient(model, torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx]))
     else:
         g = torch.zeros(sum(p.numel() for p in model.parameters()))
-    # Sensitive division: an independent Poisson sample; the clipped, noised constraint gradient and group mass.
+    # Sensitive division: an independent sample or batch; the clipped, noised constraint gradient and group mass.
     h, mass = fairness_release(
         model,
         silo,
@@ -137,7 +145,7 @@ def train_round(
         rate=rate,
         clip=instr.clip,
         noise_multiplier=plan.noise_multiplier,
-        rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
+        sample=sample(division="sensitive"),
         generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
     )
     spec = parameter_spec(model)

@@ -96,7 +96,8 @@ class Algorithm:
     mechanism: str | Callable[[Any], str] = "none"
     not_covered: str = "federated evaluation: exact confusion counts of each silo's held-out test split"
     #: ``"module:function"`` adding algorithm-specific entries to the privacy block: (config, history, rounds, delta)
-    #: -> dict (an ``epsilon_spent`` entry there replaces the silos' largest).
+    #: -> dict (an ``epsilon_spent`` entry there replaces the silos' largest; a ``per_silo`` entry, silo id -> dict,
+    #: is merged into the block's per-silo entries).
     privacy_report: str = ""
     #: A plot label for a run without a sweep method name: config dict -> label (default: the name).
     label: Callable[[Mapping[str, Any]], str] | None = None

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from protocols import shuffled_epochs
 from protocols.algorithms import register
 from protocols.algorithms.base import Algorithm
 from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
@@ -19,10 +20,12 @@ from protocols.options import (
     GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
+    SamplingOptions,
     SgdOptions,
     TabularModelOptions,
     TopologyOptions,
 )
+from protocols.shuffled_epochs import ACCOUNTING_NOTE
 
 RELATION = "replace_one (the sensitive attribute of one record)"
 PARTIES_REPORT = (
@@ -50,14 +53,23 @@ def label(config: Mapping[str, Any]) -> str:
 
 SILOS_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its (group, label) "
-    "counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson sample q = m/n_j drawn by "
+    "counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round {sample} drawn by "
     "the sensitive division: per-sample theta-gradients of psi clipped to C and the s-dependent W-gradients (radius "
     "2/sqrt(rho); 2/(sqrt(k) rho) with group-weight balanced; with w-noise per-group each group's row at its own "
     "radius, 2/sqrt(p_S(r)), through a release scaled to radius 1), both noised at one multiplier sigma (two "
     "releases, one composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come "
-    "from the non-sensitive division's own sample and are sent in the clear (they do not depend on s; with "
-    "group-weight balanced that part is computed from the noised W release instead)"
+    "from the non-sensitive division's own {own} and are sent in the clear (they do not depend on s; with "
+    "group-weight balanced that part is computed from the noised W release instead){accounting}"
 )
+#: How the silos' rounds draw their records, per `sampling` (the mechanism text's {sample}, {own} and {accounting}).
+SAMPLERS = {
+    "poisson": {"sample": "a Poisson sample q = m/n_j", "own": "sample", "accounting": ""},
+    "shuffle": {
+        "sample": "the next batch of m records (the last of an epoch smaller) of a shuffled epoch",
+        "own": "shuffled epochs (an independent permutation)",
+        "accounting": "; " + ACCOUNTING_NOTE,
+    },
+}
 PARTIES_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation), topology {topology}. Each sensitive party: a Gaussian "
     "histogram of the (group, label) counts of the training ids it holds (labels sent by the feature parties once, in "
@@ -73,7 +85,7 @@ PARTIES_MECHANISM = (
 def mechanism(config: Any) -> str:
     """What the silos (or the sensitive parties) release, and how it is noised."""
     if config.topology == "silos":
-        return SILOS_MECHANISM
+        return SILOS_MECHANISM.format(**SAMPLERS[config.sampling])
     rows = "every record" if config.share_rows == "all" else "their Poisson sample q_f = m/n_j"
     return PARTIES_MECHANISM.format(topology=config.topology, keep_rate=config.keep_rate, rows=rows)
 
@@ -88,7 +100,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
 
     from protocols.privacy.closed_form import steffle_closed_form
 
-    out: dict[str, Any] = {"relation": RELATION}
+    out: dict[str, Any] = {"relation": RELATION, **sampling_report(config, history, rounds)}
     if config.topology != "silos":
         out["parties"] = PARTIES_REPORT.format(keep_rate=config.keep_rate)
         out["per_silo_role"] = "sensitive parties (the feature parties add no noise and spend no budget)"
@@ -120,8 +132,35 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     return out
 
 
+def sampling_report(config: Any, history: Any, rounds: int) -> dict[str, Any]:
+    """The privacy block's `sampling` (which sampler ran) and, for shuffled epochs, each silo's B_j and E_j with the
+    accounting (`per_silo`, merged into the block's per-silo entries by `server.result`)."""
+    if config.sampling != "shuffle":
+        return {
+            "sampling": "poisson: every round a fresh Poisson sample per division (the mechanism says what the "
+            "accounting claims from it)"
+        }
+    per_silo = {}
+    for silo_id, report in sorted(history.silo_reports.items()):
+        batches = shuffled_epochs.batches_per_epoch(report.num_examples, config.batch_size)
+        per_silo[str(silo_id)] = {
+            "sampling": "shuffle",
+            "batches_per_epoch": batches,
+            "epochs_accounted": shuffled_epochs.accounted_steps(rounds, report.num_examples, config.batch_size),
+            "accounted_sampling_rate": 1.0,
+        }
+    return {
+        "sampling": "shuffle: each silo's divisions take the rounds' batches of their own shuffled epochs (B_j = "
+        f"ceil(n_j/m) batches of m = {config.batch_size}, every record once per epoch); " + ACCOUNTING_NOTE,
+        "per_silo": per_silo,
+    }
+
+
 def check(config: Any) -> None:
     """Options of the parties that only some topologies read."""
+    problem = config.sampling_problem(config.topology_name)
+    if problem:
+        raise ValueError(problem)
     if config.topology != "general" and config.sensitive_parties != 1:
         raise ValueError(
             f"'sensitive-parties' is for topology 'general'; topology {config.topology!r} fixes the number of "
@@ -153,6 +192,7 @@ SPEC = register(
             TabularModelOptions,
             GroupReportOptions,
             SgdOptions,
+            SamplingOptions,
             LrDecayOptions,
             ClipOptions,
             FairnessOptions,

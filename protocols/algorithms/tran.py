@@ -9,7 +9,7 @@ from typing import Any
 from protocols.algorithms import register
 from protocols.algorithms.base import Algorithm
 from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
-from protocols.algorithms.steffle import RELATION
+from protocols.algorithms.steffle import RELATION, SAMPLERS, sampling_report
 from protocols.options import (
     ClipOptions,
     DualOptions,
@@ -17,13 +17,38 @@ from protocols.options import (
     GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
+    SamplingOptions,
     SgdOptions,
     TabularModelOptions,
 )
 
+MECHANISM = (
+    "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its "
+    "(group, label) counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round {sample} "
+    "drawn by the sensitive division: the per-sample gradients of the Lagrangian's "
+    "constraint term sum_c lambda_c sign(nu_c) nu_c clipped to C, and each record's soft predictions in its "
+    "group's row of the group mass (radius 1), both noised at one multiplier sigma (two releases, one "
+    "composed mechanism, PLD); the server estimates the violations nu from the noised group mass for the "
+    "dual step; the loss gradient g comes from the non-sensitive division's own {own} and is sent in the "
+    "clear (it does not depend on s){accounting}"
+)
+
+
+def mechanism(config: Any) -> str:
+    """What the silos release, and how it is noised, for the run's `sampling`."""
+    return MECHANISM.format(**SAMPLERS[config.sampling])
+
 
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
-    return {"relation": RELATION}
+    """The relation, which sampler ran and, for shuffled epochs, each silo's epochs (as SteFFLe's)."""
+    return {"relation": RELATION, **sampling_report(config, history, rounds)}
+
+
+def check(config: Any) -> None:
+    """Shuffled epochs on silos only (`SamplingOptions.sampling_problem`; Tran et al. runs on silos)."""
+    problem = config.sampling_problem(config.topology_name)
+    if problem:
+        raise ValueError(problem)
 
 
 SPEC = register(
@@ -35,6 +60,7 @@ SPEC = register(
             TabularModelOptions,
             GroupReportOptions,
             SgdOptions,
+            SamplingOptions,
             LrDecayOptions,
             ClipOptions,
             FairnessOptions,
@@ -46,13 +72,7 @@ SPEC = register(
         silo={"train": "client.rounds.tran:train_round", "query.groups": "client.rounds.tran:group_counts"},
         plots=("fairness", "privacy"),
         privacy_report="protocols.algorithms.tran:privacy_report",
-        mechanism="privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its "
-        "(group, label) counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round a Poisson "
-        "sample q = m/n_j drawn by the sensitive division: the per-sample gradients of the Lagrangian's "
-        "constraint term sum_c lambda_c sign(nu_c) nu_c clipped to C, and each record's soft predictions in its "
-        "group's row of the group mass (radius 1), both noised at one multiplier sigma (two releases, one "
-        "composed mechanism, PLD); the server estimates the violations nu from the noised group mass for the "
-        "dual step; the loss gradient g comes from the non-sensitive division's own sample and is sent in the "
-        "clear (it does not depend on s)",
+        mechanism=mechanism,
+        check=check,
     )
 )
