@@ -63,23 +63,26 @@ def test_factor_rows_read_each_side_at_the_epsilon_the_factor_names(tmp_path: Pa
     assert absent.value is None and "no runs" in absent.line()
 
 
-def test_the_authors_code_noise_is_worth_a_large_epsilon_by_the_accountant() -> None:
-    """Their noise std_theta (Theorem 3.3 for the mean) on the SUM: multiplier std_theta / L; by PLD, replace-one,
-    far above the nominal epsilon (Adult's q, T, delta, a binary attribute at 1/3)."""
+def test_noise_readings_the_closed_form_and_the_authors_code_by_the_accountant() -> None:
+    """The closed form as its proof reads it gives less noise than silofl's calibration (an epsilon above the
+    nominal one, by silofl's accountant); the authors' code's noise (Theorem 3.3 for the mean, added to the SUM: a
+    multiplier std_theta / L) is worth a far larger epsilon (Adult's q, T, delta, a binary attribute at 1/3)."""
+    per_silo = {str(i): {"n_train": 11305, "sampling_rate": 256 / 11305, "noise_multiplier": 14.86} for i in range(3)}
     result = {
         "config": {"epsilon": 1.0, "clip": 1.0, "w-radius": 2.0},
         "federation": {"rounds": 1767},
-        "privacy": {
-            "delta": 8.7e-10,
-            "per_silo": {str(i): {"n_train": 11305, "sampling_rate": 256 / 11305} for i in range(3)},
-        },
+        "privacy": {"delta": 8.7e-10, "per_silo": per_silo},
         "server_state": {"prior": [0.3237, 0.6763]},
     }
-    got = gap.authors_code_epsilon(result)
+    got = gap.noise_readings(result)
+    q = 256 / 11305
+    assert got["silofl"] == 14.86
+    assert got["closed_form"] == pytest.approx(2 * q * math.sqrt(2 * 1767 * math.log(1 / 8.7e-10)), rel=1e-3)
+    assert got["closed_form"] < got["silofl"] and 1.0 < got["closed_form_epsilon"] < 2.0
     expected = math.sqrt(16 * 4 * math.log(1 / 8.7e-10) * 1767 / (11305**2 * 0.3237))
-    assert got["std_theta"] == pytest.approx(expected) and got["multiplier"] == pytest.approx(expected)
-    assert 0.2 < got["multiplier"] < 0.3 and got["accounted"] > 100  # eps ~500 for a nominal 1
-    assert gap.authors_code_epsilon({**result, "config": {"epsilon": "inf"}}) is None
+    assert got["std_theta"] == pytest.approx(expected) and got["authors"] == pytest.approx(expected)
+    assert 0.2 < got["authors"] < 0.3 and got["authors_epsilon"] > 100  # about 500 for a nominal 1
+    assert gap.noise_readings({**result, "config": {"epsilon": "inf"}}) is None
 
 
 def test_only_tran_gap_replaces_its_section_and_nothing_else(tmp_path: Path) -> None:
