@@ -358,27 +358,63 @@ def race_section(
         "",
     ]
     files: dict[str, RunFiles] = {}
+    summaries: dict[str, Summary] = {}
     for sweep in MANY_VALUED:
-        sub, files[sweep.name] = sweep_subsection(sweep, sweeps, sweep_files, figures, doc_dir)
+        sub, files[sweep.name], summaries[sweep.title] = sweep_subsection(sweep, sweeps, sweep_files, figures, doc_dir)
         lines += sub
-    return lines, files
+    return [*lines, *across_lines(summaries)], files
+
+
+def across_lines(summaries: Mapping[str, Summary]) -> list[str]:
+    """One table over the sweeps: for every method that two or more sweeps ran, per (sweep, epsilon) the lowest
+    min-support violation within ERROR_BUDGET of lambda 0's error, relative to lambda 0 (and its lambda)."""
+    columns = [(title, eps) for title, summary in summaries.items() for eps in sorted({e for e, _ in summary})]
+    methods: dict[str, int] = defaultdict(int)
+    for summary in summaries.values():
+        for m in {m for _, m in summary}:
+            methods[m] += 1
+    common = [m for m in sorted(methods, key=lambda m: (m.count("-"), m)) if methods[m] > 1]
+    if len(summaries) < 2 or not common:
+        return []
+    lines = [
+        "### Across the attributes",
+        "",
+        f"Each method that two or more sweeps ran: the lowest violation over the groups with min support within "
+        f"+{ERROR_BUDGET:g} test error of lambda 0, against lambda 0's (its lambda in brackets; +0% at lambda 0: no "
+        "lambda of the method helps within that budget).",
+        "",
+        "| method | " + " | ".join(f"{title}, eps {_fmt(eps)}" for title, eps in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for method in common:
+        cells = []
+        for title, eps in columns:
+            by_lam = summaries[title].get((eps, method))
+            if not by_lam or 0.0 not in by_lam:
+                cells.append("-")
+                continue
+            lam, _, _, vio_min = _best_within_budget(by_lam)
+            cells.append(f"{100 * (vio_min / by_lam[0.0][2] - 1):+.0f}% (lambda {_fmt(lam)})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def sweep_subsection(
     sweep: ManyValuedSweep, sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path
-) -> tuple[list[str], RunFiles]:
+) -> tuple[list[str], RunFiles, Summary]:
     """One sweep's subsection: commands, run state, per epsilon a table of lambda against the error and the
     violations over all groups and over the groups with min support (mean ± sd over seeds) for every method, the
-    groups' test supports and rates, a conclusion computed from the tables, and a figure in `figures`."""
+    groups' test supports and rates, a conclusion computed from the tables, and a figure in `figures`; and the
+    summary behind them ((epsilon, method) -> lambda -> mean error, violation all groups, violation min support)."""
     folder, sweep_file = sweeps / sweep.name, sweep_files / f"{sweep.name}.toml"
     command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
     lines = [f"### {sweep.title}", "", f"The attribute: {sweep.what}.", ""]
     if not folder.is_dir():
-        return [
-            *lines,
-            f"Not generated yet: run `{command}`, then `python benchmarks/results.py --only race`.",
-            "",
-        ], RunFiles()
+        return (
+            [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py --only race`.", ""],
+            RunFiles(),
+            {},
+        )
     runs, skipped = load_race_runs(folder)
     files = RunFiles()
     for r in runs:
@@ -386,7 +422,7 @@ def sweep_subsection(
     lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only race", "```", ""]
     lines += [f"Runs: {_RESULTS.sweep_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
     if not runs:
-        return lines, files
+        return lines, files, {}
     order = method_order(sweep_methods(sweep_file))
     labels = _labels(runs)
     private = sorted(2 / math.sqrt(r.rho) for r in runs if r.rho and math.isfinite(r.epsilon))
@@ -421,10 +457,10 @@ def sweep_subsection(
     try:
         fig = race_figure(summary, labels, order, sweep.title)
     except ImportError:  # matplotlib is optional for the tables
-        return lines, files
+        return lines, files, summary
     figures.mkdir(parents=True, exist_ok=True)
     path = figures / sweep.figure
     fig.savefig(path, dpi=150)
     fig.clear()
     lines += [f"![SteFFLe on {sweep.title}]({_rel(path, doc_dir)})", ""]
-    return lines, files
+    return lines, files, summary

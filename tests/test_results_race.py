@@ -125,3 +125,22 @@ def test_methods_follow_the_sweep_files_order(tmp_path: Path) -> None:
     rows = [line.split(" | ")[0] for line in lines if line.startswith("| steffle")]
     assert rows[0] == "| steffle-balanced" and rows[-1] == "| steffle"
     assert race.sweep_methods(files / "absent.toml") == []
+
+
+def test_across_the_attributes_compares_the_methods_both_sweeps_ran(tmp_path: Path) -> None:
+    """The closing table: per (sweep, epsilon) each common method's best min-support violation within the error
+    budget against lambda 0's; a method one sweep alone ran is not a row."""
+    sweeps = tmp_path / "sweeps"
+    first, second = (sweeps / s.name for s in race.MANY_VALUED)
+    for root, balanced_rates in ((first, [0.30, 0.25, 0.23]), (second, [0.40, 0.31, 0.20])):
+        _write_run(root, "steffle", 3.0, 0.0, 0, 0.15, [0.40, 0.30, 0.20])
+        _write_run(root, "steffle-balanced", 3.0, 2.0, 0, 0.155, balanced_rates)
+    _write_run(first, "steffle-only-here", 3.0, 2.0, 0, 0.15, [0.40, 0.30, 0.20])
+    lines, _ = race.race_section(sweeps, tmp_path / "none", tmp_path / "figures", tmp_path)
+    start = lines.index("### Across the attributes")
+    table = lines[start:]
+    row = next(line for line in table if line.startswith("| steffle-balanced |"))
+    # min support (without Small): first 0.25 - 0.23 = 0.02 against 0.10 (-80%); second 0.11 (+10%: not within budget
+    # better than lambda 0, so lambda 0 stays: +0%)
+    assert row == "| steffle-balanced | -80% (lambda 2) | +0% (lambda 0) |"
+    assert not any(line.startswith("| steffle-only-here") for line in table)
