@@ -65,6 +65,7 @@ def factors() -> list[Factor]:
         Factor("SteFFLe's clip 2", steffle=("steffle-clip-2",)),
         Factor("SteFFLe's W step 0.02 (0.1 in the main sweeps)", steffle=("steffle-w-lr-0.02",)),
         Factor("SteFFLe's W step 0.005", steffle=("steffle-w-lr-0.005",)),
+        Factor("SteFFLe's W step 0.005, per-group W noise", steffle=("steffle-pg-w-lr-0.005",)),
         Factor(
             "SteFFLe's W step 0.005, balanced ERMI, per-group W noise",
             steffle=("steffle-balanced-pg-w-lr-0.005",),
