@@ -156,3 +156,16 @@ def test_balanced_and_per_group_noise_are_for_silos_only() -> None:
     for extra in ({"group-weight": "balanced"}, {"w-noise": "per-group"}):
         with pytest.raises((ConfigError, ValueError), match="topology 'silos' only"):
             RunConfig.parse({**base, "topology": "divided", **extra})
+    # the default, auto, is per-group on silos and isotropic at separate parties: every topology takes it
+    assert RunConfig.parse({**base, "topology": "divided"}).w_noise == "auto"
+
+
+def test_w_noise_auto_is_per_group_on_silos() -> None:
+    """The default w-noise (auto) noises a silo's W release row by row, exactly as an explicit per-group does;
+    isotropic stays what it was (the paper-reproduction sweeps pin it)."""
+    from client.rounds.steffle import silo_w_noise
+    from protocols.config import RunConfig
+
+    assert RunConfig.parse({"algorithm": "steffle", "rounds": 2}).w_noise == "auto"
+    assert RunConfig.parse({"algorithm": "steffle", "rounds": 2}).w_lr == 0.02
+    assert [silo_w_noise(w) for w in ("auto", "per-group", "isotropic")] == ["per-group", "per-group", "isotropic"]

@@ -70,6 +70,7 @@ def test_steffle_on_adult_halves_demographic_parity_at_epsilon_1(adult_dir: str)
                 "clip": 1.0,
                 "w-radius": 2.0,
                 "w-lr": 0.1,
+                "w-noise": "isotropic",  # issue 3's configuration (the defaults before 2026-11-25)
                 "epsilon": 1.0,
                 "fairness": "dp",
                 "lambda": lam,

@@ -55,8 +55,8 @@ SILOS_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its (group, label) "
     "counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round {sample} drawn by "
     "the sensitive division: per-sample theta-gradients of psi clipped to C and the s-dependent W-gradients (radius "
-    "2/sqrt(rho); 2/(sqrt(k) rho) with group-weight balanced; with w-noise per-group each group's row at its own "
-    "radius, 2/sqrt(p_S(r)), through a release scaled to radius 1), both noised at one multiplier sigma (two "
+    "2/sqrt(rho); 2/(sqrt(k) rho) with group-weight balanced; with w-noise per-group, or auto, each group's row at "
+    "its own radius, 2/sqrt(p_S(r)), through a release scaled to radius 1), both noised at one multiplier sigma (two "
     "releases, one composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come "
     "from the non-sensitive division's own {own} and are sent in the clear (they do not depend on s; with "
     "group-weight balanced that part is computed from the noised W release instead){accounting}"
@@ -171,10 +171,11 @@ def check(config: Any) -> None:
             f"'sensitive-by' deals the ids to the sensitive parties of topology 'general'; topology "
             f"{config.topology!r} fixes who holds which id (drop the key)"
         )
-    if config.topology != "silos" and (config.group_weight != "prior" or config.w_noise != "isotropic"):
+    if config.topology != "silos" and (config.group_weight != "prior" or config.w_noise == "per-group"):
         raise ValueError(
             "'group-weight balanced' and 'w-noise per-group' are implemented for topology 'silos' only (the sensitive "
-            "parties compute the papers' ERMI with isotropic noise); drop the keys or use topology silos"
+            "parties compute the papers' ERMI with isotropic noise); drop the keys (w-noise auto is isotropic there) "
+            "or use topology silos"
         )
     if config.topology == "silos" and config.keep_rate != 1.0:
         raise ValueError(
