@@ -321,7 +321,7 @@ def race_figure(summary: Summary, labels: Mapping[str, str], order: Order, title
 
     epsilons = sorted({e for e, _ in summary})
     fig, axes = plt.subplots(
-        1, len(epsilons), figsize=(4.8 * len(epsilons), 3.8), constrained_layout=True, squeeze=False
+        1, len(epsilons), figsize=(4.8 * len(epsilons), 5.2), layout="constrained", squeeze=False
     )
     for ax, epsilon in zip(axes[0], epsilons, strict=True):
         for method in sorted((m for e, m in summary if e == epsilon), key=order):
@@ -333,7 +333,8 @@ def race_figure(summary: Summary, labels: Mapping[str, str], order: Order, title
         ax.set_xlabel("test error")
         ax.set_ylabel("DP violation, groups with min support")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6)
+    handles, names = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=2, fontsize=7)  # below the panels, off the data
     fig.suptitle(f"SteFFLe on {title}: violation against error, traced by lambda", fontsize=10)
     return fig
 
@@ -354,7 +355,9 @@ def race_section(
         "group's row at its own radius 2/sqrt(p_S(r)), the same mechanism for the accountant). The violation is "
         "reported over all groups (`final.dp_violation`) and over the groups with enough test records "
         "(`fairness_groups` in result.json, `--min-support`): a group of 70 test records moves its rate by a few "
-        "hundredths through sampling alone.",
+        "hundredths through sampling alone. The method `steffle-pg-w0.02` below (per-group W noise, W step 0.02) is "
+        "SteFFLe's default since 2026-11-25 (`--w-noise auto`, per-group on silos); `steffle` is the papers' (and "
+        "the earlier default); every sweep pins its options, so the runs do not change with the defaults.",
         "",
     ]
     files: dict[str, RunFiles] = {}
