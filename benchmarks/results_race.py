@@ -320,9 +320,7 @@ def race_figure(summary: Summary, labels: Mapping[str, str], order: Order, title
     import matplotlib.pyplot as plt
 
     epsilons = sorted({e for e, _ in summary})
-    fig, axes = plt.subplots(
-        1, len(epsilons), figsize=(4.8 * len(epsilons), 5.2), layout="constrained", squeeze=False
-    )
+    fig, axes = plt.subplots(1, len(epsilons), figsize=(4.8 * len(epsilons), 5.2), layout="constrained", squeeze=False)
     for ax, epsilon in zip(axes[0], epsilons, strict=True):
         for method in sorted((m for e, m in summary if e == epsilon), key=order):
             points = sorted(summary[(epsilon, method)].items())
