@@ -6,7 +6,6 @@ machinery reads what it claims: per-round times from the run, memory from /proc,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -18,19 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.benchmark_scripts import load_script
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = PROJECT_ROOT / "benchmarks" / "load.py"
 
 
-def _load_module():
-    spec = importlib.util.spec_from_file_location("silofl_load_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-load = _load_module()
+load = load_script("load.py", "silofl_load_benchmark")
 MB = 1024 * 1024
 
 

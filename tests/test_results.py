@@ -4,29 +4,18 @@ sweep (SteFFLe, Tran et al. and FedAvg on the synthetic dataset) run through `si
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
 import shutil
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("silofl_results", PROJECT_ROOT / "benchmarks" / "results.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-results = _load()
+results = load_script("results.py", "silofl_results")
 
 # SteFFLe's points (test error, violation): the front is (0.15, 0.20), (0.16, 0.10), (0.18, 0.04); (0.17, 0.12) and
 # (0.20, 0.06) are dominated; the error range is [0.15, 0.20].

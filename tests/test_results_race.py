@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "silofl_results_race", PROJECT_ROOT / "benchmarks" / "results_race.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-race = _load()
+race = load_script("results_race.py", "silofl_results_race")
 
 NAMES = ["Small", "Mid", "Large"]
 SUPPORTS = [50, 200, 750]

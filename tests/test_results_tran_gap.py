@@ -3,26 +3,15 @@ row as the factor says), the authors' code's noise by silofl's accountant, and `
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("silofl_results", PROJECT_ROOT / "benchmarks" / "results.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-results = _load()
+results = load_script("results.py", "silofl_results")
 gap = results._tran_gap_module()
 
 
