@@ -1,7 +1,7 @@
 """Milliseconds per SteFFLe round on the in-process engine, and one silo's compute against non-private FedSGD.
 
     python benchmarks/steffle_round.py [--dataset adult] [--batch-size 256] [--rounds 600] [--repeats 3]
-                                       [--model logreg] [--silo-rounds 300]
+                                       [--model logreg] [--silo-rounds 300] [--math-rounds 300]
 
 1. The whole round: `silofl run steffle` on the in-process engine (real ServerApp, strategy and 3 ClientApps through
    `server.inprocess_grid`: messages, checks, copies, ledgers, both divisions, noise), epsilon = 1, lambda = 1,
@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -148,6 +149,56 @@ def one_silo(args: argparse.Namespace) -> None:
     print(f"  ratio                            : {steffle / fedsgd:7.2f}x")
 
 
+def math_only(args: argparse.Namespace) -> None:
+    from client.algorithms import steffle as algo
+    from client.data.federate import load_federation
+    from client.rounds.steffle import group_prior
+
+    _, silos = load_federation(args.dataset, 3, data_dir=os.environ.get("SILOFL_DATA_DIR") or None, download=False)
+    info = silos[0].info
+    model = build_model(args.model, info.num_features, info.num_labels)
+    w = torch.full((info.num_groups, info.num_labels), 0.5)
+    prior = group_prior("dp", np.full(info.num_groups, 1.0 / info.num_groups), info.num_labels)
+    rng, generator = np.random.default_rng(0), torch.Generator().manual_seed(0)
+    torch.set_num_threads(1)  # as the ClientApp computes (client.app._single_thread)
+
+    def one_round(private: bool) -> float:
+        t0 = time.perf_counter()
+        for silo in silos:
+            rate = min(1.0, args.batch_size / len(silo.train))
+            algo.nonsensitive_step(model, silo.train.nonsensitive, w=w, prior=prior, rate=rate, rng=rng)
+            if private:
+                algo.fairness_gradients(
+                    model,
+                    silo.train.nonsensitive,
+                    silo.train.sensitive,
+                    w=w,
+                    prior=prior,
+                    rate=rate,
+                    clip=1.0,
+                    noise_multiplier=15.0,
+                    rng=rng,
+                    generator=generator,
+                    w_noise="per-group",
+                )
+        return time.perf_counter() - t0
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    warm_up = min(20, args.math_rounds // 2)
+    for i in range(args.math_rounds):
+        for private in (True, False):
+            seconds = one_round(private)
+            if i >= warm_up:
+                times[private].append(seconds)
+    steffle, fedsgd = (statistics.median(times[p]) * 1000 for p in (True, False))
+    print(
+        f"the math alone, 3 silos' calls of client.algorithms.steffle per round (no messages, ledgers, checks), "
+        f"{args.dataset}, m = {args.batch_size}, {args.model}, median over {len(times[True])} rounds"
+    )
+    print(f"  SteFFLe (both divisions, noise)  : {steffle:7.3f} ms")
+    print(f"  non-private (g only)             : {fedsgd:7.3f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="adult")
@@ -156,6 +207,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="whole-round runs of each variant (the best is kept)")
     parser.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
     parser.add_argument("--silo-rounds", type=int, default=300, help="rounds of the one-silo comparison (0: skip it)")
+    parser.add_argument("--math-rounds", type=int, default=300, help="rounds of the math-alone timing (0: skip it)")
     args = parser.parse_args()
     if args.rounds:
         if args.rounds < 3:
@@ -163,6 +215,8 @@ def main() -> None:
         whole_round(args)
     if args.silo_rounds:
         one_silo(args)
+    if args.math_rounds:
+        math_only(args)
 
 
 if __name__ == "__main__":
