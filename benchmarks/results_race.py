@@ -354,7 +354,7 @@ def race_section(
         "reported over all groups (`final.dp_violation`) and over the groups with enough test records "
         "(`fairness_groups` in result.json, `--min-support`): a group of 70 test records moves its rate by a few "
         "hundredths through sampling alone. The method `steffle-pg-w0.02` below (per-group W noise, W step 0.02) is "
-        "SteFFLe's default since 2026-11-25 (`--w-noise auto`, per-group on silos); `steffle` is the papers' (and "
+        "SteFFLe's default since 2026-11-25 (`--w-noise auto`, per-group); `steffle` is the papers' (and "
         "the earlier default); every sweep pins its options, so the runs do not change with the defaults.",
         "",
     ]

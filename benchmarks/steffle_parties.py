@@ -102,7 +102,7 @@ def main() -> None:
         "eval-every": args.rounds,
         "epsilon": 1.0,
         "lambda": 1.0,
-        "w-noise": "isotropic",  # what the separate parties implement: the silos' row compared with the same noise
+        "w-noise": "isotropic",  # the default when benchmarks/README's figures were measured; both rows alike
         "batch-size": args.batch_size,
         "data-dir": os.environ.get("SILOFL_DATA_DIR", ""),
     }

@@ -346,8 +346,8 @@ class ErmiOptions(OptionGroup):
         description="isotropic: the same noise on every entry of the W release, scaled to the smallest group's bound "
         "2/sqrt(rho); per-group: each group's row of W noised at its own bound 2/sqrt(p_S(r)) (the release scaled "
         "row by row to sensitivity 1, noised, scaled back: the same mechanism for the accountant), so the noise of a "
-        "tiny group no longer lands on the large groups' rows; auto: per-group on topology silos, isotropic for "
-        "separate sensitive parties (the only W noise they implement)",
+        "tiny group no longer lands on the large groups' rows; auto (the default): per-group, at silos and at "
+        "separate sensitive parties alike",
         json_schema_extra=SILO,
     )
     group_weight: Literal["prior", "balanced"] = Field(

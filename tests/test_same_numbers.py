@@ -49,7 +49,7 @@ _RUN = {"rounds": 4, "epochs": 0.0, "seed": 3, "eval-every": 1}
 _PRIVATE = {"delta": 0.0, "accountant": "best"}
 _SGD = {"model": "logreg", "hidden": 64, "batch-size": 256, "lr": 0.5}
 _DECAY = {"lr-decay": 1.0, "lr-decay-epochs": 0.0}
-# w-noise: the default before 2026-11-25 (now "auto", per-group on silos), pinned in the fixture's configs too.
+# w-noise: the default before 2026-11-25 (now "auto", per-group), pinned in the fixture's configs too.
 _STEFFLE = {"fairness": "dp", "lambda": 1.0, "w-radius": 2.0, "w-lr": 0.1, "w-noise": "isotropic", "counts-share": 0.1}
 _TRAN = {"fairness": "dp", "lambda": 1.0, "dual-lr": 0.01, "counts-share": 0.1}
 _SINGLE_PASS = {"dataset": "digits", "model": "logreg", "batch-size": 16, "rho": 4.0, "domain-diameter": 0.1}

@@ -119,7 +119,7 @@ def test_per_group_w_noise_scales_each_row_to_its_own_bound(notion, l_, balanced
     """w-noise per-group: row (b, r) of the W release gets noise std sigma * B_br (B = w_row_bounds), i.e. the
     release divided row by row by B is the unit-sensitivity Gaussian; every record's contribution to the scaled
     release lies in the unit ball (the accountant's radius 1); the largest bound is w_radius_of's."""
-    from client.algorithms.steffle import _per_group_w_release
+    from client.algorithms.steffle import per_group_w_release
 
     k = 4
     table = np.array([[0.02, 0.08, 0.3, 0.6], [0.05, 0.15, 0.2, 0.6], [0.1, 0.1, 0.2, 0.6]])[:l_]
@@ -128,15 +128,13 @@ def test_per_group_w_noise_scales_each_row_to_its_own_bound(notion, l_, balanced
     assert float(bounds.max()) == pytest.approx(w_radius_of(prior))
     shape = w_shape(notion, k, l_)
     zeros = torch.zeros(shape, dtype=torch.float64)
-    draws = torch.stack(
-        [_per_group_w_release(zeros, prior, 2.0, torch.Generator().manual_seed(i)) for i in range(4000)]
-    )
+    draws = torch.stack([per_group_w_release(zeros, prior, 2.0, torch.Generator().manual_seed(i)) for i in range(4000)])
     per_row = draws.reshape(4000, -1, l_).std(dim=(0, 2))  # (blocks * k,)
     torch.testing.assert_close(per_row, torch.from_numpy(2.0 * bounds.reshape(-1)), rtol=0.05, atol=0.0)
     # same generator: the scaled release is exactly the unit-sensitivity mechanism's draw
     value = torch.randn(shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     scale = torch.from_numpy(bounds).reshape(*shape[:-1], 1)
-    released = _per_group_w_release(value, prior, 1.5, torch.Generator().manual_seed(3))
+    released = per_group_w_release(value, prior, 1.5, torch.Generator().manual_seed(3))
     unit = value / scale + 1.5 * torch.randn(shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     torch.testing.assert_close(released / scale, unit)
     # each record's s-dependent W-gradient, divided by its row's bound, has norm <= 1 (reached for a vertex F)
@@ -148,24 +146,25 @@ def test_per_group_w_noise_scales_each_row_to_its_own_bound(notion, l_, balanced
     assert float(norms.max()) == pytest.approx(1.0) and bool((norms <= 1.0 + 1e-12).all())
 
 
-def test_balanced_and_per_group_noise_are_for_silos_only() -> None:
+def test_balanced_is_for_silos_only_and_per_group_noise_for_every_topology() -> None:
     from protocols.config import ConfigError, RunConfig
 
     base = {"algorithm": "steffle", "dataset": "synthetic", "epsilon": 1.0}
     assert RunConfig.parse({**base, "group-weight": "balanced", "w-noise": "per-group"}).group_weight == "balanced"
-    for extra in ({"group-weight": "balanced"}, {"w-noise": "per-group"}):
-        with pytest.raises((ConfigError, ValueError), match="topology 'silos' only"):
-            RunConfig.parse({**base, "topology": "divided", **extra})
-    # the default, auto, is per-group on silos and isotropic at separate parties: every topology takes it
+    with pytest.raises((ConfigError, ValueError), match="topology 'silos' only"):
+        RunConfig.parse({**base, "topology": "divided", "group-weight": "balanced"})
+    # per-group W noise, explicit or by default (auto), is implemented at the separate sensitive parties too
+    for w_noise in ("per-group", "auto", "isotropic"):
+        assert RunConfig.parse({**base, "topology": "divided", "w-noise": w_noise}).w_noise == w_noise
     assert RunConfig.parse({**base, "topology": "divided"}).w_noise == "auto"
 
 
-def test_w_noise_auto_is_per_group_on_silos() -> None:
-    """The default w-noise (auto) noises a silo's W release row by row, exactly as an explicit per-group does;
+def test_w_noise_auto_is_per_group() -> None:
+    """The default w-noise (auto) noises the W release row by row, exactly as an explicit per-group does;
     isotropic stays what it was (the paper-reproduction sweeps pin it)."""
-    from client.rounds.steffle import silo_w_noise
+    from client.rounds.steffle import w_noise_of
     from protocols.config import RunConfig
 
     assert RunConfig.parse({"algorithm": "steffle", "rounds": 2}).w_noise == "auto"
     assert RunConfig.parse({"algorithm": "steffle", "rounds": 2}).w_lr == 0.02
-    assert [silo_w_noise(w) for w in ("auto", "per-group", "isotropic")] == ["per-group", "per-group", "isotropic"]
+    assert [w_noise_of(w) for w in ("auto", "per-group", "isotropic")] == ["per-group", "per-group", "isotropic"]

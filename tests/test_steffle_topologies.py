@@ -209,6 +209,37 @@ def test_a_sensitive_partys_reply_has_the_same_shape_and_noise_whether_or_not_it
     assert 0.8 < theta.std() / expected < 1.2 and abs(theta.mean()) < 4 * expected / math.sqrt(theta.size)
 
 
+def test_a_sensitive_partys_w_noise_is_per_group_by_default() -> None:
+    """The default w-noise (auto) is per-group at a separate sensitive party too: on the real reply to the same query
+    (ids it does not hold: pure noise, drawn from the same seeded generator), each group's row of the W release is the
+    isotropic release scaled by that row's bound 2 / sqrt(p_S(r)) over the largest one, R_W = 2 / sqrt(rho)."""
+    from protocols.ermi import GroupPrior
+
+    config = _config(topology="central-sensitive", rounds=2)
+    assert config.w_noise == "auto"
+    _, grid = _run(config)
+    sent = next(m for m, _ in grid.log if m.metadata.message_type == pm.SENSITIVE_QUERY)
+    node_config = dict(grid.context(sent.metadata.dst_node_id).node_config)
+    instr = msg.read_instruction(sent.content)
+
+    def dummy_w(w_noise: str) -> np.ndarray:
+        content = RecordDict(dict(sent.content.items()))
+        rows = _arrays(content[pm.ROWS])
+        rows["ids"] = rows["ids"] + 10**9  # ids no party holds: the W release is noise alone
+        content[pm.ROWS] = pm.int_record(**rows)
+        content[msg.CONFIG] = instr.model_copy(update={"w_noise": w_noise}).to_config_record()
+        reply = client_app(Message(content, 7, pm.SENSITIVE_QUERY), _fresh_sensitive_node(config, node_config))
+        assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+        return _arrays(reply.content[msg.FAIR_UPDATE])["w"].astype(np.float64)
+
+    auto, isotropic = dummy_w("auto"), dummy_w("isotropic")
+    prior = GroupPrior("dp", _arrays(sent.content[msg.FAIRNESS])["prior"].astype(np.float64), num_labels=2)
+    bounds = prior.w_row_bounds().reshape(-1, 1)  # (k, 1) for demographic parity
+    assert bounds.min() < bounds.max()  # unequal groups: the two noises differ
+    np.testing.assert_allclose(auto, isotropic * bounds / prior.w_gradient_bound(), rtol=1e-5)
+    assert np.abs(auto).sum() > 0
+
+
 def test_divided_gives_the_silos_results_over_seeds() -> None:
     """`divided` with every row shared and the sensitive party's secret coins at q = m / n_j is the silos'
     mechanism over the network: the same distribution of results (here, per seed, nearly the same numbers)."""

@@ -129,7 +129,7 @@ def fairness_gradients(
     divided by q n_j = min(m, n_j), the public batch size.
 
     ``w_noise = "per-group"`` noises each group's row of the W release at that row's own bound
-    (:func:`_per_group_w_release`) instead of every entry at the largest one.
+    (:func:`per_group_w_release`) instead of every entry at the largest one.
 
     For the group-balanced objective (``prior.balanced``) h_W is the whole W-gradient: the s-dependent part plus
     :func:`balanced_w_base` computed from it after the noise (post-processing); the caller adds nothing to it.
@@ -157,7 +157,7 @@ def fairness_gradients(
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         if w_noise == "per-group":
-            w_sum = _per_group_w_release(w_sum, prior, noise_multiplier, generator)
+            w_sum = per_group_w_release(w_sum, prior, noise_multiplier, generator)
         else:
             w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
                 w_sum, generator
@@ -168,7 +168,7 @@ def fairness_gradients(
     return theta_sum / expected, w_sum / expected
 
 
-def _per_group_w_release(
+def per_group_w_release(
     w_sum: torch.Tensor, prior: GroupPrior, noise_multiplier: float, generator: torch.Generator
 ) -> torch.Tensor:
     """The s-dependent W-sum noised row by row: row (b, r) of W gets noise std sigma * B_br, with B_br the largest

@@ -23,7 +23,10 @@ the feature parties choose the sample and the server relays it, so both know whi
 party therefore claims amplification by sampling only from its own secret coins (rate q_s); with q_s = 1 every round
 is an un-amplified Gaussian release. Record i's theta-contribution is clipped into the ball of radius C around 0 and
 its W-contribution lies in the ball of radius R_W = 2 / sqrt(rho) around 0 (0 is what an unsampled or absent record
-contributes), the replace-one geometry of `client.algorithms.steffle`: the party adds sigma * C and sigma * R_W.
+contributes), the replace-one geometry of `client.algorithms.steffle`: the party adds sigma * C and sigma * R_W,
+or, with per-group W noise (`w_noise`, the default through `w-noise auto`), sigma times each row's own bound
+2 / sqrt(p_b(r)) (:func:`client.algorithms.steffle.per_group_w_release`: a record's W term lies in one row, within
+that row's bound, as in the silo mode).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
 from client.algorithms.dp_fedsgd import poisson_sample
-from client.algorithms.steffle import w_radius_of
+from client.algorithms.steffle import per_group_w_release, w_radius_of
 from protocols.ermi import GroupPrior, psi_output_cotangents, psi_w_gradients
 from protocols.models import TabularModel, clip_factors, loss_fn
 from protocols.privacy.gaussian import GaussianMechanism
@@ -210,6 +213,7 @@ def sensitive_party_step(
     keep_rate: float,
     rng: np.random.Generator,
     generator: torch.Generator,
+    w_noise: str = "isotropic",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 2 at sensitive party c: the noised sums (theta (P,), s-dependent W (w.shape)) over the requested records
     it holds, each kept with the party's secret coin at rate q_s = `keep_rate`.
@@ -217,6 +221,8 @@ def sensitive_party_step(
     Record i's theta term is clip(J_F(x_i)^T a_i, C) (Lemma D.1 theta part, clipped as in the silo mode); its W term
     is 2 [s_i = r] F_iu / sqrt(p(r)) in its block (Lemma D.1 W part at W = 0). Noise N(0, (sigma C)^2) and
     N(0, (sigma R_W)^2) is added to the sums whatever |R_c| is, so an empty R_c gives pure noise of the same shape.
+    ``w_noise = "per-group"``: each row of the W sum noised at its own bound instead of R_W (the silo mode's
+    :func:`~client.algorithms.steffle.per_group_w_release`, the same mechanism for the accountant).
     """
     if not 0.0 < keep_rate <= 1.0:
         raise ValueError(f"keep_rate (q_s) must be in (0, 1], got {keep_rate}")
@@ -237,9 +243,12 @@ def sensitive_party_step(
         w_sum = psi_w_gradients(mine.outputs.to(dtype), s, torch.zeros_like(w, dtype=dtype), prior, mine.labels).sum(0)
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
-        w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
-            w_sum, generator
-        )
+        if w_noise == "per-group":
+            w_sum = per_group_w_release(w_sum, prior, noise_multiplier, generator)
+        else:
+            w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
+                w_sum, generator
+            )
     return theta_sum, w_sum
 
 

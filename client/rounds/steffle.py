@@ -126,7 +126,7 @@ def train_round(
             noise_multiplier=plan.noise_multiplier,
             sample=sample(division="sensitive"),
             generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
-            w_noise=silo_w_noise(instr.w_noise),
+            w_noise=w_noise_of(instr.w_noise),
         )
         fair_arrays = _named(h_theta, spec)
         # Balanced objective: h_w is the whole W-gradient (its -2 W F term depends on s; `algo.balanced_w_base`).
@@ -144,9 +144,10 @@ def train_round(
     return arrays, report
 
 
-def silo_w_noise(w_noise: str) -> str:
-    """The W noise a silo applies for the run's `w-noise` (this module serves topology silos): "auto" is per-group
-    here (the separate sensitive parties, `client.rounds.steffle_parties`, noise isotropically)."""
+def w_noise_of(w_noise: str) -> str:
+    """The W noise a silo or a separate sensitive party (`client.rounds.steffle_parties`) applies for the run's
+    `w-noise`: "auto", the default, is per-group (it names the default, so a run's config still reads "auto" if the
+    default moves)."""
     return "per-group" if w_noise == "auto" else w_noise
 
 

@@ -11,9 +11,10 @@ transport side of :mod:`client.algorithms.steffle_parties`, named by the `steffl
 
 Privacy accounting of a sensitive party (spec, "Privacy (decisions)"): one composed mechanism under the replace-one
 relation on s: the one-off histogram (radius sqrt(2)/2, `counts-share` of the budget), then T rounds of two Gaussian
-releases (theta and W sums, radii C and R_W = 2 / sqrt(rho)) at one noise multiplier, amplified by its own secret
-sampling at rate q_s only (q_s = 1: un-amplified). The feature parties chose which records were requested, so their
-sampling gives no amplification here; the bound holds for any request, even the same ids every round.
+releases (theta and W sums, radii C and R_W = 2 / sqrt(rho), or the W rows scaled to radius 1 with per-group W
+noise) at one noise multiplier, amplified by its own secret sampling at rate q_s only (q_s = 1: un-amplified). The
+feature parties chose which records were requested, so their sampling gives no amplification here; the bound holds
+for any request, even the same ids every round.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from flwr.app import Context, Message, RecordDict
 from client import privacy_state, randomness
 from client.algorithms import steffle_parties as algo
 from client.data.topology import FeaturePartyData, SensitivePartyData
-from client.rounds.steffle import _named, group_prior
+from client.rounds.steffle import _named, group_prior, w_noise_of
 from protocols import messages as msg
 from protocols import parties as pm
 from protocols.ermi import GroupPrior
@@ -182,6 +183,7 @@ def sensitive_round(
         keep_rate=instr.keep_rate,
         rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
         generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+        w_noise=w_noise_of(instr.w_noise),
     )
     report = msg.TrainReport(
         silo_id=party.party_id,

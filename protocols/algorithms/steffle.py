@@ -75,10 +75,11 @@ PARTIES_MECHANISM = (
     "histogram of the (group, label) counts of the training ids it holds (labels sent by the feature parties once, in "
     "setup; radius sqrt(2)/2, spending counts-share of epsilon), then every round, whatever it holds of the request: "
     "each requested id it holds kept with its own secret coin at q_s = {keep_rate:g}, the SUMS of the kept records' "
-    "theta-gradients of psi (J_F^T a_i) clipped to C and of their s-dependent W-gradients (radius 2/sqrt(rho)), both "
-    "noised at one multiplier sigma (two releases, one composed mechanism, amplified by q_s only; PLD). A party that "
-    "holds none of the ids answers with noise of the same shape and scale. The feature parties add no noise: their "
-    "loss gradients and rows (id, y, F(x_i), J_F(x_i); rows of {rows}) do not depend on s"
+    "theta-gradients of psi (J_F^T a_i) clipped to C and of their s-dependent W-gradients (radius 2/sqrt(rho); with "
+    "w-noise per-group, or auto, each group's row at its own radius, 2/sqrt(p_S(r)), through a release scaled to "
+    "radius 1), both noised at one multiplier sigma (two releases, one composed mechanism, amplified by q_s only; "
+    "PLD). A party that holds none of the ids answers with noise of the same shape and scale. The feature parties "
+    "add no noise: their loss gradients and rows (id, y, F(x_i), J_F(x_i); rows of {rows}) do not depend on s"
 )
 
 
@@ -171,11 +172,10 @@ def check(config: Any) -> None:
             f"'sensitive-by' deals the ids to the sensitive parties of topology 'general'; topology "
             f"{config.topology!r} fixes who holds which id (drop the key)"
         )
-    if config.topology != "silos" and (config.group_weight != "prior" or config.w_noise == "per-group"):
+    if config.topology != "silos" and config.group_weight != "prior":
         raise ValueError(
-            "'group-weight balanced' and 'w-noise per-group' are implemented for topology 'silos' only (the sensitive "
-            "parties compute the papers' ERMI with isotropic noise); drop the keys (w-noise auto is isotropic there) "
-            "or use topology silos"
+            "'group-weight balanced' is implemented for topology 'silos' only (the sensitive parties compute the "
+            "papers' ERMI); drop the key or use topology silos"
         )
     if config.topology == "silos" and config.keep_rate != 1.0:
         raise ValueError(
