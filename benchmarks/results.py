@@ -1535,6 +1535,30 @@ def build_document(
     return text, results
 
 
+def sweeps_read(only: str | None) -> list[str]:
+    """The sweep folders (names under --sweeps) whose runs the sections of `--only only` read (None: every one)."""
+    steffle = [name for name, _, _ in STEFFLE_SWEEPS]
+    gap = _tran_gap_module()
+    race = [sweep.name for sweep in _race_module().MANY_VALUED]
+    by_mode = {
+        "parkinsons": [name for name, _, _ in PARKINSONS_SWEEPS],
+        "tran-gap": [gap.MAIN_SWEEP, gap.GAP_SWEEP],
+        "steffle": [*steffle, gap.GAP_SWEEP],
+        "topologies": [TOPOLOGY_SWEEP[0]],
+        "silos": [SILOS_SWEEP[0]],
+        "race": race,
+    }
+    if only is not None:
+        return by_mode[only]
+    return list(dict.fromkeys(name for names in by_mode.values() for name in names))
+
+
+def sweeps_without_runs(sweeps: Path, names: Iterable[str]) -> list[str]:
+    """The sweeps among `names` without a single result.json under `sweeps`/<name>: a fresh checkout has none (run
+    folders are not in git), and writing their sections then would replace documented results with "not run yet"."""
+    return [n for n in names if not (sweeps / n).is_dir() or next((sweeps / n).rglob("result.json"), None) is None]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweeps", default="runs/sweeps", help="folder of the sweeps' run folders (<name>/)")
@@ -1548,7 +1572,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["steffle", "tran-gap", "topologies", "silos", "race", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="write the sections even where a sweep they read has no run folder (they then say 'not run yet' in "
+        "place of the documented results)",
+    )
     args = parser.parse_args(argv)
+    missing = sweeps_without_runs(Path(args.sweeps), sweeps_read(args.only))
+    if missing and not args.allow_missing:
+        commands = "; ".join(f"silofl sweep {_rel(Path(args.sweep_files) / f'{name}.toml', ROOT)}" for name in missing)
+        print(
+            f"results.py: no runs of {', '.join(missing)} under {args.sweeps}/ (run folders are not in git): writing "
+            f"{args.out} now would replace their documented results with 'not run yet'. Nothing was written. Run "
+            f"the sweeps first ({commands}), point --sweeps at their folder, or pass --allow-missing.",
+            file=sys.stderr,
+        )
+        return 2
     import matplotlib
 
     matplotlib.use("Agg")

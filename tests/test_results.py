@@ -316,6 +316,7 @@ def test_main_writes_the_document(real_sweep: Path, tmp_path: Path):
             str(tmp_path / "none"),
             "--fedsc-runs",
             str(tmp_path / "none"),
+            "--allow-missing",  # the fixture has one sweep of the document's many
         ]
     )
     assert code == 0
@@ -463,7 +464,7 @@ def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path
     after = f"{results.SUMMARY_HEADING}\n\nold summary\n\n## DP-mu2-FL\n\nmu2\n"
     doc.write_text(before + after)
     argv = ["--only", "parkinsons", "--sweeps", str(tmp_path / "sweeps"), "--sweep-files", str(tmp_path / "none")]
-    argv += ["--out", str(doc)]
+    argv += ["--out", str(doc), "--allow-missing"]  # the equalized-odds sweep has no runs here
     for _ in range(2):
         assert results.main(argv) == 0
         text = doc.read_text()
@@ -474,3 +475,20 @@ def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path
     assert "regenerated alone (`python benchmarks/results.py --only parkinsons`)" in dp
     assert "| h | epsilon | vs tran | vs fedavg |" in dp
     assert "Not generated yet" in text[text.index("### Parkinsons, equalized odds") :]
+
+
+@pytest.mark.parametrize("only", [None, "steffle", "tran-gap", "topologies", "silos", "race", "parkinsons"])
+def test_without_the_sweeps_runs_nothing_is_written_and_the_error_names_them(tmp_path: Path, capsys, only) -> None:
+    """A fresh checkout has no run folders: regenerating would replace the documented results with "not run yet".
+    The script refuses, names the sweeps and their commands, and leaves the document byte for byte as it was."""
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# silofl results\n\ndocumented\n")
+    (tmp_path / "sweeps" / "steffle_adult_dp").mkdir(parents=True)  # a folder without a result.json is no run
+    argv = ["--sweeps", str(tmp_path / "sweeps"), "--out", str(doc), *(["--only", only] if only else [])]
+    assert results.main(argv) == 2
+    assert doc.read_text() == "# silofl results\n\ndocumented\n"
+    err = capsys.readouterr().err
+    names = results.sweeps_read(only)
+    assert names and all(name in err for name in names)
+    assert "Nothing was written" in err and "--allow-missing" in err
+    assert f"silofl sweep benchmarks/sweeps/{names[0]}.toml" in err

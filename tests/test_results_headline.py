@@ -112,6 +112,7 @@ def test_only_steffle_replaces_the_steffle_part_in_place(tmp_path: Path):
     stale = f"{results.STEFFLE_HEADING}\n\nSTALE\n\n### Adult, demographic parity\n\nSTALE\n\n"
     doc.write_text(before + stale + after)
     argv = ["--only", "steffle", "--sweeps", str(tmp_path / "sweeps"), "--sweep-files", str(tmp_path / "none")]
+    argv.append("--allow-missing")  # one of the six sweeps has runs here
     for _ in range(2):
         assert results.main([*argv, "--out", str(doc)]) == 0
         text = doc.read_text()
