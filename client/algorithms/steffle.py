@@ -156,16 +156,22 @@ def fairness_gradients(
         theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)  # zeros
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
-        if w_noise == "per-group":
-            w_sum = per_group_w_release(w_sum, prior, noise_multiplier, generator)
-        else:
-            w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
-                w_sum, generator
-            )
+        w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
     expected = rate * len(sensitive.groups)
     if prior.balanced:  # the whole W-gradient: its s-independent-looking term depends on s through omega_i
         return theta_sum / expected, w_sum / expected + balanced_w_base(w, w_sum / expected, prior)
     return theta_sum / expected, w_sum / expected
+
+
+def w_release(
+    w_sum: torch.Tensor, prior: GroupPrior, noise_multiplier: float, generator: torch.Generator, w_noise: str
+) -> torch.Tensor:
+    """The s-dependent W-sum noised as `w_noise` says (a silo's and a separate sensitive party's release alike):
+    "per-group", :func:`per_group_w_release`; "isotropic", every entry at the largest bound R_W = `w_radius_of`."""
+    if w_noise == "per-group":
+        return per_group_w_release(w_sum, prior, noise_multiplier, generator)
+    isotropic = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier)
+    return isotropic.release(w_sum, generator)
 
 
 def per_group_w_release(

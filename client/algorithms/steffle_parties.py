@@ -39,7 +39,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
 from client.algorithms.dp_fedsgd import poisson_sample
-from client.algorithms.steffle import per_group_w_release, w_radius_of
+from client.algorithms.steffle import w_release
 from protocols.ermi import GroupPrior, psi_output_cotangents, psi_w_gradients
 from protocols.models import TabularModel, clip_factors, loss_fn
 from protocols.privacy.gaussian import GaussianMechanism
@@ -243,12 +243,7 @@ def sensitive_party_step(
         w_sum = psi_w_gradients(mine.outputs.to(dtype), s, torch.zeros_like(w, dtype=dtype), prior, mine.labels).sum(0)
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
-        if w_noise == "per-group":
-            w_sum = per_group_w_release(w_sum, prior, noise_multiplier, generator)
-        else:
-            w_sum = GaussianMechanism(sensitivity=w_radius_of(prior), noise_multiplier=noise_multiplier).release(
-                w_sum, generator
-            )
+        w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
     return theta_sum, w_sum
 
 
