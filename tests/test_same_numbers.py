@@ -165,10 +165,29 @@ DRIFT = {"epsilon_rel": 1e-8, "metric_rel": 1e-6, "model_abs": 1e-9, "ssl_metric
 
 
 def environment() -> dict[str, str]:
-    """Python's and the deciding packages' versions."""
+    """Python's and the deciding packages' versions, and the CPU: the same packages give other float rounding on
+    another processor (numpy's and torch's kernels pick their vector instructions at run time; seen 2026-11-25: the
+    fixture of an earlier machine, same versions, differed in the 9th digit of epsilon on an AMD EPYC)."""
     from importlib.metadata import version
 
-    return {"python": sys.version.split()[0], **{name: version(name) for name in ENVIRONMENT_PACKAGES}}
+    return {
+        "python": sys.version.split()[0],
+        **{name: version(name) for name in ENVIRONMENT_PACKAGES},
+        "cpu": _cpu(),
+    }
+
+
+def _cpu() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else what `platform` knows of it."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _fingerprint(array: np.ndarray) -> dict[str, Any]:
