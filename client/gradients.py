@@ -23,7 +23,9 @@ from torch.func import functional_call, grad, vmap
 
 from protocols.models import (
     TabularModel,
+    all_finite,
     clip_factors,
+    clipped_row_sum,
     head_clipped_sum,
     head_gradient,
     linear_stack_clipped_sum,
@@ -110,19 +112,28 @@ def clip_rows(g: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """Scale each row of ``g (n, P)`` to L2 norm ``<= clip_norm``: ``g_i * min(1, C / ||g_i||)``.
 
     Rows already within the bound are returned unchanged (no epsilon in the denominator, unlike Opacus' ``C/(||g||+
-    1e-6)``, so a row of norm exactly ``C`` is not shrunk). Returns a new tensor.
+    1e-6)``, so a row of norm exactly ``C`` is not shrunk). A row whose norm is not finite (a NaN or inf entry, or a
+    norm that overflowed) becomes a row of zeros: the centre of the ball of radius C the accounting assumes
+    (`protocols.models.clip_factors`). Returns a new tensor.
     """
     clip_norm = _check_clip_norm(clip_norm)
     if g.ndim != 2:
         raise ValueError(f"g must be 2-D (n, P), got shape {tuple(g.shape)}")
-    return g * clip_factors(torch.linalg.vector_norm(g, dim=1), clip_norm).unsqueeze(1)
+    norms = torch.linalg.vector_norm(g, dim=1)
+    clipped = g * clip_factors(norms, clip_norm).unsqueeze(1)
+    if not all_finite(norms):  # 0 x inf is NaN: zero those rows outright
+        clipped[~torch.isfinite(norms)] = 0.0
+    return clipped
 
 
 def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """``sum_i clip(grad loss(x_i, y_i), C)`` as a flat ``(P,)`` vector; zeros for an empty batch.
 
     The sum (not the mean) is what DP-SGD noises: its L2 sensitivity to adding/removing one record is ``C``. An empty
-    batch is legitimate under Poisson sampling and contributes nothing.
+    batch is legitimate under Poisson sampling and contributes nothing. Nor does a record whose gradient, or its
+    norm, is not finite (huge parameters from the server can overflow one record's gradient): it contributes exactly
+    0, inside the ball of radius C, so the release stays finite whether or not that record is there
+    (`protocols.models.clip_factors`).
 
     Equal to ``clip_rows(flatten_per_sample(per_sample_gradients(...)), C).sum(0)`` but computed per parameter (row
     norms from per-parameter norms, then one matrix-vector product per parameter), which never materialises the
@@ -139,8 +150,7 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cli
     n = x.shape[0]
     rows = [g.reshape(n, -1) for g in per_sample_gradients(model, x, y).values()]
     norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1), dim=1)
-    factors = clip_factors(norms, clip_norm)
-    return torch.cat([factors @ r for r in rows])
+    return clipped_row_sum(rows, norms, clip_norm)
 
 
 def _linear_stack_clipped_sum(model: TabularModel, x: torch.Tensor, y: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -170,14 +180,22 @@ def weighted_clipped_gradient_sum(
     :func:`clipped_gradient_sum`: for logistic regression the closed-form per-record logit gradients scaled by
     ``a_i`` (with every ``a_i = 1`` the very bits of :func:`clipped_gradient_sum`), for the MLP one backward pass of
     ``sum_i a_i loss_i``, else ``torch.func`` per-sample gradients.
+
+    A weight that is not finite (NaN or inf: the weights come from the records' losses, which huge parameters from
+    the server can overflow) counts as 0, and a record whose weighted gradient or its norm is not finite contributes
+    exactly 0 (`protocols.models.clip_factors`): neither raises, since an error that depends on the data would tell
+    the server whether the record that overflowed was there. A negative weight is a caller's error (FedFDP's weights
+    are clamped at 0) and raises ``ValueError``.
     """
     clip_norm = _check_clip_norm(clip_norm)
     x, y = _check_batch(x, y)
     if weights.shape != (x.shape[0],):
         raise ValueError(f"weights must hold one value per record ({x.shape[0]},), got shape {tuple(weights.shape)}")
-    if bool((weights < 0).any()) or not bool(torch.isfinite(weights).all()):
-        raise ValueError("weights must be finite and >= 0")
+    if bool((weights < 0).any()):
+        raise ValueError("weights must be >= 0 (a NaN or inf weight counts as 0)")
     a = weights.detach().to(x.dtype)
+    if not all_finite(a):
+        a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
     if x.shape[0] == 0:
         params = list(_parameters(model).values())
         return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)

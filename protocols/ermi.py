@@ -93,7 +93,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, clip_factors, head_clipped_sum, linear_stack_clipped_sum
+from protocols.models import TabularModel, all_finite, clipped_row_sum, head_clipped_sum, linear_stack_clipped_sum
 
 __all__ = [
     "FAIRNESS_NOTIONS",
@@ -103,6 +103,7 @@ __all__ = [
     "ermi_objective",
     "ermi_value",
     "optimal_w",
+    "probability_rows",
     "project_frobenius",
     "psi",
     "psi_logit_grads",
@@ -116,6 +117,14 @@ __all__ = [
 
 FAIRNESS_NOTIONS: tuple[str, ...] = ("dp", "eo", "eopp")  # demographic parity, equalized odds, equal opportunity
 
+#: Smallest group probability the server's prior holds (`GroupPrior.from_counts(..., floor=PRIOR_FLOOR)` in the
+#: strategies): noised counts of a tiny group can come out <= 0, and p_S(r)^(-1/2) enters both the objective and the
+#: W-noise radius 2 / sqrt(rho).
+PRIOR_FLOOR = 1e-3
+#: Smallest group probability a silo accepts in a server's prior (ten times below PRIOR_FLOOR, for float32 rounding of
+#: the message and any honest variation): the W radius 2 / sqrt(rho) (2 / (sqrt(k) rho) balanced) and the noise it
+#: scales grow without bound as rho -> 0, and a server could otherwise make them overflow.
+MIN_SILO_PRIOR = 1e-4
 _SIMPLEX_ATOL = 1e-4  # float32 softmax rows sum to 1 within ~1e-7; this only catches inputs that are not probabilities
 _PRIOR_SUM_ATOL = 1e-6
 
@@ -365,6 +374,19 @@ def _check_F(F: object, prior: GroupPrior) -> torch.Tensor:
         if worst > _SIMPLEX_ATOL:
             raise ValueError(f"every row of F must sum to 1 (softmax of the logits); worst row is off by {worst:.3g}")
     return F
+
+
+def probability_rows(F: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` bool: the rows of ``F (n, l)`` that :func:`psi_w_gradients` accepts as soft predictions (finite,
+    entries in ``[0, 1]`` and summing to 1, within the same tolerance), row by row.
+
+    For soft predictions that come from outside (a separate sensitive party receives ``F`` from the server): the
+    bound ``2 / sqrt(p(s_i))`` on a record's s-dependent W term holds only for ``||F_i||_2 <= 1``, so a row that is
+    not a probability vector must contribute 0, not an unbounded term (and not an error, which would depend on the
+    records the party holds and keeps)."""
+    values = F.detach()
+    in_range = ((values >= -_SIMPLEX_ATOL) & (values <= 1 + _SIMPLEX_ATOL)).all(dim=1)  # False for NaN
+    return in_range & ((values.sum(dim=1) - 1).abs() <= _SIMPLEX_ATOL)
 
 
 def _check_index(name: str, values: object, size: int, n: int | None) -> torch.Tensor:
@@ -655,7 +677,16 @@ def psi_w_sensitive_sum_checked(
 
     Equal bit for bit to ``psi_w_gradients(F, groups, torch.zeros(w_shape), prior, labels).sum(dim=0)`` (at ``W = 0``
     its ``-2 W_ru F_iu`` term is ``-0.0``, which adds nothing), for checked inputs as
-    :func:`psi_output_cotangents_checked`'s and ``F (n, l)`` the silo's own soft predictions."""
+    :func:`psi_output_cotangents_checked`'s and ``F (n, l)`` the silo's own soft predictions.
+
+    A record whose row of ``F`` is not finite (``softmax`` of logits that overflowed under huge parameters from the
+    server) is left out: it contributes exactly 0, the centre of the ball of radius ``R_W`` its term lies in whatever
+    its ``s_i`` (a NaN lies in no ball, and the noised sum would be NaN exactly when that record is there). One check
+    of ``F`` (`protocols.models.all_finite`); the rows are copied only when such a record is there."""
+    if not all_finite(F):
+        keep = torch.isfinite(F).all(dim=1)
+        F, groups = F[keep], groups[keep]
+        labels = None if labels is None else labels[keep]
     n = F.shape[0]
     inv_sqrt = _inv_sqrt_table(prior, F.dtype)
     member = torch.nn.functional.one_hot(groups, prior.num_groups).to(F.dtype)  # (n, k)
@@ -756,7 +787,9 @@ def clipped_psi_theta_sum(
 
     The sensitive division's theta release (spec Algorithm 1 step 3): each per-sample gradient is scaled by
     ``min(1, C / ||g_i||)``, so one record moves the sum by at most ``C`` in L2 norm; the caller averages and adds
-    noise.
+    noise. A record whose gradient, or its norm, is not finite contributes exactly 0 (`protocols.models.clip_factors`):
+    huge parameters or a huge ``W`` from the server can overflow a record's term for one value of ``s_i`` and not
+    the other, and 0 lies in the ball of radius ``C`` around 0 whatever ``s_i`` is, where a NaN lies in none.
 
     For :class:`protocols.models.TabularModel` (a stack of Linear layers) the per-sample gradients come from ONE
     backward pass of ``sum_i <a_i, F(x_i)>`` (``a_i`` detached) w.r.t. the layer outputs: record i's term depends only
@@ -774,8 +807,7 @@ def clipped_psi_theta_sum(
     n = x.shape[0]
     rows = [g.reshape(n, -1) for g in psi_theta_gradients(model, x, groups, W, prior, labels).values()]
     norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1), dim=1)
-    factors = clip_factors(norms, clip)
-    return torch.cat([factors @ r for r in rows])
+    return clipped_row_sum(rows, norms, clip)
 
 
 def _linear_stack_clipped_sum(

@@ -60,6 +60,9 @@ def fair_weights(losses: torch.Tensor, global_loss: float, lam: float) -> torch.
     """``max(0, 1 + lambda (f(w_t; x_j) - F_t))`` per record (Eqs. 10-11, clamped at 0 as the spec decides).
 
     The weight of record j's loss gradient in the fair objective's gradient; 1 for every record when lambda = 0.
+    A record whose loss is not finite (huge parameters from the server can overflow it), or whose weight overflows,
+    gets weight 0: its term of the clipped sum is then 0, the centre of the ball of radius C the add/remove
+    accounting assumes, and every weight is finite and >= 0 (no error downstream that depends on the data).
     """
     if lam < 0 or not math.isfinite(lam):
         raise ValueError(f"lambda must be a finite number >= 0, got {lam!r}")
@@ -67,7 +70,8 @@ def fair_weights(losses: torch.Tensor, global_loss: float, lam: float) -> torch.
         raise ValueError(f"the global loss F_t must be finite, got {global_loss!r}")
     if lam == 0:
         return torch.ones_like(losses)
-    return torch.clamp(1.0 + lam * (losses.detach() - global_loss), min=0.0)
+    weights = torch.clamp(1.0 + lam * (losses.detach() - global_loss), min=0.0)
+    return torch.where(torch.isfinite(weights), weights, torch.zeros_like(weights))
 
 
 def fair_clip_factors(weights: torch.Tensor, grad_norms: torch.Tensor, clip: float) -> torch.Tensor:
@@ -77,21 +81,28 @@ def fair_clip_factors(weights: torch.Tensor, grad_norms: torch.Tensor, clip: flo
     ``0 <= c_j`` and ``||c_j g_j|| <= C``. ``c_j g_j = clip(a_j g_j, C)`` with ``a_j`` the weight: the silo
     computes the sum as the clipped sum of the weighted per-record gradients
     (``client.gradients.weighted_clipped_gradient_sum``); this function states Eq. 13 itself (tests check the two
-    agree). A zero gradient gets ``c_j = a_j``.
+    agree). A zero gradient gets ``c_j = a_j``. A weight or a gradient norm that is not finite gets ``c_j = 0``: the
+    record contributes 0, as in ``weighted_clipped_gradient_sum`` (`protocols.models.clip_factors` says why).
     """
     if not clip > 0 or not math.isfinite(clip):
         raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
     weights = torch.clamp(weights, min=0.0)
     bound = torch.where(grad_norms > 0, clip / torch.where(grad_norms > 0, grad_norms, 1.0), math.inf)
-    return torch.minimum(weights, bound)
+    factors = torch.minimum(weights, bound)
+    return torch.where(torch.isfinite(weights) & torch.isfinite(grad_norms), factors, torch.zeros_like(factors))
 
 
 def clipped_loss_sum(losses: torch.Tensor, bound: float) -> torch.Tensor:
     """``sum_j min(C_l, max(0, f(w_i; x_j)))`` (Eq. 14): each record contributes a value in [0, C_l], so adding or
-    removing one record moves the sum by at most C_l, the sensitivity of the loss release (Eq. 15)."""
+    removing one record moves the sum by at most C_l, the sensitivity of the loss release (Eq. 15).
+
+    A loss that is not finite (NaN or inf: huge parameters from the server) contributes 0, a value in [0, C_l]
+    decided from that record alone; a NaN term would make the release NaN exactly when the record is there."""
     if not bound > 0 or not math.isfinite(bound):
         raise ValueError(f"the loss bound C_l must be a finite number > 0, got {bound!r}")
-    return torch.clamp(losses.detach().to(torch.float64), min=0.0, max=bound).sum()
+    values = losses.detach().to(torch.float64)
+    clamped = torch.clamp(values, min=0.0, max=bound)
+    return torch.where(torch.isfinite(values), clamped, torch.zeros_like(clamped)).sum()
 
 
 def next_loss_bound(released: float) -> float:

@@ -69,6 +69,11 @@ def _matrix_rows(z: object, name: str) -> torch.Tensor:
     return z
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    """Every entry finite: the sum first (NaN or inf if an entry is), entry by entry only when it is not finite."""
+    return math.isfinite(float(t.detach().sum())) or bool(torch.isfinite(t).all())
+
+
 def _pair(z1: object, z2: object) -> tuple[torch.Tensor, torch.Tensor]:
     """The two views' representations, checked to be row-aligned (same sample in the same row)."""
     a, b = _matrix_rows(z1, "z1"), _matrix_rows(z2, "z2")
@@ -98,6 +103,11 @@ def clip_rows(z: torch.Tensor, mu: float) -> torch.Tensor:
     Differentiable: a row with norm ``r > sqrt(mu)`` becomes ``z sqrt(mu) / r``; a row already inside is multiplied by
     exactly 1 (unchanged bit for bit, zero extra gradient). Implemented as ``sqrt(mu) / max(r, sqrt(mu))`` so no
     division by a zero norm can occur (an all-zero row keeps a finite gradient).
+
+    A row whose norm is not finite (a NaN or inf entry, or finite entries whose norm overflowed: an encoder with huge
+    parameters from the server) becomes a row of zeros, with zero gradient: DP-CalR's sensitivity needs every row in
+    the ball of radius ``sqrt(mu)``, and 0 is in it, where a NaN row would make the noised correlation NaN exactly
+    when that record is there. The row's own values decide it, nothing else.
     """
     rows = _matrix_rows(z, "z")
     m = _real(mu, "mu")
@@ -105,6 +115,9 @@ def clip_rows(z: torch.Tensor, mu: float) -> torch.Tensor:
         raise ValueError(f"mu must be > 0 (rows are clipped to norm sqrt(mu); the paper uses mu = 2 to 5), got {m}")
     radius = math.sqrt(m)
     norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+    if not _all_finite(norms):  # zeros in, and their norm (0) recomputed: neither the value nor a gradient is NaN
+        rows = torch.where(torch.isfinite(norms), rows, torch.zeros_like(rows))
+        norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
     return rows * (radius / torch.clamp(norms, min=radius))
 
 
@@ -304,7 +317,16 @@ def normalize_rows(z: torch.Tensor, mu: float) -> torch.Tensor:
     (every z the same vector, loss -1/2 at unit norm) that SGD falls into from a small random initialisation, and
     clipping alone does not prevent it since the norm can shrink. DP-CalR still clips (`clip_rows`): for normalized
     rows that is a no-op, and the privacy guarantee never depends on the model.
+
+    ``torch.nn.functional.normalize``'s values, bit for bit, except that a row whose norm is not finite (a NaN or inf
+    entry: an encoder with huge parameters from the server) becomes a row of zeros, as an all-zero row does, with
+    zero gradient, instead of NaN (a finite row whose norm overflows is 0 in both).
     """
     if not math.isfinite(mu) or mu <= 0:
         raise ValueError(f"mu must be a positive finite number, got {mu!r}")
-    return torch.nn.functional.normalize(z, dim=-1) * math.sqrt(mu)
+    norms = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+    if not _all_finite(norms):  # zeros in, and their norm recomputed: neither the value nor a gradient is NaN
+        z = torch.where(torch.isfinite(norms), z, torch.zeros_like(z))
+        norms = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+    # torch.nn.functional.normalize(z, dim=-1), with the norm computed once
+    return z / norms.clamp_min(1e-12) * math.sqrt(mu)

@@ -58,7 +58,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from protocols.ermi import GroupPrior
-from protocols.models import TabularModel, clip_factors, linear_stack_clipped_sum
+from protocols.models import TabularModel, all_finite, clipped_row_sum, linear_stack_clipped_sum
 
 __all__ = [
     "clipped_constraint_gradient_sum",
@@ -183,7 +183,11 @@ def group_mass_sum(
     F: torch.Tensor, groups: torch.Tensor, prior: GroupPrior, labels: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``sum_i [b_i = b] [s_i = a] F_u(x_i)`` in the multiplier layout. Record i adds ``F(x_i)`` to ONE (block, group)
-    row, so its contribution has L2 norm ``||F(x_i)||_2 <= 1`` whatever its attribute (0 if it is not sampled)."""
+    row, so its contribution has L2 norm ``||F(x_i)||_2 <= 1`` whatever its attribute (0 if it is not sampled).
+
+    A record whose ``F(x_i)`` is not finite (``softmax`` of logits that overflowed under huge parameters from the
+    server) is left out: it contributes exactly 0, inside that ball, where a NaN would make the noised mass NaN
+    exactly when the record is there. The rows are copied only when such a record is there."""
     prior = _check_prior(prior)
     blocks, k, l_ = _blocks(prior)
     if not isinstance(F, torch.Tensor) or F.ndim != 2 or F.shape[1] != l_:
@@ -191,6 +195,9 @@ def group_mass_sum(
     n = F.shape[0]
     groups = _index("groups", groups, k, n)
     block, active = _layout(prior, labels, n, F.dtype)
+    if not all_finite(F):
+        keep = torch.isfinite(F).all(dim=1)
+        F, groups, block, active = F[keep], groups[keep], block[keep], active[keep]
     place = torch.nn.functional.one_hot(block, blocks).to(F.dtype) * active.unsqueeze(1)  # (n, blocks)
     member = torch.nn.functional.one_hot(groups, k).to(F.dtype)  # (n, k)
     return torch.einsum("nb,nk,nl->bkl", place, member, F).reshape(prior.w_shape())
@@ -240,6 +247,8 @@ def clipped_constraint_gradient_sum(
 
     Each record's whole gradient is scaled by ``min(1, C / norm)``, so it lies in the ball of radius ``C`` around 0
     (what an unsampled record contributes) whatever its attribute: the replace-one geometry the accountant assumes.
+    A record whose gradient, or its norm, is not finite (huge parameters or multipliers from the server) contributes
+    exactly 0, the centre of that ball (`protocols.models.clip_factors`).
     Stacks of Linear layers (:class:`~protocols.models.TabularModel`) take one backward pass
     (:func:`~protocols.models.linear_stack_clipped_sum`); other models ``torch.func``'s ``vmap(grad)``.
     """
@@ -260,5 +269,4 @@ def clipped_constraint_gradient_sum(
     n = x.shape[0]
     rows = [g.reshape(n, -1) for g in vmap(grad(one_record), in_dims=(None, 0, 0))(params, x, a).values()]
     norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1), dim=1)
-    factors = clip_factors(norms, clip)
-    return torch.cat([factors @ r for r in rows])
+    return clipped_row_sum(rows, norms, clip)

@@ -26,6 +26,7 @@ from protocols.ermi import (
     w_shape,
 )
 from protocols.models import build_model, parameter_spec
+from tests.generic_module import NotTabular
 
 SHAPES = [(2, 2), (3, 3), (3, 2), (2, 4)]  # (k groups, l labels)
 
@@ -465,17 +466,6 @@ def test_binary_logreg_gradient_is_the_sigmoid_chain_rule() -> None:
 # Clipped sums: the Linear-stack fast path against the torch.func route
 
 
-class _Wrapped(torch.nn.Module):
-    """Same function and parameter order as the wrapped model, but not a TabularModel: forces the torch.func route."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
-
-
 @pytest.mark.parametrize("notion", FAIRNESS_NOTIONS)
 @pytest.mark.parametrize(("kind", "k", "l_"), MODELS)
 def test_clipped_sum_fast_path_matches_torch_func_route(notion: str, kind: str, k: int, l_: int) -> None:
@@ -495,7 +485,7 @@ def test_clipped_sum_fast_path_matches_torch_func_route(notion: str, kind: str, 
     for clip, clipped in cases.values():
         reference = (rows * torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)[:, None]).sum(0)
         fast = clipped_psi_theta_sum(model, x, groups, W, prior, clip, labels)
-        slow = clipped_psi_theta_sum(_Wrapped(model), x, groups, W, prior, clip, labels)
+        slow = clipped_psi_theta_sum(NotTabular(model), x, groups, W, prior, clip, labels)
         assert fast.shape == (rows.shape[1],) and fast.dtype == torch.float32
         torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(slow, reference, rtol=1e-5, atol=1e-6)

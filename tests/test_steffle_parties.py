@@ -18,6 +18,7 @@ from client.algorithms.steffle_parties import (
 from client.gradients import mean_gradient
 from protocols.ermi import GroupPrior, clipped_psi_theta_sum, psi_w_gradients, w_shape
 from protocols.models import build_model
+from tests.generic_module import NotTabular
 
 N, D, LABELS, GROUPS = 60, 5, 2, 3
 
@@ -40,17 +41,6 @@ def _prior(notion: str) -> GroupPrior:
     return GroupPrior.from_counts(notion, counts)
 
 
-class _Wrapped(torch.nn.Module):
-    """A tabular model behind a module that is not one: output_jacobians takes its generic torch.func route."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
-
-
 def _w(notion: str, seed: int = 2) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return 0.3 * torch.randn(w_shape(notion, GROUPS, LABELS), generator=g, dtype=torch.float64)
@@ -65,7 +55,7 @@ def test_output_jacobians_are_the_per_record_jacobians_of_softmax(kind: str, lab
     _, x, _, _ = _data()
     xt = torch.from_numpy(x[:4])
     F, J = output_jacobians(model, xt)
-    generic = output_jacobians(_Wrapped(model), xt)
+    generic = output_jacobians(NotTabular(model), xt)
     torch.testing.assert_close(J, generic[1])
     params = [p for _, p in model.named_parameters()]
     for i in range(4):

@@ -49,7 +49,10 @@ def noisy_gradient(
     sample_rng: np.random.Generator,
     noise_generator: torch.Generator,
 ) -> torch.Tensor:
-    """The private release: (sum of clipped per-sample gradients + Gaussian noise) / m, flattened (m = batch_size)."""
+    """The private release: (sum of clipped per-sample gradients + Gaussian noise) / m, flattened (m = batch_size).
+
+    Finite whatever finite model the server sends: a record whose gradient, or its norm, is not finite contributes 0
+    (`client.gradients.clipped_gradient_sum`), so the release never turns NaN because one record is there."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     n = len(data.labels)

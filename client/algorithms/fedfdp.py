@@ -36,6 +36,11 @@ def fair_noisy_gradient(
     ``c_j g_j = clip(max(0, 1 + lambda (f(w_t; x_j) - F_t)) g_j, C)`` (:func:`protocols.fedfdp.fair_clip_factors`),
     so every term has norm <= C: the sum's add/remove sensitivity is C and the noise multiplier is sigma. m is the
     run's batch size, public (``q n_i`` whenever q < 1; the spec's expected batch size, never the realized |B|).
+
+    A record whose loss f(w_t; x_j) is not finite (a huge model from the server) gets weight 0
+    (:func:`protocols.fedfdp.fair_weights`) and one whose weighted gradient is not finite contributes 0
+    (`client.gradients.weighted_clipped_gradient_sum`): the step never raises and never releases NaN because of
+    one record.
     """
     if lam == 0:  # Eq. 11 with lambda = 0 is DP-FedSGD's gradient: its own code
         return noisy_gradient(
@@ -77,7 +82,10 @@ def loss_release(
     Without noise (`noise_multiplier` 0: a non-private run) nothing is released under DP, so the losses are not
     clipped at C_l: the release is the sample's mean loss, as in the spec's non-private ablation and the authors'
     non-private path. Clipping there would only bias F_t downwards (and, with the adaptive bound, drive it to the
-    floor)."""
+    floor).
+
+    A loss that is not finite (a huge model from the server) counts as 0 on both paths
+    (:func:`protocols.fedfdp.clipped_loss_sum`): the release is finite, and never NaN because of one record."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     idx = poisson_sample(len(data.labels), sampling_rate, sample_rng)
@@ -85,7 +93,9 @@ def loss_release(
     y = torch.from_numpy(data.labels[idx])
     losses = per_sample_losses(model, x, y)
     if noise_multiplier == 0:
-        return float(torch.clamp(losses.detach().to(torch.float64), min=0.0).sum()) / batch_size
+        values = losses.detach().to(torch.float64)
+        values = torch.where(torch.isfinite(values), torch.clamp(values, min=0.0), torch.zeros_like(values))
+        return float(values.sum()) / batch_size
     total = fedfdp.clipped_loss_sum(losses, bound).reshape(1)
     mechanism = GaussianMechanism(sensitivity=bound, noise_multiplier=noise_multiplier)
     released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total

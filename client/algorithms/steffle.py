@@ -140,6 +140,12 @@ def fairness_gradients(
     (1 - q) N(0)). The s-independent term -2 W (.) F_i is kept out of the noised sum on purpose: it would move a
     sampled record's contribution away from the unsampled point 0 by up to 2 D, outside that geometry (and its norm
     would have to be paid for in the noise).
+
+    Whatever finite model and W the server sends, both sums stay finite: a record whose theta term or its norm is not
+    finite (huge parameters can overflow it for s_i = 1 and not for s_i = 0) and one whose F_i = softmax(logits) is
+    not finite contribute exactly 0, the centre of both balls (`protocols.models.clip_factors`,
+    `protocols.ermi.psi_w_sensitive_sum_checked`), and the noise is added to a finite value
+    (`protocols.privacy.gaussian`).
     """
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
     x = torch.from_numpy(data.features[idx])

@@ -40,8 +40,8 @@ from torch.func import functional_call, jacrev, vmap
 
 from client.algorithms.dp_fedsgd import poisson_sample
 from client.algorithms.steffle import w_release
-from protocols.ermi import GroupPrior, psi_output_cotangents, psi_w_gradients
-from protocols.models import TabularModel, clip_factors, loss_fn
+from protocols.ermi import GroupPrior, probability_rows, psi_output_cotangents, psi_w_gradients
+from protocols.models import TabularModel, clipped_row_sum, loss_fn
 from protocols.privacy.gaussian import GaussianMechanism
 
 
@@ -223,6 +223,12 @@ def sensitive_party_step(
     N(0, (sigma R_W)^2) is added to the sums whatever |R_c| is, so an empty R_c gives pure noise of the same shape.
     ``w_noise = "per-group"``: each row of the W sum noised at its own bound instead of R_W (the silo mode's
     :func:`~client.algorithms.steffle.per_group_w_release`, the same mechanism for the accountant).
+
+    J_F and F come from the server. A record whose theta term, or its norm, is not finite (a huge J_F can overflow
+    J_F^T a_i for one value of s_i and not the other) contributes 0 to the theta sum, and one whose row of F is not
+    a probability vector (`protocols.ermi.probability_rows`: not finite, or finite but outside the simplex, where
+    the W term's bound 2 / sqrt(p(s_i)) fails) contributes 0 to the W sum. 0 is in both balls whatever s_i is (what
+    an absent record contributes), the rule reads only that record's own values, and nothing raises.
     """
     if not 0.0 < keep_rate <= 1.0:
         raise ValueError(f"keep_rate (q_s) must be in (0, 1], got {keep_rate}")
@@ -238,9 +244,13 @@ def sensitive_party_step(
         s = torch.from_numpy(groups)
         a = psi_output_cotangents(s, w.to(dtype), prior, mine.labels).to(dtype)  # (n, l)
         per_record = torch.einsum("nlp,nl->np", mine.jacobians, a)  # J_F(x_i)^T a_i
-        factors = clip_factors(torch.linalg.vector_norm(per_record, dim=1), clip)
-        theta_sum = factors @ per_record
-        w_sum = psi_w_gradients(mine.outputs.to(dtype), s, torch.zeros_like(w, dtype=dtype), prior, mine.labels).sum(0)
+        # a record whose term or its norm is not finite contributes 0 (protocols.models.clip_factors)
+        theta_sum = clipped_row_sum([per_record], torch.linalg.vector_norm(per_record, dim=1), clip)
+        outputs, labels = mine.outputs.to(dtype), mine.labels
+        valid = probability_rows(outputs)
+        if not bool(valid.all()):  # rows the server sent that are not soft predictions: their W term is 0
+            outputs, s, labels = outputs[valid], s[valid], labels[valid]
+        w_sum = psi_w_gradients(outputs, s, torch.zeros_like(w, dtype=dtype), prior, labels).sum(0)
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
