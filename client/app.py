@@ -139,7 +139,7 @@ def _shell_spec(kind: str, num_features: int, num_labels: int, hidden: int) -> t
 
 def _model_from_arrays(message: Message, info, kind: str, hidden: int, what: str) -> torch.nn.Module:
     key = (kind, info.num_features, info.num_labels, hidden)
-    params = msg.check_arrays(message.content, msg.MODEL, _shell_spec(*key), what=what)
+    params = msg.check_arrays(message.content, msg.MODEL, _shell_spec(*key), what=what, max_abs=msg.MAX_SERVER_VALUE)
     model = _model_shell(*key)
     set_parameters(model, params)
     return model

@@ -1,12 +1,13 @@
-"""A silo's privacy: the noise it calibrated for itself and the ledger it keeps, both in its persistent state.
+"""A silo's privacy state: its ledger, what it admitted and answered, and the job it is bound to, kept in its
+persistent state and (with a `state-dir`) on disk.
 
-The silo, not the server, decides its noise (ISRL-DP: every message must be private whatever the server does). On its
-first private answer it calibrates the noise multiplier with the accountant for the run's (epsilon, delta), its own
-Poisson rate q_j = m / n_j and the announced number of rounds T, and binds that calibration to those parameters: a
-later message that asks for other parameters is refused rather than silently re-calibrated. Before each answer it
-charges its ledger, which refuses (and charges nothing) once the answer would exceed its budget. The budget is the
-smaller of the run's epsilon and the silo's own cap (`epsilon-budget` in its node config), so a silo operator can bound
-what any server may ask of it.
+The silo, not the server, decides its noise (ISRL-DP: every message must be private whatever the server does).
+`client.round_privacy` calibrates the noise for the run's mechanism on the silo's first private answer and binds it;
+this module binds the job to its instruction (:func:`bind_instruction`: a later message that changes any field but
+the per-round ones is refused), keeps the calibration it is given (:class:`NoisePlan`) and the ledger, and charges
+the ledger before each answer (:func:`charge`), which refuses (and charges nothing) once the answer would exceed the
+budget. The budget is the smaller of the run's epsilon and the silo's own cap (`epsilon-budget` in its node config),
+so a silo operator can bound what any server may ask of it.
 
 Shuffled epochs (`protocols.shuffled_epochs`; a plan with `batches_per_epoch` > 0) are calibrated for E_j unsampled
 steps, one per epoch, and charged per epoch (:func:`charge`): the first round of an epoch the silo answers charges the
@@ -34,7 +35,6 @@ join a private job after its first round (its ledger would start from zero and f
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import math
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 
-from protocols.messages import MessageError, RecordCache, TrainInstruction, flower_record
+from protocols.messages import PER_ROUND_FIELDS, MessageError, RecordCache, TrainInstruction, flower_record
 
 if TYPE_CHECKING:  # the accountants (dp-accounting) are imported when a silo first calibrates or charges: a deployed
     # ClientApp is a fresh process per message, and setup, evaluate and non-private rounds need neither
@@ -55,7 +55,6 @@ if TYPE_CHECKING:  # the accountants (dp-accounting) are imported when a silo fi
 STATE_KEY = "silofl.privacy"
 LEDGER_KEY = "silofl.ledger"
 SPENT_KEY = "silofl.spent"
-BUDGET_KEY = "epsilon-budget"
 STATE_DIR_KEY = "state-dir"
 #: The data spec of the run (set by `query.setup`): kept per Flower run, not per job.
 DATA_SPEC_KEY = "silofl.data-spec"
@@ -68,6 +67,8 @@ PENDING_KEY = "silofl.pending"
 JOURNAL_KEY = "silofl.journal"
 #: Shuffled epochs: the last round this silo admitted (charged, or covered by its epoch's charge).
 ADMITTED_KEY = "silofl.admitted"
+#: The job's instruction as its first message gave it, every field but the per-round ones (:func:`bind_instruction`).
+INSTRUCTION_KEY = "silofl.instruction"
 STATE_FORMAT = 1
 _TRANSIENT = frozenset({DATA_SPEC_KEY, JOB_KEY})
 
@@ -94,176 +95,16 @@ class NoisePlan:
     batches_per_epoch: int = 0
 
 
-def _accountant():
-    from protocols.privacy import accountant
-
-    return accountant
-
-
-def silo_budget(context: Context, run_epsilon: float) -> float:
-    """The silo's epsilon budget: the run's target, capped by the operator's `epsilon-budget` node config."""
-    cap = context.node_config.get(BUDGET_KEY)
-    if cap is None:
-        return run_epsilon
-    try:
-        cap_value = float(cap)
-    except (TypeError, ValueError):
-        raise MessageError(f"node config '{BUDGET_KEY}' must be a number, got {cap!r}") from None
-    return min(run_epsilon, cap_value)
-
-
-def noise_plan(
-    context: Context,
-    *,
-    epsilon: float,
-    delta: float,
-    sampling_rate: float,
-    steps: int,
-    releases: int,
-    accountant: str,
-    relation: str = "add_remove",
-    one_off_share: float = 0.0,
-    noise_multiplier: float | None = None,
-    companion_ratio: float = math.inf,
-    batches_per_epoch: int = 0,
-    epoch_seed: int = -1,
-) -> NoisePlan:
-    """Calibrate once per run (cached in the silo's state) and refuse a change of the calibrated parameters.
-
-    The noise is calibrated for the silo's budget (:func:`silo_budget`): a silo whose operator caps epsilon below the
-    run's target adds more noise and still completes the announced rounds within its cap.
-
-    `relation` is the neighbouring relation ("add_remove" records, or "replace_one" for privacy of the sensitive
-    attribute only); `one_off_share` > 0 reserves that share of the budget for one unsampled release made before the
-    rounds (SteFFLe's group-count histogram): its noise multiplier is calibrated for share x budget alone, then the
-    rounds' noise for the whole budget with that release in the same composition (not a sum of epsilons).
-
-    `noise_multiplier` given: the algorithm fixes its noise itself (DP-mu2-FL's sigma = 2 S sqrt(T) / rho); nothing is
-    calibrated, and the accountant's epsilon for it is recorded (the ledger still refuses past the budget).
-
-    `companion_ratio` finite: each round also makes a release on its own, independent Poisson sample of the same
-    rate with multiplier `companion_ratio` x the calibrated one (FedFDP's loss release, sigma_l = 2.5 sigma); both are
-    calibrated and charged together, composed (:func:`protocols.privacy.accountant.calibrate_noise`).
-
-    `batches_per_epoch` > 0: shuffled epochs of that many rounds (`protocols.shuffled_epochs`); the caller gives
-    `sampling_rate` 1 and `steps` = E_j, the epochs of the run, and :func:`charge` charges one step per epoch.
-    `epoch_seed` is the run seed the epochs' permutations come from: it is bound like the other parameters, since a
-    permutation changed in the middle of an epoch could put a record in two batches of that epoch.
-    """
-    wanted = {
-        "epsilon": epsilon,
-        "delta": delta,
-        "sampling-rate": sampling_rate,
-        "steps": steps,
-        "releases": releases,
-        "accountant": accountant,
-        "relation": relation,
-        "one-off-share": one_off_share,
-        "fixed-multiplier": -1.0 if noise_multiplier is None else noise_multiplier,
-        "companion-ratio": -1.0 if math.isinf(companion_ratio) else companion_ratio,
-        # -1: Poisson sampling (what a state saved before shuffled epochs existed reads as)
-        "batches-per-epoch": batches_per_epoch if batches_per_epoch > 0 else -1,
-        "epoch-seed": epoch_seed if batches_per_epoch > 0 else -1,
-    }
-    if batches_per_epoch > 0 and (sampling_rate != 1.0 or noise_multiplier is not None):
-        raise ValueError("shuffled epochs are accounted as unsampled steps (sampling_rate 1), with calibrated noise")
-    if STATE_KEY in context.state:
-        rec = context.state[STATE_KEY]
-        for key, value in wanted.items():
-            before = rec.get(key, -1.0)  # a state saved before companions has none (-1.0)
-            if before != value:
-                raise MessageError(
-                    f"the server changed '{key}' from {before!r} to {value!r} mid-run; this silo calibrated its "
-                    "noise for the first value and refuses to re-calibrate (start a new run)"
-                )
-        return _plan_from(rec)
-    budget = silo_budget(context, epsilon)
-    one_off = 0.0
-    if noise_multiplier is not None:
-        multiplier = noise_multiplier
-        eps_back = (
-            _accountant().epsilon_spent(
-                multiplier,
-                sampling_rate,
-                steps,
-                delta,
-                releases=releases,
-                accountant=accountant,
-                companion=companion_ratio * multiplier,
-            )
-            if multiplier > 0
-            else math.inf
-        )
-    elif math.isinf(budget):
-        multiplier, eps_back = 0.0, math.inf
-    else:
-        if one_off_share > 0:
-            one_off = _calibrate(one_off_share * budget, delta, 1.0, 1, 1, accountant, relation, 0.0).noise_multiplier
-        cal = _calibrate(budget, delta, sampling_rate, steps, releases, accountant, relation, one_off, companion_ratio)
-        multiplier, eps_back = cal.noise_multiplier, cal.epsilon
-    rec = ConfigRecord(
-        {**wanted, "budget": budget, "noise-multiplier": multiplier, "epsilon-accountant": eps_back, "one-off": one_off}
-    )
-    context.state[STATE_KEY] = rec
-    return _plan_from(rec)
-
-
-@functools.lru_cache(maxsize=64)
-def _calibrate(
-    epsilon: float,
-    delta: float,
-    sampling_rate: float,
-    steps: int,
-    releases: int,
-    accountant: str,
-    relation: str,
-    one_off: float,
-    companion_ratio: float = math.inf,
-):
-    """`calibrate_noise` is a pure function of its arguments (0.2-1 s); simulated silos of equal size share it."""
-    prior = [(one_off, 1.0, 1)] if one_off > 0 else []
-    return _accountant().calibrate_noise(
-        epsilon,
-        delta,
-        sampling_rate,
-        steps,
-        releases=releases,
-        accountant=accountant,
-        relation=relation,
-        prior=prior,
-        companion_ratio=companion_ratio,
-    )
-
-
 def clear_caches() -> None:
-    """Forget the noise calibrations and the privacy accounting this process cached (:func:`_calibrate`,
+    """Forget the noise calibrations and the privacy accounting this process cached (`protocols.privacy.mechanism`,
     :func:`protocols.privacy.ledger.clear_caches`), and the ledgers kept between messages: a benchmark calls this
     before each run it times, so that every run pays what a run in a fresh process pays. Nothing a silo computes
     changes: every cached value is computed again the same way."""
-    from protocols.privacy import ledger
+    from protocols.privacy import ledger, mechanism
 
-    _calibrate.cache_clear()
+    mechanism.clear_caches()
     _SAVED_LEDGERS.clear()
     ledger.clear_caches()
-
-
-def _plan_from(rec: ConfigRecord) -> NoisePlan:
-    ratio = float(rec.get("companion-ratio", -1.0))
-    multiplier = float(rec["noise-multiplier"])
-    return NoisePlan(
-        companion=math.inf if ratio < 0 else ratio * multiplier,
-        batches_per_epoch=max(0, int(rec.get("batches-per-epoch", -1))),
-        noise_multiplier=float(rec["noise-multiplier"]),
-        sampling_rate=float(rec["sampling-rate"]),
-        releases=int(rec["releases"]),
-        epsilon=float(rec["budget"]),
-        delta=float(rec["delta"]),
-        steps=int(rec["steps"]),
-        accountant=str(rec["accountant"]),
-        relation=str(rec["relation"]),
-        one_off=float(rec["one-off"]),
-        epsilon_accountant=float(rec["epsilon-accountant"]),
-    )
 
 
 #: The ledger each state record holds, as this process saved it. Reading a ledger back from its record re-validates
@@ -440,7 +281,7 @@ def job_fingerprint(instr: TrainInstruction) -> str:
     identical instructions are one job to the silo: the second one's rounds are refused as already answered (give
     it another seed).
     """
-    fields = instr.model_dump(by_alias=True, exclude={"server_round", "lr", "alpha"})
+    fields = instr.model_dump(by_alias=True, exclude=set(PER_ROUND_FIELDS))
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -460,6 +301,7 @@ def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: s
     rounds it answered before it was restarted (without `state-dir`) or before the server resumed the run.
     """
     if JOB_KEY in context.state:
+        bind_instruction(context, instr, what=what)
         return
     fingerprint = job_fingerprint(instr)
     directory = state_dir(context)
@@ -481,6 +323,34 @@ def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: s
     context.state[JOB_KEY] = ConfigRecord(
         {"fingerprint": fingerprint, "silo": silo_id, "path": "" if path is None else str(path)}
     )
+    bind_instruction(context, instr, what=what)
+
+
+def bind_instruction(context: Context, instr: TrainInstruction, *, what: str) -> None:
+    """Bind the job to its instruction: every field but the per-round ones (`protocols.messages.PER_ROUND_FIELDS`)
+    must be the same in every message of the job, or the message is refused, naming the field, before anything is
+    charged or computed.
+
+    The silo's noise and accounting depend on these fields (the batch size, the clip norm, DP-mu2-FL's domain
+    diameter and trust, the sampling, the relation, the number of rounds, ...). A server that changed one mid-run
+    could otherwise make the silo release with less noise than the data it already released needs (e.g. a domain
+    diameter of 1e4 in one round and 0.1 in the others), or put a record in two batches of one shuffled epoch.
+    """
+    fields = {name: value for name, value in instr.__dict__.items() if name not in PER_ROUND_FIELDS}
+    if INSTRUCTION_KEY not in context.state:
+        context.state[INSTRUCTION_KEY] = ConfigRecord(fields)
+        return
+    bound = context.state[INSTRUCTION_KEY]
+    if len(bound) == len(fields) and all(name in bound and bound[name] == value for name, value in fields.items()):
+        return
+    for name in sorted(set(bound.keys()) | set(fields)):
+        before, now = bound.get(name) if name in bound else None, fields.get(name)
+        if before != now:
+            raise MessageError(
+                f"{what}: the server changed '{name.replace('_', '-')}' from {before!r} to {now!r} in round "
+                f"{instr.server_round}; this silo's noise and privacy accounting were fixed for the job's first "
+                "value, so it refuses the message (a new job needs a new run)"
+            )
 
 
 def persist(context: Context) -> None:

@@ -69,6 +69,13 @@ class MessageError(ValueError):
 #: allocates (a model layer, a count table) before it can check the sender's arrays against it.
 MAX_FEATURES = 10_000_000
 MAX_CATEGORIES = 100_000  # labels or sensitive groups
+#: The largest magnitude a silo accepts in an array a server sends it to compute with (model parameters, SteFFLe's W,
+#: Tran's multipliers, FedFDP's global loss, a feature party's outputs and Jacobians, DP-mu2-FL's query points).
+#: No honest run comes near it; a malicious server would use huge finite values to make one record's per-sample
+#: term overflow to inf or NaN, which noise cannot hide. The silo refuses such a message before anything is
+#: computed (a refusal that depends on the message only), and its computations zero any per-record term that is
+#: still not finite (`protocols.models.clip_factors`).
+MAX_SERVER_VALUE = 1e6
 
 
 class _Schema(BaseModel):
@@ -227,6 +234,12 @@ class SiloInfo(_Schema):
         if len(self.group_names) != self.num_groups:
             raise ValueError(f"'group-names' lists {len(self.group_names)} groups but 'num-groups' = {self.num_groups}")
         return self
+
+
+#: The fields of a train instruction that a server may change between the rounds of one job: the round number, the
+#: learning rate (a schedule) and FedSC's alpha_t. Every other field is bound by the silo at the job's first message
+#: (`client.privacy_state.bind_instruction`): the noise and the accounting depend on them.
+PER_ROUND_FIELDS = frozenset({"server_round", "lr", "alpha"})
 
 
 class TrainInstruction(_Schema):
@@ -424,9 +437,17 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes | None:
 
 
 def check_arrays(
-    content: RecordDict, record: str, spec: ArraySpec, *, dtype: str = "float32", what: str = "message"
+    content: RecordDict,
+    record: str,
+    spec: ArraySpec,
+    *,
+    dtype: str = "float32",
+    what: str = "message",
+    max_abs: float | None = None,
 ) -> dict[str, np.ndarray]:
-    """Return the arrays of `record`, after checking names, shapes, dtype and finite values against `spec`.
+    """Return the arrays of `record`, after checking names, shapes, dtype and finite values against `spec`; with
+    `max_abs`, also that no entry's magnitude exceeds it (a silo passes :data:`MAX_SERVER_VALUE` for what a server
+    sends it to compute with).
 
     Each array's declared dtype and shape, then the dtype, shape and byte count in its .npy header, are checked
     before its payload is decoded: an array larger than the spec, or a payload that is not a plain .npy array (a
@@ -461,6 +482,11 @@ def check_arrays(
         value = _decode(arr, shape, want, where)
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             raise MessageError(f"{where} contains NaN or infinite values")
+        if max_abs is not None and value.size and (largest := float(np.abs(value).max())) > max_abs:
+            raise MessageError(
+                f"{where} has an entry of magnitude {largest:.6g}, above the {max_abs:g} this silo accepts from a "
+                "server (values that large only serve to make a record's computation overflow)"
+            )
         out[name] = value
     return out
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from protocols.fairness_metrics import MIN_SUPPORT
+from protocols.messages import MAX_SERVER_VALUE
 
 #: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
 SILO: dict[str, Any] = {"silo": True}
@@ -233,7 +234,13 @@ class ClipOptions(OptionGroup):
 
     heading: ClassVar[str] = "clipping"
 
-    clip: float = Field(default=1.0, gt=0.0, description="per-sample gradient L2 clip norm C", json_schema_extra=SILO)
+    clip: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=MAX_SERVER_VALUE,
+        description="per-sample gradient L2 clip norm C",
+        json_schema_extra=SILO,
+    )
 
 
 class FairnessOptions(OptionGroup):
@@ -418,7 +425,11 @@ class SinglePassOptions(OptionGroup):
         json_schema_extra=SILO,
     )
     domain_diameter: float = Field(
-        default=0.1, gt=0.0, description="diameter D of the ball K the iterates stay in", json_schema_extra=SILO
+        default=0.1,
+        gt=0.0,
+        le=MAX_SERVER_VALUE,
+        description=f"diameter D of the ball K the iterates stay in (at most {MAX_SERVER_VALUE:g})",
+        json_schema_extra=SILO,
     )
 
 
@@ -451,7 +462,11 @@ class SslOptions(OptionGroup):
         default=3.0, gt=0.0, description="local gradient-norm clip (not a DP clip)", json_schema_extra=SILO
     )
     mu: float = Field(
-        default=4.0, gt=0.0, description="representations are clipped to norm sqrt(mu)", json_schema_extra=SILO
+        default=4.0,
+        gt=0.0,
+        le=MAX_SERVER_VALUE,
+        description="representations are clipped to norm sqrt(mu)",
+        json_schema_extra=SILO,
     )
     participation: float = Field(
         default=1.0, gt=0.0, le=1.0, description="fraction of silos sampled per round (all in round 1)"

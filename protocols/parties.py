@@ -73,11 +73,16 @@ def read_columns(
 
 
 def read_outputs(
-    content: RecordDict, *, rows: int, num_labels: int, num_params: int, what: str
+    content: RecordDict, *, rows: int, num_labels: int, num_params: int, what: str, max_abs: float | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(F (n, l), J_F (n, l, P)) of record ``outputs``, float32, for `rows` rows."""
+    """(F (n, l), J_F (n, l, P)) of record ``outputs``, float32, for `rows` rows (entries at most `max_abs` in
+    magnitude when given: a sensitive party's bound on what it computes with)."""
     arrays = check_arrays(
-        content, OUTPUTS, [("outputs", (rows, num_labels)), ("jacobians", (rows, num_labels, num_params))], what=what
+        content,
+        OUTPUTS,
+        [("outputs", (rows, num_labels)), ("jacobians", (rows, num_labels, num_params))],
+        what=what,
+        max_abs=max_abs,
     )
     return arrays["outputs"], arrays["jacobians"]
 

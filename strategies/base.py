@@ -354,6 +354,7 @@ class SiloflStrategy(Strategy):
             what = f"train reply from {entry.name} in round {server_round}"
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_train, entry, what)
             updates.append((entry, self.read_update(entry, reply, what), report))
         # silofl's strategies replace their state arrays in `combine`, never change them in place: references suffice.
         before = self._state_refs()
@@ -392,6 +393,7 @@ class SiloflStrategy(Strategy):
             msg.check_records(reply.content, {msg.COUNTS, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_test, entry, what, split="test")
             counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)
             c = counts["counts"]
             # Each count is at most num-examples, so the int64 sum cannot wrap around.
@@ -513,6 +515,17 @@ class SiloflStrategy(Strategy):
 
     def _collect(self, server_round: int, replies: Iterable[Message], kind: str) -> list[tuple[SiloEntry, Message]]:
         return collect_replies(self.federation, server_round, replies, kind, self.timeout)
+
+    @staticmethod
+    def _check_count(reported: int, declared: int, entry: SiloEntry, what: str, split: str = "training") -> None:
+        """A reply's record count must be the one its node declared in the setup round: a count weighs the node's
+        reply in the average (FedAvg) and the server's checks of its counts, so a node that claims 10^15 records
+        would otherwise take the average over. The run stops, naming the node."""
+        if reported != declared:
+            raise RoundError(
+                f"{what}: the reply's num-examples claims {reported} {split} records, but {entry.name} declared "
+                f"{declared} in the setup round; the server refuses it and stops the run"
+            )
 
     @staticmethod
     def _check_identity(silo_id: int, reply_round: int, entry: SiloEntry, server_round: int, what: str) -> None:

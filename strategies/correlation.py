@@ -37,6 +37,7 @@ from flwr.serverapp import Grid
 
 from protocols import fedsc
 from protocols import messages as msg
+from protocols.privacy.calr import normalize_release
 from strategies.base import (
     Arrays,
     Federation,
@@ -176,12 +177,17 @@ class CorrelationAggregation(SiloflStrategy):
             msg.check_records(reply.content, {msg.CORRELATION_MATRIX, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.CorrelationReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_train, entry, what)
             matrix = msg.check_arrays(
                 reply.content, msg.CORRELATION_MATRIX, [("R", (h, h))], dtype="float64", what=what
             )["R"]
             received[entry.info.silo_id] = (matrix, report)
+        n_train = {e.info.silo_id: e.info.n_train for e in silos}
         for silo_id, (matrix, report) in received.items():
-            self.cache[silo_id] = matrix
+            # under add/remove the silo releases its noised sum / q; R~_j divides it by the public n_j here
+            self.cache[silo_id] = normalize_release(
+                matrix, self.instruction.calr_relation, self.instruction.calr_sampling_rate, n_train[silo_id]
+            )
             self.shares[silo_id] = report.shares
             self.correlation_epsilon[silo_id] = report.epsilon_spent
             self.noise_std[silo_id] = report.noise_std
@@ -223,6 +229,7 @@ class CorrelationAggregation(SiloflStrategy):
             msg.check_records(reply.content, {msg.UPDATE, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_train, entry, what)
             update = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, dtype=self.array_dtype, what=what)
             updates.append((entry, {msg.UPDATE: update}, report))
         total = sum(e.info.n_train for e, _, _ in updates)

@@ -87,7 +87,7 @@ class LagrangianDual(SiloflStrategy):
 
 def build(inputs: StrategyInputs) -> LagrangianDual:
     """Tran et al.'s server (the `tran` registry entry): the prior from the silos' noised group counts."""
-    from strategies.noisy_aggregation import PRIOR_FLOOR
+    from protocols.ermi import PRIOR_FLOOR
 
     config = inputs.config
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)

@@ -20,13 +20,9 @@ import torch
 from flwr.app import ArrayRecord
 
 from protocols import messages as msg
-from protocols.ermi import project_frobenius
+from protocols.ermi import PRIOR_FLOOR, project_frobenius
 from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
 from strategies.gradient_step import StepSchedule, step_schedule
-
-#: Smallest group probability the prior may hold: noised counts of a tiny group can come out <= 0, and
-#: p_S(r)^(-1/2) enters both the objective and the W-noise radius 2 / sqrt(rho).
-PRIOR_FLOOR = 1e-3
 
 
 class NoisyAggregation(SiloflStrategy):

@@ -138,6 +138,7 @@ class PartiesNoisyAggregation(NoisyAggregation):
             msg.check_records(reply.content, {msg.FAIR_UPDATE, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_train, entry, what)
             fair = msg.check_arrays(reply.content, msg.FAIR_UPDATE, spec, what=what)
             sums.append((torch.from_numpy(fair["theta"]).double(), torch.from_numpy(fair["w"]).double()))
             reports[entry.info.silo_id] = report
@@ -167,6 +168,7 @@ class PartiesNoisyAggregation(NoisyAggregation):
             msg.check_records(reply.content, {pm.ROWS, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_test, entry, what, split="test")
             rows = pm.read_columns(
                 reply.content, pm.ROWS, ("ids", "labels", "predictions"), max_rows=entry.info.n_test, what=what
             )

@@ -12,6 +12,22 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+
+def fuzz(max_examples: int) -> settings:
+    """Hypothesis settings of one fuzz test: its number of cases, no deadline (timings vary on a shared machine), and
+    none of the health checks that only say a generator is slow, large or filtered (or uses a module's fixture)."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
 
 
 def report(request: pytest.FixtureRequest, name: str, line: Callable[[], str]) -> None:

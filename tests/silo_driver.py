@@ -64,14 +64,16 @@ class SiloDriver:
         """The group-count histogram (the silo's one-off release before round 1)."""
         return self._call(RecordDict({msg.CONFIG: self.instruction(1).to_config_record()}), msg.GROUPS, 0)
 
-    def train(self, server_round: int, **overrides: Any) -> Message:
+    def train(self, server_round: int, fairness: dict[str, np.ndarray] | None = None, **overrides: Any) -> Message:
+        """A train message of round `server_round` (instruction fields `overrides`; the fairness record `fairness`,
+        by default the algorithm's :data:`FAIRNESS`)."""
         assert self.info is not None, "setup first"
         model = build_model("logreg", self.info.num_features, self.info.num_labels, seed=0)
         content = RecordDict(
             {
                 msg.MODEL: msg.arrays_record(get_parameters(model)),
                 msg.CONFIG: self.instruction(server_round, **overrides).to_config_record(),
-                msg.FAIRNESS: msg.arrays_record(FAIRNESS[self.algorithm]),
+                msg.FAIRNESS: msg.arrays_record(FAIRNESS[self.algorithm] if fairness is None else fairness),
             }
         )
         return self._call(content, msg.TRAIN, server_round)

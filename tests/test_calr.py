@@ -19,6 +19,9 @@ from protocols.privacy.calr import (
     calr_noise_multiplier_scale,
     calr_sensitivity,
     dp_calr,
+    normalize_release,
+    release_divisor,
+    release_noise_scale,
 )
 
 MU = 2.0
@@ -315,6 +318,70 @@ def test_subsampled_calr_sums_the_sample_over_the_public_expected_count() -> Non
     term = np.linalg.norm(np.outer(z[0].numpy(), z[0].numpy())) / (q * n)
     assert term <= calr_noise_multiplier_scale(MU, n, "replace_one", q) * (1 + 1e-12)
     assert calr_noise_multiplier_scale(MU, n, "replace_one", q) == pytest.approx(MU / (q * n))
+
+
+@pytest.mark.parametrize("q", [0.5, 1.0])
+def test_under_add_remove_an_unused_record_leaves_the_release_unchanged(q: float) -> None:
+    """Add/remove neighbours: D' is D plus one record. With the silo's divisor (q under add_remove, never the silo's
+    own count) the release on D' differs from the one on D by exactly the added record's term / q when it is
+    sampled, and not at all when it is not: the geometry the accountant prices (a ball of radius mu / q around the
+    release without it). Dividing by q n_j instead moved it by R (1/(q n) - 1/(q (n+1))) even unsampled."""
+    n = 20
+    images = torch.randn(n + 1, 4, dtype=torch.float64)
+    seen = set()
+    for seed in range(12):
+
+        def release(count: int, divisor: float, seed: int = seed) -> np.ndarray:
+            generator = torch.Generator().manual_seed(seed)  # the first n coins are the same for n and n + 1 records
+            return dp_calr(
+                _huge,
+                images[:count],
+                _identity,
+                views=1,
+                mu=MU,
+                sigma=0.0,
+                generator=generator,
+                sampling_rate=q,
+                divisor=divisor,
+            )
+
+        without = release(n, release_divisor("add_remove", q, n))
+        with_it = release(n + 1, release_divisor("add_remove", q, n + 1))
+        coins = torch.rand(n + 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        sampled = q == 1.0 or bool(coins[n] < q)
+        z = clip_rows(_huge(images[n : n + 1]), MU)
+        expected = (z.T @ z).numpy() / q if sampled else np.zeros((4, 4))
+        np.testing.assert_allclose(with_it - without, expected, atol=1e-12)
+        assert np.linalg.norm(expected) <= release_noise_scale(MU, n, "add_remove", q) * (1 + 1e-12)
+        seen.add(sampled)
+        if q < 1.0 and not sampled:  # the mean's divisor moves the release although the record is unused
+            old = release(n + 1, q * (n + 1)) - release(n, q * n)
+            assert np.abs(old).max() > 1e-3
+    assert seen == ({True, False} if q < 1.0 else {True})
+
+
+def test_the_server_normalizes_an_add_remove_release_to_the_mean() -> None:
+    """The server's R~_j from the released sum / q and the public n_j is the silo's mean of before, to rounding;
+    under replace_one the release is the mean already and passes unchanged."""
+    images = torch.randn(25, 3, dtype=torch.float64)
+    for q in (0.4, 1.0):
+        mean = _subsampled(images, 3, q)
+        released = dp_calr(
+            _huge,
+            images,
+            _identity,
+            views=1,
+            mu=MU,
+            sigma=0.0,
+            generator=torch.Generator().manual_seed(3),
+            sampling_rate=q,
+            divisor=release_divisor("add_remove", q, 25),
+        )
+        np.testing.assert_allclose(normalize_release(released, "add_remove", q, 25), mean, rtol=1e-12)
+        assert normalize_release(mean, "replace_one", q, 25) is mean
+        assert release_noise_scale(MU, 25, "add_remove", q) / 25 == pytest.approx(
+            calr_noise_multiplier_scale(MU, 25, "add_remove", q)
+        )
 
 
 def test_an_empty_sample_releases_the_noise_alone() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from protocols import algorithms
@@ -94,12 +94,7 @@ INF_OK = {"epsilon"}
 CASES: Counter[str] = Counter()
 
 
-def fuzz(max_examples: int) -> settings:
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
+fuzz = fuzz_cases.fuzz
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from pydantic import BaseModel
@@ -52,13 +52,7 @@ INF_OK = {
 INT64_MAX = 2**63 - 1
 
 
-def fuzz(max_examples: int) -> settings:
-    """Hypothesis settings of one fuzz test: its number of cases, no deadline (timings vary on a shared machine)."""
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-    )
+fuzz = fuzz_cases.fuzz
 
 
 CASES: Counter[str] = Counter()

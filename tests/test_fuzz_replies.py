@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -59,12 +59,7 @@ STRANGER = 999
 CASES: Counter[str] = Counter()
 
 
-def fuzz(max_examples: int) -> settings:
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )
+fuzz = fuzz_cases.fuzz
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -471,7 +466,8 @@ def evaluate_replies(requests: list[Message], server_round: int, seed: int) -> l
     rng = np.random.default_rng(seed)
     replies = []
     for i, request in enumerate(requests):
-        counts = rng.integers(0, 5, size=(2, 2, 2)).astype(np.int64)
+        # each silo's test records, as many as it declared in the setup round (`_federation`: n_test = 10)
+        counts = rng.multinomial(10, np.full(8, 1 / 8)).reshape(2, 2, 2).astype(np.int64)
         report = msg.EvaluateReport(
             silo_id=i, server_round=server_round, num_examples=int(counts.sum()), loss_sum=float(rng.random())
         )
@@ -852,7 +848,7 @@ def test_fedavg_refuses_reports_with_no_records_as_a_round_error() -> None:
         content = copy_content(reply.content)
         content[msg.REPORT] = MetricRecord(report)
         replies.append(Message(content, reply_to=requests[len(replies)]))
-    with pytest.raises(RoundError, match="no training records"):
+    with pytest.raises(RoundError, match="num-examples claims 0 training records"):
         strategy.aggregate_train(1, replies)
 
 
@@ -919,8 +915,9 @@ def _ok(reply: Message) -> Message:
 
 
 #: State a silo writes on receipt of a well-formed instruction, before it checks the rest of the message: the job it
-#: binds its context to (client.privacy_state.open_job). Bookkeeping, not a charge; everything else must not change.
-BOOKKEEPING = {"silofl.job"}
+#: binds its context to and the instruction it binds the job to (client.privacy_state.open_job, bind_instruction).
+#: Bookkeeping, not a charge; everything else must not change.
+BOOKKEEPING = {"silofl.job", "silofl.instruction"}
 
 
 def _durable(state: RecordDict) -> Any:
@@ -942,6 +939,13 @@ class Scenario:
 def _logreg(info: msg.SiloInfo, dtype: str = "float32") -> dict[str, np.ndarray]:
     params = get_parameters(build_model("logreg", info.num_features, info.num_labels, seed=1))
     return {k: v.astype(dtype) for k, v in params.items()}
+
+
+def _query_point(info: msg.SiloInfo) -> dict[str, np.ndarray]:
+    """A DP-mu2-FL query point inside the domain K (the ball of radius D / 2 = 0.05 around 0 at the default D)."""
+    params = _logreg(info, "float64")
+    norm = math.sqrt(sum(float((v**2).sum()) for v in params.values()))
+    return {k: v * (0.04 / norm) for k, v in params.items()}
 
 
 def _content(instruction: BaseModel, records: dict[str, Any]) -> RecordDict:
@@ -986,8 +990,8 @@ def scenarios() -> dict[str, Scenario]:
     reply = _ok(_call(unit, RecordDict({msg.CONFIG: UNIT_DATA.to_config_record()}), msg.SETUP))
     unit_info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
     points = {
-        msg.MODEL: msg.arrays_record(_logreg(unit_info, "float64")),
-        msg.PREVIOUS: msg.arrays_record(_logreg(unit_info, "float64")),
+        msg.MODEL: msg.arrays_record(_query_point(unit_info)),
+        msg.PREVIOUS: msg.arrays_record(_query_point(unit_info)),
     }
     ctx = _context(unit.state)
     _ok(_call(ctx, _content(mu, points), msg.TRAIN))
@@ -1152,8 +1156,8 @@ def test_single_pass_silo_refuses_a_batch_size_change(scenarios: dict[str, Scena
     info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
     instr = _instruction(algorithm, total_rounds=5, batch_size=10, rho=4.0, delta=1e-6)
     points = {
-        msg.MODEL: msg.arrays_record(_logreg(info, "float64")),
-        msg.PREVIOUS: msg.arrays_record(_logreg(info, "float64")),
+        msg.MODEL: msg.arrays_record(_query_point(info)),
+        msg.PREVIOUS: msg.arrays_record(_query_point(info)),
     }
     _ok(_call(context, _content(instr, points), msg.TRAIN))
     smaller = instr.model_copy(update={"server_round": 2, "batch_size": 5})  # round 2 would reuse records 5..9

@@ -61,8 +61,9 @@ def _replies(strategy: NoisyAggregation, g: float, h: float, hw: float) -> list[
     replies = []
     for i, m in enumerate(instrs):
         assert set(m.content.keys()) == {msg.MODEL, msg.FAIRNESS, msg.CONFIG}
+        n = strategy.federation.silos[i].info.n_train  # the count the silo declared in the setup round
         report = msg.TrainReport(
-            silo_id=i, server_round=1, num_examples=5, epsilon_spent=0.1, noise_multiplier=1.0, sampling_rate=0.1
+            silo_id=i, server_round=1, num_examples=n, epsilon_spent=0.1, noise_multiplier=1.0, sampling_rate=0.1
         )
         content = {
             msg.UPDATE: msg.arrays_record({k: np.full(v.shape, g, np.float32) for k, v in model.items()}),

@@ -36,7 +36,7 @@ def test_the_ledger_after_k_epochs_is_the_composition_of_k_unsampled_gaussians_a
     driver = _silo(total_rounds=10)  # B = 4: epochs 1 and 2 whole, epoch 3 partial (rounds 9 and 10)
     reports = [driver.report(driver.train(t)) for t in range(1, 11)]
     cal = driver.calibration()
-    assert (cal["sampling-rate"], cal["steps"], cal["batches-per-epoch"]) == (1.0, 3, 4)
+    assert (cal["sampling"], cal["sampling-rate"], cal["steps"], cal["rounds-per-step"]) == ("epochs", 1.0, 3, 4)
     expected = calibrate_noise(1.0, 1e-6, 1.0, 3, releases=2, relation="replace_one", prior=[(cal["one-off"],)])
     assert cal["noise-multiplier"] == expected.noise_multiplier  # calibrated for E = 3 unsampled steps
     ledger = driver.ledger()
@@ -101,7 +101,10 @@ def test_each_round_is_answered_once_and_in_order() -> None:
     assert driver.ledger().rounds() == [0, 1, 7]
     assert driver.train(5).has_error()
     reseeded = driver.train(8, seed=1)  # another permutation mid-epoch could put a record in two of its batches
-    assert reseeded.has_error() and "changed 'epoch-seed' from 0 to 1" in reseeded.error.reason
+    assert reseeded.has_error() and "changed 'seed' from 0 to 1" in reseeded.error.reason
+    resized = driver.train(8, batch_size=31)  # B stays 4: the boundaries of the epoch's batches would move
+    assert resized.has_error() and "changed 'batch-size' from 32 to 31" in resized.error.reason
+    assert driver.ledger().rounds() == [0, 1, 7]  # refused before anything was charged
 
 
 def test_a_pending_round_is_answered_once_and_then_replayed(tmp_path, monkeypatch) -> None:

@@ -130,6 +130,37 @@ def test_reply_claiming_another_silo_or_bad_array_is_refused() -> None:
         strategy.aggregate_train(1, replies)
 
 
+def test_a_reply_with_another_record_count_than_setup_stops_the_run_naming_the_silo() -> None:
+    # Each reply's count weighs it in FedAvg's average: a silo claiming 10^15 records would take the average over.
+    strategy = _strategy("fedavg")
+    _, replies = _round(strategy, [0.0, 4.0], ns=(100, 10**15))
+    with pytest.raises(
+        RoundError, match=r"silo 1 .*num-examples claims 1000000000000000 training records, but silo 1 \(node 11\) "
+    ):
+        strategy.aggregate_train(1, replies)
+    _, replies = _round(strategy, [0.0, 4.0], ns=(99, 300))  # fewer counts too: the setup round's are the truth
+    with pytest.raises(RoundError, match=r"silo 0 .*num-examples claims 99 training records.*declared 100"):
+        strategy.aggregate_train(1, replies)
+    _, replies = _round(strategy, [0.0, 4.0])
+    strategy.aggregate_train(1, replies)  # the declared counts pass
+
+
+def test_an_evaluation_reply_with_another_test_count_than_setup_is_refused() -> None:
+    strategy = _strategy()
+    instrs = list(strategy.configure_evaluate(4, msg.arrays_record(_model(0.0)), ConfigRecord(), None))
+    replies = []
+    for i, m in enumerate(instrs):
+        counts = np.zeros((2, 2, 2), dtype=np.int64)
+        counts[0, 0, 0] = 5  # 5 test records where the setup round declared 4
+        report = msg.EvaluateReport(silo_id=i, server_round=4, num_examples=5, loss_sum=1.0)
+        content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
+        replies.append(Message(content, reply_to=m))
+    with pytest.raises(
+        RoundError, match=r"silo 0 .*num-examples claims 5 test records, but silo 0 \(node 10\) declared 4"
+    ):
+        strategy.aggregate_evaluate(4, replies)
+
+
 def test_evaluation_sums_counts_exactly() -> None:
     strategy = _strategy()
     instrs = list(strategy.configure_evaluate(4, msg.arrays_record(_model(0.0)), ConfigRecord(), None))

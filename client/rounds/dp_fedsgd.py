@@ -5,13 +5,28 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from torch import nn
 
-from client import privacy_state, randomness
+from client import randomness
 from client.algorithms.dp_fedsgd import noisy_gradient
 from client.data.tabular import SiloData
 from client.gradients import unflatten
+from client.round_privacy import RoundPrivacy
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
 from protocols.models import parameter_spec
+from protocols.privacy.mechanism import Mechanism, Release
+
+
+def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:
+    """T Poisson-sampled steps at q = min(1, m / n_j), each the sum of the sample's per-record gradients clipped to C
+    (a ball of radius C around 0 whatever the record: add/remove sensitivity C), divided by the public m."""
+    return Mechanism(
+        relation="add_remove",
+        sampling="poisson",
+        sampling_rate=min(1.0, instr.batch_size / records),
+        steps=instr.total_rounds,
+        releases=(Release("gradient", radius=instr.clip),),
+        parameters={"batch-size": instr.batch_size},
+    )
 
 
 @with_records()
@@ -19,36 +34,19 @@ def train_round(
     model: nn.Module, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
 ) -> RoundResult:
     n = len(silo.train)
-    rate = min(1.0, instr.batch_size / n)
-    plan = privacy_state.noise_plan(
-        context,
-        epsilon=instr.epsilon,
-        delta=instr.delta,
-        sampling_rate=rate,
-        steps=instr.total_rounds,
-        releases=1,
-        accountant=instr.accountant,
-    )
+    privacy = RoundPrivacy(context, instr, mechanism(n, instr), who=f"silo {silo.silo_id}", node_id=silo.silo_id)
     # The ledger is charged BEFORE anything is computed or released: a refused answer releases nothing.
-    spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
-    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+    spent = privacy.charge()
+    rate = privacy.mechanism.sampling_rate
     grad = noisy_gradient(
         model,
         silo.train.nonsensitive,
         sampling_rate=rate,
         batch_size=instr.batch_size,
         clip=instr.clip,
-        noise_multiplier=plan.noise_multiplier,
-        sample_rng=randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys),
-        noise_generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+        noise_multiplier=privacy.noise_multiplier,
+        sample_rng=privacy.rng(randomness.SAMPLING),
+        noise_generator=privacy.generator(randomness.NOISE),
     )
     update = {name: t.detach().numpy().astype("float32") for name, t in unflatten(grad, parameter_spec(model)).items()}
-    report = msg.TrainReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=n,
-        epsilon_spent=spent,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=rate,
-    )
-    return {msg.UPDATE: update}, report
+    return {msg.UPDATE: update}, privacy.report(num_examples=n, sampling_rate=rate, spent=spent)

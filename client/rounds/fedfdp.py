@@ -22,40 +22,46 @@ uses the same bound); it is the silo's own last release, nothing new.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message
 from torch import nn
 
-from client import privacy_state, randomness
+from client import randomness
 from client.algorithms import fedfdp as algo
 from client.data.tabular import SiloData
 from client.gradients import unflatten
+from client.round_privacy import RoundPrivacy
 from client.rounds import RoundResult, with_records
 from protocols import fedfdp
 from protocols import messages as msg
 from protocols.models import parameter_spec, set_parameters
+from protocols.privacy.mechanism import Mechanism, Release
 
 #: The silo's adaptive loss bound in its state: `bound` is C_l of round `round`; `next` the bound for the round after.
 BOUND_KEY = "silofl.fedfdp"
+#: The loss release in the silo's mechanism (on its own Poisson sample).
+LOSS = "loss"
 #: The name of the scalar in the global-loss and loss-release records.
 VALUE = "value"
 SCALAR = (1,)
 
 
-def plan_for(context: Context, silo: SiloData, instr: msg.TrainInstruction) -> privacy_state.NoisePlan:
-    """The silo's calibrated mechanism: sigma for (epsilon, delta, q, T) with its loss release at 2.5 sigma."""
-    return privacy_state.noise_plan(
-        context,
-        epsilon=instr.epsilon,
-        delta=instr.delta,
-        sampling_rate=min(1.0, instr.batch_size / len(silo.train)),
+def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:
+    """T steps, each two Poisson-sampled releases on independent samples of rate q = min(1, m / n_i): the fair,
+    clipped gradient sum (radius C) and the clipped loss sum (radius C_l, which the silo sets itself each round from
+    its own last release, or the run's fixed `loss-bound`) at 2.5 x the calibrated multiplier (sigma_l = 2.5 sigma)."""
+    rate = min(1.0, instr.batch_size / records)
+    return Mechanism(
+        relation="add_remove",
+        sampling="poisson",
+        sampling_rate=rate,
         steps=instr.total_rounds,
-        releases=1,
-        accountant=instr.accountant,
-        companion_ratio=fedfdp.LOSS_NOISE_RATIO,
+        releases=(
+            Release("update", radius=instr.clip),
+            Release(LOSS, radius=instr.loss_bound or None, sample=LOSS, ratio=fedfdp.LOSS_NOISE_RATIO),
+        ),
+        parameters={"batch-size": instr.batch_size},
     )
 
 
@@ -77,16 +83,19 @@ def train_round(
     model: nn.Module, silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
 ) -> RoundResult:
     what = f"train message to silo {silo.silo_id}"
-    global_loss = float(msg.check_arrays(message.content, msg.GLOBAL_LOSS, [(VALUE, SCALAR)], what=what)[VALUE][0])
+    global_loss = float(
+        msg.check_arrays(message.content, msg.GLOBAL_LOSS, [(VALUE, SCALAR)], what=what, max_abs=msg.MAX_SERVER_VALUE)[
+            VALUE
+        ][0]
+    )
     n = len(silo.train)
-    rate = min(1.0, instr.batch_size / n)
-    plan = plan_for(context, silo, instr)
+    privacy = RoundPrivacy(context, instr, mechanism(n, instr), who=f"silo {silo.silo_id}", node_id=silo.silo_id)
+    rate = privacy.mechanism.sampling_rate
     # The ledger is charged BEFORE anything is computed or released: a refused answer releases nothing.
-    spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
+    spent = privacy.charge()
     adaptive = instr.loss_bound == 0
     bound = loss_bound(context, instr.server_round) if adaptive else instr.loss_bound
-    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
-    noise = randomness.torch_generator(context, stream=randomness.NOISE, **keys)
+    noise = privacy.generator(randomness.NOISE)
     data = silo.train.nonsensitive
     grad = algo.fair_noisy_gradient(
         model,
@@ -96,8 +105,8 @@ def train_round(
         sampling_rate=rate,
         batch_size=instr.batch_size,
         clip=instr.clip,
-        noise_multiplier=plan.noise_multiplier,
-        sample_rng=randomness.numpy_rng(context, stream=randomness.SAMPLING, **keys),
+        noise_multiplier=privacy.noise_multiplier,
+        sample_rng=privacy.rng(randomness.SAMPLING),
         noise_generator=noise,
     )
     spec = parameter_spec(model)
@@ -111,18 +120,11 @@ def train_round(
         bound=bound,
         sampling_rate=rate,
         batch_size=instr.batch_size,
-        noise_multiplier=plan.companion if math.isfinite(plan.companion) else 0.0,
-        sample_rng=randomness.numpy_rng(context, stream=randomness.LOSS_SAMPLING, **keys),
+        noise_multiplier=privacy.multiplier_of(LOSS),
+        sample_rng=privacy.rng(randomness.LOSS_SAMPLING),
         noise_generator=noise,
     )
     if adaptive:
         context.state[BOUND_KEY]["next"] = fedfdp.next_loss_bound(released)
-    report = msg.TrainReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=n,
-        epsilon_spent=spent,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=rate,
-    )
+    report = privacy.report(num_examples=n, sampling_rate=rate, spent=spent)
     return {msg.UPDATE: update, msg.LOSS_RELEASE: {VALUE: np.array([released], dtype=np.float32)}}, report

@@ -30,12 +30,19 @@ from client import privacy_state, randomness
 from client.algorithms.fedsc import local_sc_training
 from client.augment import ssl_augmentation
 from client.data.tabular import SiloData
+from client.round_privacy import RoundPrivacy, silo_budget
 from client.rounds import RoundResult, with_records
-from client.silo_data import is_deployed
 from protocols import messages as msg
 from protocols.fedsc import normalize_rows
 from protocols.models import get_parameters, parameter_spec, set_parameters
-from protocols.privacy.calr import accountant_relation, calr_noise_multiplier_scale, dp_calr
+from protocols.privacy.calr import (
+    accountant_relation,
+    dp_calr,
+    normalize_release,
+    release_divisor,
+    release_noise_scale,
+)
+from protocols.privacy.mechanism import Mechanism, Release
 from protocols.ssl_models import SSLModel, build_ssl_model, image_shape, resolve_device
 
 SHARES_KEY = "silofl.fedsc.shares"
@@ -65,7 +72,9 @@ def model_from_message(message: Message, silo: SiloData, instr: msg.TrainInstruc
     """The global model of the message, on the run's device."""
     shape = image_shape(silo.info.num_features)
     model = _shell(instr.model, shape, instr.projection_dim, instr.width)
-    params = msg.check_arrays(message.content, msg.MODEL, parameter_spec(model), what=what)
+    params = msg.check_arrays(
+        message.content, msg.MODEL, parameter_spec(model), what=what, max_abs=msg.MAX_SERVER_VALUE
+    )
     set_parameters(model, params)
     return model.to(_device(instr, what))
 
@@ -77,19 +86,33 @@ def _device(instr: msg.TrainInstruction, what: str) -> torch.device:
         raise msg.MessageError(f"{what}: {exc}") from None
 
 
+#: The DP-CalR share in the silo's mechanism.
+CORRELATION = "correlation"
+
+
+def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:
+    """The silo's DP-CalR shares: at most `planned_shares` Gaussian releases of its correlation matrix (rate 1: every
+    record; q < 1: a Poisson sample), one record's term of norm at most the release's scale
+    (`calr.release_noise_scale`: sqrt(2) mu / n or mu / n at rate 1, mu / (q n) below it; mu / q in the released
+    sum under add/remove), under the accountant relation of `calr.accountant_relation`. `mu` and the views are bound
+    with it."""
+    rate = instr.calr_sampling_rate
+    return Mechanism(
+        relation=accountant_relation(instr.calr_relation, rate),
+        sampling="poisson" if rate < 1.0 else "none",
+        sampling_rate=rate,
+        steps=instr.planned_shares,
+        releases=(Release(CORRELATION, radius=release_noise_scale(instr.mu, records, instr.calr_relation, rate)),),
+        parameters={"mu": instr.mu, "views": instr.views, "calr-relation": instr.calr_relation},
+    )
+
+
 def correlation_reply(
     silo: SiloData, instr: msg.TrainInstruction, context: Context, message: Message
 ) -> tuple[np.ndarray, msg.CorrelationReport]:
     """DP-CalR (Algorithm 2) on this silo's training records with the model of the message."""
     what = f"correlation query to silo {silo.silo_id}"
     rate = instr.calr_sampling_rate
-    if instr.calr_relation == "add_remove" and rate == 1.0 and is_deployed(context):
-        raise msg.MessageError(
-            f"{what}: calr-relation 'add_remove' uses the paper's sensitivity mu / n, which does not bound the mean "
-            "DP-CalR computes (protocols/privacy/calr.py); a deployed silo answers only with 'replace_one' (the "
-            "default) or with calr-sampling-rate < 1 (its divisor q n is public, so mu / (q n) is exact). The paper's "
-            "setting is for simulations that reproduce its tables"
-        )
     if instr.planned_shares < 1:
         raise msg.MessageError(f"{what}: 'planned_shares' must be >= 1 in a FedSC run (the schedule's shares)")
     t = instr.server_round
@@ -106,23 +129,17 @@ def correlation_reply(
     model = model_from_message(message, silo, instr, what)
     sigma, spent = 0.0, math.inf
     # The silo's own cap (`epsilon-budget` in its node config) applies even when the run asks for no noise.
-    if math.isfinite(privacy_state.silo_budget(context, instr.epsilon)):
-        plan = privacy_state.noise_plan(
-            context,
-            epsilon=instr.epsilon,
-            delta=instr.delta,
-            sampling_rate=rate,
-            steps=instr.planned_shares,
-            releases=1,
-            accountant=instr.accountant,
-            relation=accountant_relation(instr.calr_relation, rate),
-        )
+    budget = silo_budget(context, instr.epsilon)
+    if math.isfinite(budget):
+        privacy = RoundPrivacy(context, instr, mechanism(n, instr), who=f"silo {silo.silo_id}", node_id=silo.silo_id)
         # Rate 1: the Gaussian mechanism on a matrix of L2 (Frobenius) sensitivity Delta with std z * Delta is exactly
         # the mechanism the accountant prices at noise multiplier z, whatever the relation. Rate q < 1: one sampled
-        # record's term has norm <= mu / (q n): the accountant's Poisson-subsampled Gaussian (privacy/calr.py).
-        sigma = plan.noise_multiplier * calr_noise_multiplier_scale(instr.mu, n, instr.calr_relation, rate)
+        # record's term has norm <= mu / (q n) (mu / q in the released sum / q under add/remove): the accountant's
+        # Poisson-subsampled Gaussian (privacy/calr.py).
+        sigma = privacy.multiplier_of(CORRELATION)
+        sigma *= release_noise_scale(instr.mu, n, instr.calr_relation, rate)
         # Charged before anything is computed or released: a refused share releases nothing.
-        spent = privacy_state.charge(context, plan, server_round=t, silo=f"silo {silo.silo_id}")
+        spent = privacy.charge()
     shape = image_shape(silo.info.num_features)
     generator = torch.Generator().manual_seed(
         randomness.round_seed(context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=CALR_STREAM)
@@ -141,6 +158,7 @@ def correlation_reply(
             sigma=sigma,
             generator=generator,
             sampling_rate=rate,
+            divisor=release_divisor(instr.calr_relation, rate, n),
         )
     context.state[SHARES_KEY] = ConfigRecord({"shares": shares + 1, "round": t})
     report = msg.CorrelationReport(
@@ -149,7 +167,8 @@ def correlation_reply(
         num_examples=n,
         epsilon_spent=spent,
         shares=shares + 1,
-        noise_std=sigma,
+        # the std on the server's R~_j (after its normalization, `calr.normalize_release`)
+        noise_std=float(normalize_release(np.float64(sigma), instr.calr_relation, rate, n)),
     )
     return correlation, report
 
@@ -184,9 +203,7 @@ def _train(
         silo_id=silo.silo_id,
         server_round=instr.server_round,
         num_examples=len(silo.train),
-        epsilon_spent=privacy_state.spent(context)
-        if math.isfinite(privacy_state.silo_budget(context, instr.epsilon))
-        else math.inf,
+        epsilon_spent=privacy_state.spent(context) if math.isfinite(silo_budget(context, instr.epsilon)) else math.inf,
         noise_multiplier=0.0,
         sampling_rate=1.0,
     )

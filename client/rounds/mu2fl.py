@@ -20,13 +20,15 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from torch import nn
 
-from client import privacy_state, randomness
+from client import randomness
 from client.data.tabular import SiloData
+from client.round_privacy import RoundPrivacy
 from client.rounds import RoundResult, with_records
 from client.silo_data import is_deployed
 from protocols import messages as msg
 from protocols import mu2
 from protocols.models import build_model, flatten_parameters, parameter_spec, unflatten_parameters
+from protocols.privacy.mechanism import Mechanism, Release
 
 D_KEY = "silofl.mu2.d"
 ROUND_KEY = "silofl.mu2.round"
@@ -75,8 +77,9 @@ def _single_pass_round(
     what = f"train message to silo {silo.silo_id}"
     spec = parameter_spec(build_model("logreg", silo.info.num_features, silo.info.num_labels))
     t = instr.server_round
-    x_t = flatten_parameters(msg.check_arrays(message.content, msg.MODEL, spec, dtype="float64", what=what))
-    x_prev = flatten_parameters(msg.check_arrays(message.content, msg.PREVIOUS, spec, dtype="float64", what=what))
+    bound = {"dtype": "float64", "what": what, "max_abs": msg.MAX_SERVER_VALUE}
+    x_t = flatten_parameters(msg.check_arrays(message.content, msg.MODEL, spec, **bound))
+    x_prev = flatten_parameters(msg.check_arrays(message.content, msg.PREVIOUS, spec, **bound))
     trusted = instr.trust == "trusted"
     if trusted and is_deployed(context) and not _allowed(context):
         raise msg.MessageError(
@@ -103,6 +106,7 @@ def _single_pass_round(
     constants = constants_for(silo, instr.domain_diameter)
     if t == 1:  # the silo's records are fixed for the run: checked once (a full scan costs ~10 ms per round)
         check_features(silo, what)
+    check_in_domain(x_t, x_prev, instr.domain_diameter, what)
     if not sgd and t > 1:
         check_query_step(x_t, x_prev, t, instr.domain_diameter, what)
     rho = mu2.resolve_rho(instr.rho, instr.epsilon, instr.delta)
@@ -115,23 +119,16 @@ def _single_pass_round(
     spent = math.inf
     if not trusted:
         epsilon = math.inf if math.isinf(rho) else mu2.rho_to_epsilon(rho, instr.delta)
-        # DP-mu2-FL: every round's q_t depends on every earlier record, so T releases compose. Noisy SGD: each record
-        # is used in one round only (parallel composition): one release per record, charged once.
-        plan = privacy_state.noise_plan(
+        privacy = RoundPrivacy(
             context,
+            instr,
+            mechanism(instr, cal, sgd=sgd),
+            who=f"silo {silo.silo_id}",
+            node_id=silo.silo_id,
             epsilon=epsilon,
-            delta=instr.delta,
-            sampling_rate=1.0,
-            steps=1 if sgd else instr.total_rounds,
-            releases=1,
-            accountant=instr.accountant,
-            noise_multiplier=multiplier,
         )
         # Charged before anything is computed or released: a refused answer releases nothing.
-        if sgd and t > 1:
-            spent = privacy_state.spent(context)
-        else:
-            spent = privacy_state.charge(context, plan, server_round=t, silo=f"silo {silo.silo_id}")
+        spent = privacy.spent() if sgd and t > 1 else privacy.charge()
 
     rows = record_order(context, silo, instr.seed)[(t - 1) * b : t * b]
     features = silo.train.nonsensitive.features[rows].astype(np.float64)
@@ -157,6 +154,40 @@ def _single_pass_round(
     if sigma > 0:
         q = q + sigma * _noise(context, instr, silo, t).standard_normal(q.shape[0])
     return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
+
+
+def mechanism(instr: msg.TrainInstruction, cal: mu2.Mu2Calibration, *, sgd: bool) -> Mechanism:
+    """An untrusted silo's run: DP-mu2-FL's T releases of q_t = t d_t (every q_t depends on every earlier record, so
+    they compose), or noisy SGD's one release per record (each record is used in one round only: parallel
+    composition, charged once), each a Gaussian of sensitivity 2 S / b (2 G / b) to replacing one record at the
+    noise multiplier the algorithm fixes (sqrt(T) / rho; 1 / rho). The sensitivity holds for features in [0, 1] and
+    query points in the domain K of diameter D whose steps keep Lemma 4.2's bound: the domain diameter, the batch size
+    and the trust are bound with it."""
+    return Mechanism(
+        relation="add_remove",
+        sampling="none",
+        sampling_rate=1.0,
+        steps=1 if sgd else instr.total_rounds,
+        releases=(Release("gradient" if sgd else "momentum", radius=cal.sensitivity),),
+        fixed_multiplier=cal.noise_multiplier,
+        parameters={"domain-diameter": instr.domain_diameter, "batch-size": instr.batch_size, "trust": instr.trust},
+    )
+
+
+def check_in_domain(x_t: np.ndarray, x_prev: np.ndarray, diameter: float, what: str) -> None:
+    """Refuse query points outside the domain K, the ball of radius D / 2 around 0 (`protocols.mu2`): the server's
+    points are anytime averages of points of K, and the silo's bounds (G, L, S = G + 2 L D) and its arithmetic are
+    for points of K. A relative slack of 1e-9 absorbs float64 rounding of the server's projection. Depends on the
+    message only: the same refusal whatever the silo's data."""
+    radius = diameter / 2.0
+    for name, point in (("x_t", x_t), ("x_(t-1)", x_prev)):
+        norm = float(np.linalg.norm(point))
+        if not norm <= radius * (1.0 + 1e-9):
+            raise msg.MessageError(
+                f"{what}: query point {name} has norm {norm:.6g}, outside the domain K (the ball of radius D / 2 = "
+                f"{radius:.6g} around 0, domain-diameter {diameter}); the silo's noise covers only query points of K, "
+                "so it refuses this round"
+            )
 
 
 def check_query_step(x_t: np.ndarray, x_prev: np.ndarray, t: int, diameter: float, what: str) -> None:

@@ -16,65 +16,87 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from client import batches, privacy_state, randomness
+from client import batches, randomness
 from client.algorithms import steffle as algo
 from client.data.tabular import SiloData
 from client.gradients import unflatten
+from client.round_privacy import RoundPrivacy, digest
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
 from protocols import shuffled_epochs
-from protocols.ermi import GroupPrior
+from protocols.ermi import MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior
 from protocols.models import parameter_spec
 from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 
-RELEASES_PER_ROUND = 2  # h_theta and h_W
+#: The setup release: the (group, label) histogram, radius sqrt(2)/2 under replace-one (`histogram_sensitivity`).
+GROUP_COUNTS = "group-counts"
 
 
-def plan_for(context: Context, silo: SiloData, instr: msg.TrainInstruction) -> privacy_state.NoisePlan:
-    """The silo's calibrated mechanism for this run (cached in its state; refuses a change of parameters).
-
-    Poisson sampling: T steps at q = min(1, m / n_j). Shuffled epochs: E_j = ceil(T / B_j) unsampled steps (q = 1),
-    one per epoch, no amplification (`protocols.shuffled_epochs`)."""
-    records = len(silo.train)
-    sampling_rate, steps, batches = min(1.0, instr.batch_size / records), instr.total_rounds, 0
+def sampling_of(records: int, instr: msg.TrainInstruction) -> dict[str, object]:
+    """The steps of a division's sampler: Poisson sampling, T steps at q = min(1, m / n_j); shuffled epochs, E_j =
+    ceil(T / B_j) unsampled steps (q = 1) of B_j rounds each, no amplification (`protocols.shuffled_epochs`)."""
     if instr.sampling == "shuffle":
-        batches = shuffled_epochs.batches_per_epoch(records, instr.batch_size)
-        sampling_rate, steps = 1.0, shuffled_epochs.accounted_steps(instr.total_rounds, records, instr.batch_size)
-    return privacy_state.noise_plan(
-        context,
-        epsilon=instr.epsilon,
-        delta=instr.delta,
-        sampling_rate=sampling_rate,
-        steps=steps,
-        releases=RELEASES_PER_ROUND,
-        accountant=instr.accountant,
+        return {
+            "sampling": "epochs",
+            "sampling_rate": 1.0,
+            "steps": shuffled_epochs.accounted_steps(instr.total_rounds, records, instr.batch_size),
+            "rounds_per_step": shuffled_epochs.batches_per_epoch(records, instr.batch_size),
+        }
+    return {"sampling": "poisson", "sampling_rate": min(1.0, instr.batch_size / records), "steps": instr.total_rounds}
+
+
+def mechanism(records: int, instr: msg.TrainInstruction, releases: tuple[Release, ...] | None = None) -> Mechanism:
+    """The silo's run under the replace-one relation on sensitive attributes: the one-off group-count histogram
+    (`counts-share` of the budget), then per step two releases of the sensitive division's sample, the clipped theta
+    part (radius C) and the s-dependent W part (its radius 2 / sqrt(rho), or per group rows, follows from the group
+    prior, bound at its first round: `RoundPrivacy.bind`). Shuffled epochs also bind the run seed their
+    permutations come from: a seed changed mid-epoch could put a record in two batches of one epoch."""
+    parameters: dict[str, str | int | float] = {"batch-size": instr.batch_size}
+    if instr.sampling == "shuffle":
+        parameters["epoch-seed"] = instr.seed
+    return Mechanism(
         relation="replace_one",
-        one_off_share=instr.counts_share,
-        batches_per_epoch=batches,
-        epoch_seed=instr.seed,
+        releases=releases or (Release("theta", radius=instr.clip), Release("w", radius=None)),
+        setup=(SetupRelease(GROUP_COUNTS, share=instr.counts_share, radius=histogram_sensitivity("replace_one")),),
+        parameters=parameters,
+        **sampling_of(records, instr),  # type: ignore[arg-type]
     )
 
 
-def group_counts(silo: SiloData, instr: msg.TrainInstruction, context: Context) -> tuple[np.ndarray, float]:
-    """The silo's (group, label) counts, noised unless the run is non-private; and the epsilon spent after them."""
+MechanismOf = Callable[[int, msg.TrainInstruction], Mechanism]
+
+
+def open_privacy(
+    context: Context, silo: SiloData, instr: msg.TrainInstruction, build: MechanismOf = mechanism
+) -> RoundPrivacy:
+    """The silo's bound, calibrated mechanism for this run (`build`: SteFFLe's :func:`mechanism`, or Tran's)."""
+    return RoundPrivacy(context, instr, build(len(silo.train), instr), who=f"silo {silo.silo_id}", node_id=silo.silo_id)
+
+
+def group_counts(
+    silo: SiloData, instr: msg.TrainInstruction, context: Context, build: MechanismOf = mechanism
+) -> tuple[np.ndarray, float]:
+    """The silo's (group, label) counts, noised unless the run is non-private; and the epsilon spent after them.
+    `build` is the algorithm's mechanism (the histogram is its setup release)."""
     counts = algo.group_label_counts(
         silo.train.nonsensitive, silo.train.sensitive, silo.info.num_groups, silo.info.num_labels
     )
-    plan = plan_for(context, silo, instr)
-    if math.isinf(plan.epsilon):
+    privacy = open_privacy(context, silo, instr, build)
+    if not privacy.private:
         return counts, math.inf
-    spent = privacy_state.charge_one_off(context, plan, silo=f"silo {silo.silo_id}")
-    generator = randomness.torch_generator(
-        context, seed=instr.seed, silo_id=silo.silo_id, server_round=0, stream=randomness.NOISE
+    spent = privacy.charge_setup()
+    release = GaussianMechanism(
+        sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=privacy.setup_multiplier
     )
-    mechanism = GaussianMechanism(sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=plan.one_off)
-    noisy = mechanism.release(torch.from_numpy(counts), generator).numpy()
+    noisy = release.release(torch.from_numpy(counts), privacy.generator(server_round=0)).numpy()
     return noisy, spent
 
 
@@ -90,21 +112,27 @@ def train_round(
         if instr.fairness == "eo"
         else (info.num_groups, info.num_labels)
     )
-    fair = msg.check_arrays(message.content, msg.FAIRNESS, [("w", w_shape), ("prior", prior_shape)], what=what)
+    fair = msg.check_arrays(
+        message.content,
+        msg.FAIRNESS,
+        [("w", w_shape), ("prior", prior_shape)],
+        what=what,
+        max_abs=msg.MAX_SERVER_VALUE,
+    )
     try:
         prior = group_prior(instr.fairness, fair["prior"], info.num_labels, balanced=instr.group_weight == "balanced")
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
     w = torch.from_numpy(fair["w"])
     rate = min(1.0, instr.batch_size / len(silo.train))
-    plan = plan_for(context, silo, instr)
-    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+    privacy = open_privacy(context, silo, instr)
+    privacy.bind("prior", digest(fair["prior"]))  # the W radius follows from it
     spent = math.inf
-    if instr.lam > 0 and math.isfinite(plan.epsilon):
+    if instr.lam > 0 and privacy.private:
         # Charged BEFORE anything is computed or released: a refused answer releases nothing.
-        spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
-    elif instr.lam == 0 and math.isfinite(plan.epsilon):
-        spent = privacy_state.spent(context)  # nothing sensitive is released this round
+        spent = privacy.charge()
+    elif instr.lam == 0 and privacy.private:
+        spent = privacy.spent()  # nothing sensitive is released this round
 
     # Non-sensitive division: its own sample (or batch); g and the s-independent part of the W-gradient, in the clear.
     sample = functools.partial(batches.round_sample, context, instr, silo_id=silo.silo_id, records=len(silo.train))
@@ -123,9 +151,9 @@ def train_round(
             prior=prior,
             rate=rate,
             clip=instr.clip,
-            noise_multiplier=plan.noise_multiplier,
+            noise_multiplier=privacy.noise_multiplier,
             sample=sample(division="sensitive"),
-            generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+            generator=privacy.generator(randomness.NOISE),
             w_noise=w_noise_of(instr.w_noise),
         )
         fair_arrays = _named(h_theta, spec)
@@ -133,15 +161,7 @@ def train_round(
         w_gradient = h_w if prior.balanced else w_base + h_w
         fair_arrays["w"] = w_gradient.detach().numpy().astype(np.float32)
         arrays[msg.FAIR_UPDATE] = fair_arrays
-    report = msg.TrainReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=len(silo.train),
-        epsilon_spent=spent,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=rate,
-    )
-    return arrays, report
+    return arrays, privacy.report(num_examples=len(silo.train), sampling_rate=rate, spent=spent)
 
 
 def w_noise_of(w_noise: str) -> str:
@@ -155,9 +175,16 @@ def group_prior(notion: str, probs: np.ndarray, num_labels: int, *, balanced: bo
     """The validated group prior of a train message (raises ValueError for an invalid one); ``balanced``: the
     group-balanced objective (the run's `group-weight`, `protocols.ermi`).
 
-    The server sends the same prior every round: a prior is validated once per distinct (notion, bytes, shape,
-    number of labels, balanced) and the (immutable) GroupPrior reused."""
+    A prior with an entry below `protocols.ermi.MIN_SILO_PRIOR` is refused: the W radius and the noise it scales grow
+    as 1 / sqrt(rho) (1 / rho balanced), and a server's tiny prior would make them overflow. The server sends the
+    same prior every round: a prior is validated once per distinct (notion, bytes, shape, number of labels,
+    balanced) and the (immutable) GroupPrior reused."""
     probs = np.ascontiguousarray(probs, dtype=np.float64)
+    if probs.size and float(probs.min()) < MIN_SILO_PRIOR:
+        raise ValueError(
+            f"its smallest entry is {float(probs.min()):.3g}, below the {MIN_SILO_PRIOR:g} a silo accepts (the server "
+            f"floors its prior at {PRIOR_FLOOR:g}; the W radius grows as the entry shrinks)"
+        )
     return _group_prior(notion, probs.tobytes(), probs.shape, num_labels, balanced)
 
 

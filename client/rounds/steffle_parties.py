@@ -25,34 +25,40 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from client import privacy_state, randomness
+from client import randomness
 from client.algorithms import steffle_parties as algo
 from client.data.topology import FeaturePartyData, SensitivePartyData
-from client.rounds.steffle import _named, group_prior, w_noise_of
+from client.round_privacy import RoundPrivacy, digest
+from client.rounds.steffle import GROUP_COUNTS, _named, group_prior, w_noise_of
 from protocols import messages as msg
 from protocols import parties as pm
 from protocols.ermi import GroupPrior
 from protocols.models import parameter_spec
 from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 
-RELEASES_PER_ROUND = 2  # the theta sum and the W sum
 #: The most rows one request may carry: every feature party's whole training split (checked against n by the server).
 MAX_ROWS = 10_000_000
 
 
-def plan_for(context: Context, instr: msg.TrainInstruction) -> privacy_state.NoisePlan:
-    """The sensitive party's calibrated mechanism: T rounds at sampling rate q_s (its own coins), after the one-off
-    histogram; cached in its state, refusing a change of parameters mid-run."""
-    return privacy_state.noise_plan(
-        context,
-        epsilon=instr.epsilon,
-        delta=instr.delta,
+def mechanism(instr: msg.TrainInstruction) -> Mechanism:
+    """The sensitive party's run under the replace-one relation on s: the one-off histogram (`counts-share` of the
+    budget), then T steps of two releases (the clipped theta sum, radius C; the W sum, whose radii follow from the
+    group prior, bound at its first round) amplified by its own secret coins at q_s only (q_s = 1: un-amplified)."""
+    return Mechanism(
+        relation="replace_one",
+        sampling="poisson",
         sampling_rate=instr.keep_rate,
         steps=instr.total_rounds,
-        releases=RELEASES_PER_ROUND,
-        accountant=instr.accountant,
-        relation="replace_one",
-        one_off_share=instr.counts_share,
+        releases=(Release("theta", radius=instr.clip), Release("w", radius=None)),
+        setup=(SetupRelease(GROUP_COUNTS, share=instr.counts_share, radius=histogram_sensitivity("replace_one")),),
+    )
+
+
+def open_privacy(context: Context, party: SensitivePartyData, instr: msg.TrainInstruction) -> RoundPrivacy:
+    """The party's bound, calibrated mechanism for this run."""
+    return RoundPrivacy(
+        context, instr, mechanism(instr), who=f"sensitive party {party.party_id}", node_id=party.party_id
     )
 
 
@@ -60,18 +66,21 @@ def _keys(party_id: int, instr: msg.TrainInstruction, server_round: int) -> dict
     return {"seed": instr.seed, "silo_id": party_id, "server_round": server_round}
 
 
-def _prior(content: RecordDict, info, instr: msg.TrainInstruction, what: str) -> tuple[GroupPrior, torch.Tensor]:
-    """W and the group prior of a request (shapes from the fairness notion), as the silo mode reads them."""
+def _prior(content: RecordDict, info, instr: msg.TrainInstruction, what: str) -> tuple[GroupPrior, torch.Tensor, str]:
+    """The group prior, W and the prior's digest (`RoundPrivacy.bind`) of a request (shapes from the fairness
+    notion), as the silo mode reads them."""
     from protocols.ermi import w_shape
 
     prior_shape = (info.num_groups,) if instr.fairness == "dp" else (info.num_labels, info.num_groups)
     shape = w_shape(instr.fairness, info.num_groups, info.num_labels)
-    fair = msg.check_arrays(content, msg.FAIRNESS, [("w", shape), ("prior", prior_shape)], what=what)
+    fair = msg.check_arrays(
+        content, msg.FAIRNESS, [("w", shape), ("prior", prior_shape)], what=what, max_abs=msg.MAX_SERVER_VALUE
+    )
     try:
         prior = group_prior(instr.fairness, fair["prior"], info.num_labels)
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
-    return prior, torch.from_numpy(fair["w"])
+    return prior, torch.from_numpy(fair["w"]), digest(fair["prior"])
 
 
 def _labels_in_range(labels: np.ndarray, num_labels: int, what: str) -> None:
@@ -135,13 +144,14 @@ def group_counts(
     positions, groups = algo.SensitiveParty(*party.sorted_train).lookup(rows["ids"])
     counts = np.zeros((info.num_groups, info.num_labels), dtype=np.float64)
     np.add.at(counts, (groups, rows["labels"][positions]), 1.0)
-    plan = plan_for(context, instr)
+    privacy = open_privacy(context, party, instr)
     spent = math.inf
-    if math.isfinite(plan.epsilon):
-        spent = privacy_state.charge_one_off(context, plan, silo=f"sensitive party {party.party_id}")
-        generator = randomness.torch_generator(context, stream=randomness.NOISE, **_keys(party.party_id, instr, 0))
-        mechanism = GaussianMechanism(sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=plan.one_off)
-        counts = mechanism.release(torch.from_numpy(counts), generator).numpy()
+    if privacy.private:
+        spent = privacy.charge_setup()
+        release = GaussianMechanism(
+            sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=privacy.setup_multiplier
+        )
+        counts = release.release(torch.from_numpy(counts), privacy.generator(server_round=0)).numpy()
     report = msg.GroupsReport(silo_id=party.party_id, epsilon_spent=spent)
     return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
 
@@ -155,22 +165,26 @@ def sensitive_round(
     what = f"sensitive query to sensitive party {party.party_id} in round {instr.server_round}"
     msg.check_records(message.content, {msg.CONFIG, msg.FAIRNESS, pm.ROWS, pm.OUTPUTS}, what=what)
     info = party.info
-    prior, w = _prior(message.content, info, instr, what)
+    prior, w, prior_digest = _prior(message.content, info, instr, what)
     num_params = _num_params(instr, info)
     rows = pm.read_columns(message.content, pm.ROWS, ("ids", "labels"), max_rows=MAX_ROWS, what=what)
     pm.check_ids(rows["ids"], what)
     _labels_in_range(rows["labels"], info.num_labels, what)
     outputs, jacobians = pm.read_outputs(
-        message.content, rows=len(rows["ids"]), num_labels=info.num_labels, num_params=num_params, what=what
+        message.content,
+        rows=len(rows["ids"]),
+        num_labels=info.num_labels,
+        num_params=num_params,
+        what=what,
+        max_abs=msg.MAX_SERVER_VALUE,
     )
-    plan = plan_for(context, instr)
+    outputs = outputs_as_probabilities(outputs, what)
+    privacy = open_privacy(context, party, instr)
+    privacy.bind("prior", prior_digest)
     spent = math.inf
-    if math.isfinite(plan.epsilon):
+    if privacy.private:
         # Charged BEFORE anything is computed or released: a refused answer releases nothing.
-        spent = privacy_state.charge(
-            context, plan, server_round=instr.server_round, silo=f"sensitive party {party.party_id}"
-        )
-    keys = _keys(party.party_id, instr, instr.server_round)
+        spent = privacy.charge()
     theta, w_sum = algo.sensitive_party_step(
         algo.SensitiveParty(*party.sorted_train),
         algo.FeatureRows(
@@ -179,22 +193,40 @@ def sensitive_round(
         w=w,
         prior=prior,
         clip=instr.clip,
-        noise_multiplier=plan.noise_multiplier,
+        noise_multiplier=privacy.noise_multiplier,
         keep_rate=instr.keep_rate,
-        rng=randomness.numpy_rng(context, stream=randomness.SENSITIVE_SAMPLING, **keys),
-        generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+        rng=privacy.rng(randomness.SENSITIVE_SAMPLING),
+        generator=privacy.generator(randomness.NOISE),
         w_noise=w_noise_of(instr.w_noise),
     )
-    report = msg.TrainReport(
-        silo_id=party.party_id,
-        server_round=instr.server_round,
-        num_examples=len(party.train_ids),
-        epsilon_spent=spent,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=instr.keep_rate,
-    )
+    report = privacy.report(num_examples=len(party.train_ids), sampling_rate=instr.keep_rate, spent=spent)
     fair = {"theta": theta.numpy().astype(np.float32), "w": w_sum.numpy().astype(np.float32)}
     return RecordDict({msg.FAIR_UPDATE: msg.arrays_record(fair), msg.REPORT: report.to_metric_record()})
+
+
+#: How far a row of outputs F may sum above 1 (float32 rounding of a softmax) before the message is refused.
+PROBABILITY_SLACK = 1e-4
+
+
+def outputs_as_probabilities(outputs: np.ndarray, what: str) -> np.ndarray:
+    """The outputs F(x_i) a feature party sent, as probability vectors: every entry in [0, 1] and each row's sum at
+    most 1 (a row that sums to more, by float rounding within `PROBABILITY_SLACK`, is scaled down to sum 1, up to
+    float32 rounding).
+
+    The W release's radius 2 / sqrt(rho) holds because ||F_i||_2 <= ||F_i||_1 <= 1 (Lemma D.1's W part is
+    2 e_(s_i) F_i^T / sqrt(p(s_i))). Outputs are the feature party's, relayed by the server: a forged row of large
+    entries would put record i's attribute outside the ball the noise covers. A message with any other outputs is
+    refused (that depends on the message only), and the scaling keeps the bound exact."""
+    if outputs.size and (float(outputs.min()) < 0.0 or float(outputs.max()) > 1.0):
+        raise msg.MessageError(f"{what}: 'outputs' must be probabilities in [0, 1] (a softmax), got entries outside")
+    sums = outputs.sum(axis=1, dtype=np.float64)
+    if sums.size and float(sums.max()) > 1.0 + PROBABILITY_SLACK:
+        raise msg.MessageError(f"{what}: each row of 'outputs' must sum to 1 (a softmax), got {sums.max():.6g}")
+    over = sums > 1.0
+    if over.any():
+        outputs = outputs.copy()
+        outputs[over] = (outputs[over] / sums[over, None]).astype(outputs.dtype)  # sum 1 up to float32 rounding
+    return outputs
 
 
 def _num_params(instr: msg.TrainInstruction, info) -> int:

@@ -42,10 +42,11 @@ import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from client import batches, privacy_state, randomness
+from client import batches, randomness
 from client.algorithms.dp_fedsgd import step_sample
 from client.data.tabular import SiloData
 from client.gradients import mean_gradient, unflatten
+from client.round_privacy import digest
 from client.rounds import RoundResult, with_records
 from client.rounds import steffle as steffle_round
 from protocols import messages as msg
@@ -53,16 +54,24 @@ from protocols import tran
 from protocols.ermi import GroupPrior
 from protocols.models import parameter_spec
 from protocols.privacy.gaussian import GaussianMechanism
+from protocols.privacy.mechanism import Mechanism, Release
 
-RELEASES_PER_ROUND = steffle_round.RELEASES_PER_ROUND  # here: the constraint gradient h and the group mass
 MASS_RADIUS = 1.0  # ||F(x_i)||_2 <= ||F(x_i)||_1 = 1: the ball record i's group-mass contribution lies in
 MASS = "mass"  # name of the group mass in the fair-update record
 
 
-# The silo's calibrated mechanism (two releases per round after the one-off group-count histogram) and its group
-# counts are SteFFLe's: the same accounting, one composed mechanism per run.
-plan_for = steffle_round.plan_for
-group_counts = steffle_round.group_counts
+def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:
+    """The silo's run: SteFFLe's (the one-off histogram, then the steps of the sensitive division's sampler under the
+    replace-one relation), with this algorithm's two releases per step: the clipped constraint gradient (radius C)
+    and the group mass (radius 1)."""
+    releases = (Release("constraint", radius=instr.clip), Release(MASS, radius=MASS_RADIUS))
+    return steffle_round.mechanism(records, instr, releases)
+
+
+def group_counts(silo: SiloData, instr: msg.TrainInstruction, context: Context) -> tuple[np.ndarray, float]:
+    """The setup release: the silo's (group, label) counts through SteFFLe's histogram, as this run's mechanism's
+    setup release."""
+    return steffle_round.group_counts(silo, instr, context, mechanism)
 
 
 def fairness_release(
@@ -117,16 +126,16 @@ def train_round(
         message.content, msg.FAIRNESS, [("multipliers", c_shape), ("prior", prior_shape)], what=what
     )
     try:
-        prior = GroupPrior(instr.fairness, fair["prior"].astype(np.float64), num_labels=info.num_labels)
+        prior = steffle_round.group_prior(instr.fairness, fair["prior"], info.num_labels)
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
     rate = min(1.0, instr.batch_size / len(silo.train))
-    plan = plan_for(context, silo, instr)
+    privacy = steffle_round.open_privacy(context, silo, instr, mechanism)
+    privacy.bind("prior", digest(fair["prior"]))
     spent = math.inf
-    if math.isfinite(plan.epsilon):
+    if privacy.private:
         # Charged BEFORE anything is computed or released: a refused answer releases nothing.
-        spent = privacy_state.charge(context, plan, server_round=instr.server_round, silo=f"silo {silo.silo_id}")
-    keys = {"seed": instr.seed, "silo_id": silo.silo_id, "server_round": instr.server_round}
+        spent = privacy.charge()
     sample = functools.partial(batches.round_sample, context, instr, silo_id=silo.silo_id, records=len(silo.train))
 
     # Non-sensitive division: the loss gradient on its own sample or batch (never reads s), in the clear.
@@ -144,21 +153,14 @@ def train_round(
         prior=prior,
         rate=rate,
         clip=instr.clip,
-        noise_multiplier=plan.noise_multiplier,
+        noise_multiplier=privacy.noise_multiplier,
         sample=sample(division="sensitive"),
-        generator=randomness.torch_generator(context, stream=randomness.NOISE, **keys),
+        generator=privacy.generator(randomness.NOISE),
     )
     spec = parameter_spec(model)
     fair_arrays = _named(h, spec)
     fair_arrays[MASS] = mass.detach().numpy().astype(np.float32)
-    report = msg.TrainReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=len(silo.train),
-        epsilon_spent=spent,
-        noise_multiplier=plan.noise_multiplier,
-        sampling_rate=rate,
-    )
+    report = privacy.report(num_examples=len(silo.train), sampling_rate=rate, spent=spent)
     return {msg.UPDATE: _named(g, spec), msg.FAIR_UPDATE: fair_arrays}, report
 
 

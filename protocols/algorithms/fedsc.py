@@ -71,20 +71,32 @@ SSL_ENTRY: dict[str, Any] = {
 
 
 def mechanism(config: Any) -> str:
+    add_remove = config.calr_relation == "add_remove"
+    divisor = (
+        "divided by q (the server divides by the public n_j: a divisor the added or removed record would change "
+        "cannot be inside the mechanism)"
+        if add_remove
+        else "divided by q n_j"
+    )
     if config.calr_sampling_rate < 1.0:
         return (
             "Poisson-subsampled DP-CalR (silofl's extension of FedSC Algorithm 2): each time a silo shares, every "
             f"record joins with probability q = {config.calr_sampling_rate:g}, and the sum over the sample of each "
-            "record's mean over V views of z z^T (z clipped to norm sqrt(mu)), divided by q n_j, gets i.i.d. Gaussian "
+            f"record's mean over V views of z z^T (z clipped to norm sqrt(mu)), {divisor}, gets i.i.d. Gaussian "
             "noise on every entry, added in the silo; sigma from the accountant for (epsilon, delta) over the "
             "schedule's shares as Poisson-subsampled Gaussians (one record's term: norm <= mu / (q n_j)); the ledger "
             "counts the shares that happened"
         )
+    matrix = (
+        "correlation sum (over its records of each record's mean over V views of z z^T, z clipped to norm sqrt(mu); "
+        "the server divides it by the public n_j)"
+        if add_remove
+        else "correlation matrix (mean over its records and V views of z z^T, z clipped to norm sqrt(mu))"
+    )
     return (
-        "DP-CalR (FedSC Algorithm 2): each time a silo shares, its correlation matrix (mean over its records and "
-        "V views of z z^T, z clipped to norm sqrt(mu)) gets i.i.d. Gaussian noise on every entry, added in the "
-        "silo; sigma from the accountant for (epsilon, delta) over the schedule's shares (sampling rate 1); the "
-        "ledger counts the shares that happened"
+        f"DP-CalR (FedSC Algorithm 2): each time a silo shares, its {matrix} gets i.i.d. Gaussian noise on every "
+        "entry, added in the silo; sigma from the accountant for (epsilon, delta) over the schedule's shares "
+        "(sampling rate 1); the ledger counts the shares that happened"
     )
 
 

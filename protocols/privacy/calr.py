@@ -57,6 +57,9 @@ __all__ = [
     "calr_noise_multiplier_scale",
     "calr_sensitivity",
     "dp_calr",
+    "normalize_release",
+    "release_divisor",
+    "release_noise_scale",
 ]
 
 CALR_RELATIONS = ("replace_one", "add_remove")
@@ -155,6 +158,39 @@ def calr_noise_multiplier_scale(mu: float, n: int, relation: str = "replace_one"
     return m / (q * count)
 
 
+def release_divisor(relation: str, sampling_rate: float, n: int) -> float:
+    """What a silo divides its noised sum by before the matrix leaves it: ``q n`` under ``replace_one`` (n is the
+    same for both neighbours), ``q`` under ``add_remove``.
+
+    Under add/remove one neighbour has one record more, so a divisor ``q n`` would move the released matrix by
+    ``R (1/(q n) - 1/(q (n+1)))`` even when the added record is not sampled, outside the ball of radius ``mu / (q n)``
+    around that of an unsampled record which the accountant prices (the flaw DP-FedSGD's divisor had). The silo
+    therefore releases ``(sum + noise) / q``, a Gaussian mechanism on a sum of per-record terms of norm ``<= mu``
+    followed by the division by a public constant, and the server divides by the public ``n_j`` itself
+    (:func:`normalize_release`): post-processing. With ``q = 1`` this is the paper's own setting (sensitivity
+    ``mu / n`` of a mean over a public ``n``) made exact."""
+    q = _rate(sampling_rate)
+    count = _count(n, "n", "the client's number of records |D_j|", minimum=1)
+    return q * count if _relation(relation) == "replace_one" else q
+
+
+def release_noise_scale(mu: float, n: int, relation: str = "replace_one", sampling_rate: float = 1.0) -> float:
+    """The noise std per entry of the released matrix divided by the noise multiplier: the matrix's scale of
+    :func:`calr_noise_multiplier_scale` times ``q n / release_divisor`` (``mu / q`` under ``add_remove``: the norm
+    bound of one record's term in the released ``sum / q``; never a function of n there)."""
+    if _relation(relation) == "add_remove":
+        return _positive(mu, "mu", "representations are clipped to norm sqrt(mu)") / _rate(sampling_rate)
+    return calr_noise_multiplier_scale(mu, n, relation, sampling_rate)
+
+
+def normalize_release(matrix: np.ndarray, relation: str, sampling_rate: float, n: int) -> np.ndarray:
+    """The server's ``R~_j`` from silo j's released matrix and its public record count n_j: ``matrix x divisor /
+    (q n)`` (the identity under ``replace_one``; ``/ n`` under ``add_remove``)."""
+    divisor = release_divisor(relation, sampling_rate, n)
+    q = _rate(sampling_rate)
+    return matrix if divisor == q * n else matrix * (divisor / (q * n))
+
+
 def accountant_relation(relation: str, sampling_rate: float = 1.0) -> str:
     """The accountant relation DP-CalR's shares are priced under (module docstring: ``add_remove`` at rate 1)."""
     rel = _relation(relation)
@@ -172,8 +208,12 @@ def dp_calr(
     generator: torch.Generator | None,
     batch_size: int = 512,
     sampling_rate: float = 1.0,
+    divisor: float | None = None,
 ) -> np.ndarray:
     """Algorithm 2: ``R~ = 1/(n V) sum_records sum_views z z^T + N(0, sigma^2)`` per entry, as float64 numpy (H x H).
+
+    ``divisor``: what the sum over records of each record's mean over its views is divided by (default ``q n``, the
+    mean; a silo passes :func:`release_divisor`, which is ``q`` under add/remove).
 
     ``sampling_rate = q < 1``: the Poisson-subsampled variant (module docstring): every record is kept with
     probability ``q`` (coins drawn from ``generator``, which is then required, before the noise) and the sum over the
@@ -245,7 +285,11 @@ def dp_calr(
         if module is not None:
             module.train(was_training)
     assert total is not None
-    result = total.cpu() / (q * n * count_views)
+    if divisor is None:
+        divisor = q * n
+    elif not (math.isfinite(divisor) and divisor > 0):
+        raise ValueError(f"divisor must be finite and > 0 (a public constant), got {divisor!r}")
+    result = total.cpu() / (divisor * count_views)
     if std > 0.0:
         noise = torch.randn(result.shape, generator=generator, dtype=torch.float64, device=torch.device("cpu"))
         result = result.cpu() + std * noise
