@@ -1,6 +1,7 @@
 """Empirical privacy audit of silofl's Gaussian mechanisms: an epsilon lower bound per mechanism vs its claim.
 
     python benchmarks/privacy_audit.py [--trials 500000] [--epsilons 1 2 4] [--real-trials 20000] [--seed 0]
+    python benchmarks/privacy_audit.py --attacks-only [--trials 500000]     # only the "under attack" part
 
 For every mechanism a silo runs, two neighbouring data sets one canary record apart (D0: canary absent or replaced;
 D1: canary present) are released many times with fresh noise, and `protocols.privacy.audit.audit_releases` turns a
@@ -33,12 +34,33 @@ A second finding is now refused by the silo rather than audited: an untrusted se
 x_(T-1) far apart (so that the calibration's bound ||s_T|| <= S of Lemma 4.2 fails) gets a MessageError from
 `client.rounds.mu2fl.check_query_step` (before the fix: lower bounds 5.26 / 8.83 / 10.44 against claims 0.74 / 1.56 /
 3.25). `mu2fl_deviating_server` builds that query for the test.
+
+Under attack (``--attacks-only`` runs just this part). A malicious server forges what it sends a silo. The attacks the
+silo now answers are audited like the mechanisms above, each built the way the attack drives the silo, through the
+function its round calls, with the forged arrays first passed through the silo's own boundary check
+(`protocols.messages.check_arrays` at ``MAX_SERVER_VALUE``):
+
+* ``dp-fedsgd-overflow``: a model at the bound and an added record whose own gradient overflows (zeroed: it moves
+  nothing); ``dp-fedsgd-overflow-control``: the same with a canary whose gradient stays finite (moves by C / m).
+* ``steffle-mlp-overflow``: SteFFLe's fairness release with an MLP whose head is at the bound; replace-one of the
+  attribute of a record whose theta term overflows only for s = 1.
+* ``sensitive-party-overflow``: a separate sensitive party given Jacobians (and W) at the bound; replace-one of the
+  attribute of the row whose J_F^T a overflows for s = 1.
+* ``calr-add-remove``: DP-CalR under ``calr-relation add_remove`` at q = 0.5, n = 20, add/remove a canary with its own
+  Poisson coin (D1's release a mixture, :class:`CanaryCoin`), through `dp_calr` with the silo's `release_divisor` q;
+  ``calr-add-remove (pre-fix divisor q n_j)``: the same on the silo's code before the fix (divisor and noise scale
+  from its own count n_j), to show what the audit sees of the old flaw.
+
+The attacks it refuses (a model, W or Jacobian beyond the bound; DP-mu2-FL's domain diameter, trust or batch size
+changed mid-run; a shuffled epoch's batch size changed; query points outside K) are sent to a node through the real
+ClientApp (:func:`refusals`), and the table lists the node's own error text.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import math
 import sys
 import time
@@ -51,20 +73,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
+from scipy import special
 
 from client import randomness
 from client.algorithms.dp_fedsgd import noisy_gradient
 from client.algorithms.steffle import fairness_gradients, group_label_counts, w_radius_of
+from client.algorithms.steffle_parties import FeatureRows, SensitiveParty, sensitive_party_step
 from client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
+from client.rounds import fedsc as fedsc_round
 from client.rounds import mu2fl as mu2_round
 from client.rounds import steffle as steffle_round
 from protocols import messages as msg
 from protocols import mu2
-from protocols.ermi import GroupPrior
-from protocols.models import build_model, flatten_parameters, parameter_spec, unflatten_parameters
+from protocols import parties as pm
+from protocols.ermi import GroupPrior, psi_output_cotangents
+from protocols.models import (
+    build_model,
+    flatten_parameters,
+    parameter_spec,
+    set_parameters,
+    unflatten_parameters,
+)
 from protocols.privacy.accountant import calibrate_noise, epsilon_spent
 from protocols.privacy.audit import AuditResult, audit_releases, gaussian_epsilon
-from protocols.privacy.calr import calr_epsilon, calr_sensitivity, dp_calr
+from protocols.privacy.calr import (
+    calr_epsilon,
+    calr_noise_multiplier_scale,
+    calr_sensitivity,
+    dp_calr,
+    release_divisor,
+    release_noise_scale,
+)
 from protocols.privacy.gaussian import histogram_sensitivity
 
 DELTA = 1e-5
@@ -74,6 +113,21 @@ CONFIDENCE = 0.95
 Draw = Callable[[int, int], np.ndarray]
 """``draw(trials, seed)``: standard normal noise ``(trials, dim)`` in the order and from the generator the mechanism's
 code uses (so that ``trials = 1`` reproduces one real release, to float rounding)."""
+
+
+@dataclass(frozen=True)
+class CanaryCoin:
+    """D1's release when it includes the canary's own Poisson coin (DP-CalR at rate q < 1): a mixture.
+
+    With probability ``rate`` the coin takes the canary (noise-free release ``present``), else it leaves it out
+    (``absent``); the other records' coins are fixed. ``draw(trials, seed)`` gives the coins' uniforms ``(trials,)``
+    and the standard normal noise ``(trials, dim)``, in the order and from the generator the mechanism's code uses.
+    """
+
+    rate: float
+    absent: np.ndarray
+    present: np.ndarray
+    draw: Callable[[int, int], tuple[np.ndarray, np.ndarray]] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -87,6 +141,9 @@ class Mechanism:
     ledger; it only takes ``noise_scale = 1``); ``noise_seed(seed)`` is the seed its noise generator then gets.
     ``tests/test_privacy_audit.py`` checks ``sample(world, 1, noise_seed(s)) == real(world, s)``, so the vectorized
     draws are releases of the code as it runs, not of a re-implementation.
+
+    With a ``coin`` (:class:`CanaryCoin`), D1's release is a mixture over the canary's Poisson coin, drawn per trial;
+    ``means[1]`` is then its expectation, the direction the attack scores along.
     """
 
     name: str
@@ -98,19 +155,69 @@ class Mechanism:
     draw: Draw = field(repr=False)
     real: Callable[[int, int, float], np.ndarray] | None = field(default=None, repr=False)
     noise_seed: Callable[[int], int] = field(default=lambda seed: seed, repr=False)
+    coin: CanaryCoin | None = None
 
     def sample(self, world: int, trials: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
         """``trials`` independent releases on D0 (``world = 0``) or D1 (``world = 1``), ``(trials, dim)`` float64."""
+        if world == 1 and self.coin is not None:
+            uniforms, normals = self.coin.draw(trials, seed)
+            means = np.where((uniforms < self.coin.rate)[:, None], self.coin.present, self.coin.absent)
+            return means + (noise_scale * self.stds[1]) * normals
         return self.means[world] + (noise_scale * self.stds[world]) * self.draw(trials, seed)
 
     def realized_mu(self, noise_scale: float = 1.0) -> float:
-        """Distance between the two noise-free releases in noise stds (per-coordinate std averaged over D0 and D1)."""
+        """Distance between the two noise-free releases in noise stds (per-coordinate std averaged over D0 and D1;
+        with a coin, between D0's and D1's expected releases)."""
+        return self.shift_in_stds(self.means[1], noise_scale)
+
+    def shift_in_stds(self, release: np.ndarray, noise_scale: float = 1.0) -> float:
+        """How far a noise-free release of D1 (e.g. one of the coin's two) is from D0's, in noise stds."""
         std = 0.5 * (self.stds[0] + self.stds[1]) * noise_scale
-        return float(np.linalg.norm((self.means[1] - self.means[0]) / std))
+        return float(np.linalg.norm((release - self.means[0]) / std))
 
     def realized_epsilon(self, noise_scale: float = 1.0) -> float:
-        """Epsilon of a Gaussian mechanism at that distance: the most any attack on this pair can show."""
-        return gaussian_epsilon(self.realized_mu(noise_scale), DELTA)
+        """Epsilon of a Gaussian mechanism at that distance: the most any attack on this pair can show. With a coin,
+        the exact epsilon of the attack's own score, the best threshold on it (:func:`score_epsilon`): the most this
+        audit can show (the most any attack can where the likelihood ratio is monotone in the score, as it is when the
+        coin's absent release is D0's and the noise the same on both)."""
+        if self.coin is None:
+            return gaussian_epsilon(self.realized_mu(noise_scale), DELTA)
+        return score_epsilon(self, noise_scale)
+
+
+def score_epsilon(mechanism: Mechanism, noise_scale: float = 1.0, points: int = 400_001) -> float:
+    """Exact epsilon at ``DELTA`` of the best threshold test on the attack's score ``<x - m0, (m1 - m0) / v>``.
+
+    ``v`` is the per-coordinate variance the attack estimates in the limit of many trials (pooled over D0 and D1: the
+    noise, plus on D1 the spread of a coin's mixture). D0's score is a Gaussian; D1's is a Gaussian or, with a coin,
+    a mixture of two. The rates come from their CDFs on a grid of ``points`` thresholds, and the epsilon is
+    :func:`protocols.privacy.audit.epsilon_lower_bound`'s at those exact rates, maximised over the grid. For a Gaussian
+    mechanism with the same std on both sides this is :func:`gaussian_epsilon` at ``realized_mu``.
+    """
+    m0, m1 = mechanism.means
+    var0, var1 = (noise_scale * mechanism.stds[0]) ** 2, (noise_scale * mechanism.stds[1]) ** 2
+    if mechanism.coin is None:
+        weights, releases, spread = np.array([1.0]), [m1], 0.0
+    else:
+        q, absent, present = mechanism.coin.rate, mechanism.coin.absent, mechanism.coin.present
+        weights, releases, spread = np.array([1.0 - q, q]), [absent, present], q * (1.0 - q) * (present - absent) ** 2
+    direction = (m1 - m0) / (0.5 * (var0 + var1 + spread))
+    if not np.any(direction):
+        return 0.0
+    tau0, tau1 = math.sqrt(float(direction**2 @ var0)), math.sqrt(float(direction**2 @ var1))
+    centres = np.array([float((r - m0) @ direction) for r in releases])
+    reach = 40.0 * max(tau0, tau1)
+    t = np.linspace(min(0.0, centres.min()) - reach, max(0.0, centres.max()) + reach, points)[:, None]
+    log_w = np.log(weights)[None, :]
+    log_fpr = special.log_ndtr(-t[:, 0] / tau0)  # D0 scores above t
+    log_tnr = special.log_ndtr(t[:, 0] / tau0)
+    log_fnr = special.logsumexp(log_w + special.log_ndtr((t - centres) / tau1), axis=1)  # D1 scores at or below t
+    log_tpr = special.logsumexp(log_w + special.log_ndtr((centres - t) / tau1), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        above = np.log(np.maximum(np.exp(log_tpr) - DELTA, 0.0)) - log_fpr  # (1 - delta - FNR) / FPR
+        below = np.log(np.maximum(np.exp(log_tnr) - DELTA, 0.0)) - log_fnr  # (1 - delta - FPR) / FNR
+    best = np.nanmax(np.concatenate([above, below]))
+    return max(0.0, float(best))
 
 
 def audit(
@@ -205,6 +312,24 @@ def _flat(vector: torch.Tensor | np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _dp_fedsgd_release(
+    model: torch.nn.Module, data: NonSensitiveDivision, batch: int, clip: float, noise_multiplier: float, seed: int
+) -> np.ndarray:
+    """One DP-FedSGD release at q = 1 (`noisy_gradient`: every record, whatever the sampling draw), flat."""
+    return _flat(
+        noisy_gradient(
+            model,
+            data,
+            sampling_rate=1.0,
+            batch_size=batch,
+            clip=clip,
+            noise_multiplier=noise_multiplier,
+            sample_rng=np.random.default_rng(0),
+            noise_generator=torch.Generator().manual_seed(seed),
+        )
+    )
+
+
 def dp_fedsgd(target: float, *, opposed: bool = False, pairs: int = 25, clip: float = 1.0) -> Mechanism:
     """DP-FedSGD's noisy clipped gradient at q = 1 (`noisy_gradient`), add/remove one canary.
 
@@ -236,18 +361,7 @@ def dp_fedsgd(target: float, *, opposed: bool = False, pairs: int = 25, clip: fl
     batch = len(base_y)  # the run's public batch size m (>= n: q = 1, every record is used)
 
     def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
-        return _flat(
-            noisy_gradient(
-                model,
-                datasets[world],
-                sampling_rate=1.0,
-                batch_size=batch,
-                clip=clip,
-                noise_multiplier=sigma * noise_scale,
-                sample_rng=np.random.default_rng(0),  # rate 1: every record, whatever the draw
-                noise_generator=torch.Generator().manual_seed(seed),
-            )
-        )
+        return _dp_fedsgd_release(model, datasets[world], batch, clip, sigma * noise_scale, seed)
 
     means = tuple(real(world, 0, 0.0) for world in (0, 1))
     dim = means[0].size
@@ -268,6 +382,34 @@ def dp_fedsgd(target: float, *, opposed: bool = False, pairs: int = 25, clip: fl
 # --------------------------------------------------------------------------------------------------------------------
 # SteFFLe: fairness gradients and the group histogram
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def _fairness_release(
+    model: torch.nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    clip: float,
+    noise_multiplier: float,
+    seed: int,
+    w_noise: str = "isotropic",
+) -> np.ndarray:
+    """One release of SteFFLe's sensitive division (`fairness_gradients` at q = 1), theta part then W part, flat."""
+    h_theta, h_w = fairness_gradients(
+        model,
+        data,
+        sensitive,
+        w=w,
+        prior=prior,
+        rate=1.0,
+        clip=clip,
+        noise_multiplier=noise_multiplier,
+        rng=np.random.default_rng(0),
+        generator=torch.Generator().manual_seed(seed),
+        w_noise=w_noise,
+    )
+    return np.concatenate([_flat(h_theta), _flat(h_w)])
 
 
 def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> Mechanism:
@@ -297,19 +439,7 @@ def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> 
     sigma = calibration.noise_multiplier
 
     def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
-        h_theta, h_w = fairness_gradients(
-            model,
-            data,
-            sensitive[world],
-            w=w,
-            prior=prior,
-            rate=1.0,
-            clip=clip,
-            noise_multiplier=sigma * noise_scale,
-            rng=np.random.default_rng(0),
-            generator=torch.Generator().manual_seed(seed),
-        )
-        return np.concatenate([_flat(h_theta), _flat(h_w)])
+        return _fairness_release(model, data, sensitive[world], w, prior, clip, sigma * noise_scale, seed)
 
     means = tuple(real(world, 0, 0.0) for world in (0, 1))
     params = sum(p.numel() for p in model.parameters())
@@ -497,14 +627,16 @@ def mu2fl(target: float, *, batch: int = 10) -> Mechanism:
     )
 
 
-def mu2fl_deviating_server(target: float, *, rounds: int = 60, seed: int = 0, reach: float = 10.0):
+def mu2fl_deviating_server(target: float, *, rounds: int = 60, seed: int = 0, reach: float = 0.1):
     """Rounds 1..T of an untrusted DP-mu2-FL silo whose server sends x_T = v, x_(T-1) = -v in round T of T.
 
-    One record per round, query points 0 before round T, v = (reach / 4) (1, 1, 1, 1, 0). An honest server's points
-    satisfy (T - 1) ||x_T - x_(T-1)|| <= 2 D; these are ~ T reach apart, so the silo's increment s_T would exceed the
-    bound S its noise is calibrated for (before the silo checked it, the audit measured epsilon lower bounds of 5.3 /
-    8.8 / 10.4 against claims 0.74 / 1.56 / 3.25). Returns the last release and report; the silo must refuse instead
-    (`client.rounds.mu2fl.check_query_step` raises MessageError).
+    One record per round, query points 0 before round T, v = (reach / 4) (1, 1, 1, 1, 0), of norm reach / 2: with
+    the default reach = D = 0.1 both points lie in the domain K (the ball of radius D / 2), at its edge. An honest
+    server's points satisfy (T - 1) ||x_T - x_(T-1)|| <= 2 D; these are (T - 1) reach apart, so the silo's increment
+    s_T would exceed the bound S its noise is calibrated for (before the silo checked it, the audit measured epsilon
+    lower bounds of 5.3 / 8.8 / 10.4 against claims 0.74 / 1.56 / 3.25, with reach 10). Returns the last release and
+    report; the silo must refuse instead (`client.rounds.mu2fl.check_query_step` raises MessageError; with reach >
+    D the points are outside K and `check_in_domain` refuses them first).
     """
     rng = np.random.default_rng(15)
     features = rng.random((rounds, 4)).astype(np.float32)
@@ -582,6 +714,512 @@ FINDINGS: dict[str, Callable[[float], Mechanism]] = {
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Under attack: what a malicious server's forged messages make the silo release
+# --------------------------------------------------------------------------------------------------------------------
+
+BOUND = msg.MAX_SERVER_VALUE  # the largest magnitude a silo accepts in an array a server sends it
+
+
+def _accepted(record: str, arrays: dict[str, np.ndarray], *, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """The forged arrays after the silo's own check at its message boundary (`protocols.messages.check_arrays` with
+    ``max_abs = MAX_SERVER_VALUE``, as `client.app` and the round functions call it): raises MessageError if the silo
+    would refuse them, so an attack row is always one the silo answers."""
+    content = RecordDict({record: msg.arrays_record(arrays)})
+    spec = [(name, array.shape) for name, array in arrays.items()]
+    return msg.check_arrays(content, record, spec, dtype=dtype, what="forged message", max_abs=BOUND)
+
+
+def _model_at(kind: str, arrays: dict[str, np.ndarray], hidden: int = 8) -> torch.nn.Module:
+    model = build_model(kind, 4, 2, hidden=hidden)
+    set_parameters(model, _accepted(msg.MODEL, arrays))
+    return model
+
+
+def dp_fedsgd_attack(
+    target: float,
+    *,
+    canary_scale: float = 1e33,
+    others: int = 50,
+    clip: float = 1.0,
+    name: str = "dp-fedsgd-overflow",
+) -> Mechanism:
+    """DP-FedSGD (`noisy_gradient`, q = 1) under a server model at the silo's bound: add/remove one record whose own
+    per-sample gradient overflows.
+
+    Attack 1: the server sends logistic regression with every weight and the bias at MAX_SERVER_VALUE (accepted: the
+    silo refuses only entries above it). The canary is (0, 0, 0, ``canary_scale``; y = 0). With the default 1e33 its
+    logit B x_4 + B = 1e39 overflows float32 to inf and its gradient is NaN: before the fix, the release was NaN
+    exactly when the canary was there (the starting commit's attack, there with a model of 3e38, now refused). With
+    1e20 the logit is finite (p = 1) and the gradient (x, 1) too, but its squared norm overflows to inf. Either way the
+    zeroing (`protocols.models.clip_factors` and the clipped sums) makes the canary contribute exactly 0, the centre of
+    its ball: D0 and D1 have the same noise-free release. The other records (features in [0, 1), y = 0) have
+    gradients (x, 1), each clipped to C, so their sum is large: had the canary's NaN reached the Gaussian mechanism's
+    fallback instead (the noise alone), D1's release would have lost that sum. With ``canary_scale = 1e15`` the
+    canary's gradient is finite and clipped to C (``dp-fedsgd-overflow-control``): the same construction where the
+    canary does move the release, by exactly the sensitivity.
+    """
+    rng = np.random.default_rng(21)
+    base_x = rng.random((others, 4)).astype(np.float32)
+    canary = np.array([[0.0, 0.0, 0.0, canary_scale]], dtype=np.float32)
+    datasets = (
+        NonSensitiveDivision(base_x, np.zeros(others, dtype=np.int64)),
+        NonSensitiveDivision(np.vstack([base_x, canary]), np.zeros(others + 1, dtype=np.int64)),
+    )
+    model = _model_at(
+        "logreg", {"head.weight": np.full((1, 4), BOUND, np.float32), "head.bias": np.full(1, BOUND, np.float32)}
+    )
+    calibration = _calibration(target)
+    sigma = calibration.noise_multiplier
+    batch = others + 1  # the run's public batch size m >= n_j on both sides: q = 1
+
+    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
+        return _dp_fedsgd_release(model, datasets[world], batch, clip, sigma * noise_scale, seed)
+
+    means = tuple(real(world, 0, 0.0) for world in (0, 1))
+    dim = means[0].size
+    stds = tuple(np.full(dim, sigma * clip / batch) for _ in datasets)
+    return Mechanism(
+        name=name,
+        neighbours=f"add/remove a record of feature {canary_scale:g} (model at {BOUND:g})",
+        target_epsilon=target,
+        claimed_epsilon=calibration.epsilon,
+        means=means,
+        stds=stds,
+        draw=_torch_draw(dim, dtype=torch.float32),
+        real=real,
+    )
+
+
+def steffle_attack(target: float, *, records: int = 20, clip: float = 1.0, canary_scale: float = 1e18) -> Mechanism:
+    """SteFFLe's fairness release (`fairness_gradients`, q = 1) with an MLP whose head is at the silo's bound:
+    replace the sensitive attribute of a record whose theta term overflows when s = 1 only.
+
+    Attack 1 on SteFFLe: hidden unit 0 is 0.5 for every record (zero weights, bias 0.5; the other units are 0), the
+    head's weights are all MAX_SERVER_VALUE and its bias -MAX_SERVER_VALUE / 2, so z = 0 and F = (1/2, 1/2) for every
+    record; W = [[-1e-6, 1e-6], [-1, 1]], prior (1/2, 1/2). A record's d psi / d z is then 1.41 for s = 1 and 1.41e-6
+    for s = 0, and its gradient for hidden unit 0's weights is MAX_SERVER_VALUE d psi / d z x. The canary
+    (``canary_scale``, 0, 0, 0) has ||x||^2 = 1e36, finite in float32: with s = 1 its term's squared norm overflows to
+    inf and the term is zeroed; with s = 0 its norm is finite (1.4e18) and it is clipped to C. So the theta release
+    moves by C, the radius of its ball around 0; the W part moves by 4 ||F|| = 2 sqrt(2) as in ``steffle-fairness``.
+    D0: the canary's s = 0, D1: s = 1.
+
+    At the bound the overflow can only be the norm's: the silo scales each record's output gradient by its clip factor
+    before the outer product with its inputs, and with the head <= MAX_SERVER_VALUE and a prior >= MIN_SILO_PRIOR
+    those stay finite (the starting commit's NaN needed a head of 3e38, now refused). An inf norm got the factor C /
+    inf = 0 before the fix as well, so this row is not one the fix changed; it shows the answered release within its
+    claim.
+    """
+    rng = np.random.default_rng(22)
+    features = np.vstack([rng.random((records - 1, 4)), [[canary_scale, 0.0, 0.0, 0.0]]]).astype(np.float32)
+    labels = np.r_[rng.integers(0, 2, records - 1), 1].astype(np.int64)
+    base_groups = rng.integers(0, 2, records - 1)
+    data = NonSensitiveDivision(features, labels)
+    sensitive = (
+        SensitiveDivision(np.r_[base_groups, 0].astype(np.int64)),
+        SensitiveDivision(np.r_[base_groups, 1].astype(np.int64)),
+    )
+    hidden = 8
+    model = _model_at(
+        "mlp",
+        {
+            "hidden.weight": np.zeros((hidden, 4), np.float32),
+            "hidden.bias": np.r_[0.5, np.zeros(hidden - 1)].astype(np.float32),
+            "head.weight": np.full((1, hidden), BOUND, np.float32),
+            "head.bias": np.full(1, -BOUND / 2, np.float32),
+        },
+        hidden,
+    )
+    fair = _accepted(
+        msg.FAIRNESS,
+        {"w": np.array([[-1e-6, 1e-6], [-1.0, 1.0]], np.float32), "prior": np.array([0.5, 0.5], np.float32)},
+    )
+    prior = steffle_round.group_prior("dp", fair["prior"], 2)
+    w = torch.from_numpy(fair["w"])
+    w_noise = steffle_round.w_noise_of("auto")  # the run's default: per-group W noise
+    calibration = _calibration(target, releases=2, relation="replace_one")
+    sigma = calibration.noise_multiplier
+
+    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
+        return _fairness_release(model, data, sensitive[world], w, prior, clip, sigma * noise_scale, seed, w_noise)
+
+    means = tuple(real(world, 0, 0.0) for world in (0, 1))
+    params = sum(p.numel() for p in model.parameters())
+    # theta: N(0, (sigma C)^2); W row r: N(0, (sigma 2 / sqrt(p(r)))^2) (per-group); both / (q n)
+    row_bounds = np.repeat(prior.w_row_bounds().reshape(-1), w.shape[-1])
+    std = np.r_[np.full(params, sigma * clip), sigma * row_bounds] / (1.0 * records)
+    return Mechanism(
+        name="steffle-mlp-overflow",
+        neighbours=f"replace s of a record of feature {canary_scale:g}, whose term overflows for s = 1 (head at "
+        f"{BOUND:g})",
+        target_epsilon=target,
+        claimed_epsilon=calibration.epsilon,
+        means=means,
+        stds=(std, std),
+        draw=_torch_draw(params, w.numel(), dtype=torch.float32),
+        real=real,
+    )
+
+
+def sensitive_party_attack(target: float, *, rows: int = 20, clip: float = 1.0, hidden: int = 16) -> Mechanism:
+    """A separate sensitive party's step (`sensitive_party_step`, q_s = 1) given Jacobians and W within the bound:
+    replace the sensitive attribute of the one row whose term J_F^T a overflows for s = 1 only.
+
+    Every array passes the party's checks: W = [[0, -B], [0, -B]] (B = MAX_SERVER_VALUE), the prior (1 - 1e-3, 1e-3)
+    (the honest server's floor `protocols.ermi.PRIOR_FLOOR`; the party refuses entries below `MIN_SILO_PRIOR`) and,
+    for the canary row, J_F with rows +j and -j on every one of the P parameters (the feature parties' MLP, 16 hidden
+    units: P = 97), j <= B. Then J_F^T a = j (a_0 - a_1) (1, ..., 1) with a_0 - a_1 = 2 B^2 + 2 B / sqrt(p(s)), which
+    differs between s = 0 and s = 1 by about 3e-5 of its value; j is chosen so that ||J_F^T a||^2 crosses float32's
+    largest value between them (the builder checks that it does): finite for s = 0 (clipped to C), inf for s = 1
+    (zeroed). So a server that stays within the bound can still make a record's term overflow for one value of its
+    attribute, and the clip rule is what keeps it in its ball (its entries stay finite, so the factor C / inf = 0 that
+    the rule gave before the fix already made it 0: not a row the fix changed). The other rows: small Jacobians, soft
+    predictions. D0: the canary's s = 0, D1: s = 1. The theta release moves by C; the W release (per-group noise, each
+    row at its own bound 2 / sqrt(p(r))) by ||F|| in the units of each of the two rows.
+    """
+    rng = np.random.default_rng(23)
+    params = sum(p.numel() for p in build_model("mlp", 4, 2, hidden=hidden).parameters())
+    fair = _accepted(
+        msg.FAIRNESS,
+        {"w": np.array([[0.0, -BOUND], [0.0, -BOUND]], np.float32), "prior": np.array([1 - 1e-3, 1e-3], np.float32)},
+    )
+    prior = steffle_round.group_prior("dp", fair["prior"], 2)
+    w = torch.from_numpy(fair["w"])
+    # a_0 - a_1 for s = 0 and s = 1 (float64), and j that puts the squared norm's overflow between them
+    gaps = [2.0 * BOUND**2 + 2.0 * BOUND / math.sqrt(float(p)) for p in fair["prior"].astype(np.float64)]
+    largest = math.sqrt(float(np.finfo(np.float32).max))
+    j = largest / (math.sqrt(params) * 0.5 * (gaps[0] + gaps[1]))
+    outputs = np.vstack([rng.dirichlet([1.0, 1.0], rows - 1), [[0.5, 0.5]]]).astype(np.float32)
+    jacobians = (0.1 * rng.standard_normal((rows, 2, params))).astype(np.float32)
+    jacobians[-1, 0], jacobians[-1, 1] = j, -j
+    ids = np.arange(rows, dtype=np.int64)
+    labels = rng.integers(0, 2, rows).astype(np.int64)
+    forged = _accepted(pm.OUTPUTS, {"outputs": outputs, "jacobians": jacobians})
+    feature_rows = FeatureRows(
+        ids, torch.from_numpy(labels), torch.from_numpy(forged["outputs"]), torch.from_numpy(forged["jacobians"])
+    )
+    canary = feature_rows.select(np.array([rows - 1], dtype=np.int64))
+    for s, overflows in ((0, False), (1, True)):  # what the docstring says of the canary's term, as the party computes
+        a = psi_output_cotangents(torch.tensor([s]), w, prior, canary.labels)
+        norm = torch.linalg.vector_norm(torch.einsum("nlp,nl->np", canary.jacobians, a), dim=1)
+        if bool(torch.isinf(norm).all()) != overflows:
+            raise AssertionError(f"the canary's term for s = {s} has norm {float(norm[0]):.6g}")
+    base_groups = rng.integers(0, 2, rows - 1)
+    parties = tuple(SensitiveParty(ids.copy(), np.r_[base_groups, s].astype(np.int64)) for s in (0, 1))
+    w_noise = steffle_round.w_noise_of("auto")
+    calibration = _calibration(target, releases=2, relation="replace_one")
+    sigma = calibration.noise_multiplier
+
+    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
+        theta, w_sum = sensitive_party_step(
+            parties[world],
+            feature_rows,
+            w=w,
+            prior=prior,
+            clip=clip,
+            noise_multiplier=sigma * noise_scale,
+            keep_rate=1.0,
+            rng=np.random.default_rng(0),
+            generator=torch.Generator().manual_seed(seed),
+            w_noise=w_noise,
+        )
+        return np.concatenate([_flat(theta), _flat(w_sum)])
+
+    means = tuple(real(world, 0, 0.0) for world in (0, 1))
+    row_bounds = np.repeat(prior.w_row_bounds().reshape(-1), w.shape[-1])
+    std = np.r_[np.full(params, sigma * clip), sigma * row_bounds]
+    return Mechanism(
+        name="sensitive-party-overflow",
+        neighbours=f"replace s of a row whose J_F^T a overflows for s = 1 (J_F, W within {BOUND:g}; p(1) = 1e-3)",
+        target_epsilon=target,
+        claimed_epsilon=calibration.epsilon,
+        means=means,
+        stds=(std, std),
+        draw=_torch_draw(params, w.numel(), dtype=torch.float32),
+        real=real,
+    )
+
+
+def calr_attack(
+    target: float,
+    *,
+    records: int = 20,
+    rate: float = 0.5,
+    sampled: int = 12,
+    mu: float = 1.0,
+    width: int = 4,
+    pre_fix: bool = False,
+) -> Mechanism:
+    """DP-CalR with ``calr-relation add_remove`` at Poisson rate q < 1 (`dp_calr`, one share, one view): add/remove a
+    canary, its own coin included.
+
+    Attack 4. D0: ``records`` records, D1: the same plus the canary. Every other record's representation is sqrt(mu)
+    e_0 (their terms all mu e_0 e_0^T, the largest sum R of ``sampled`` of them) and the canary's is sqrt(mu) e_1.
+    The other records' coins are fixed: ``sampled`` of them in the sample, the rest out (an auditor who knows them,
+    the strongest; the guarantee must hold for every one of their outcomes). The canary's coin is drawn per trial:
+    D1's release is the mixture (1 - q) N(absent) + q N(present). Given the coins, `dp_calr` sums the sampled
+    records' terms (`images[keep]`), divides by the divisor and adds the noise; a release here is `dp_calr` at rate 1
+    on the sampled records (its computation given its coins, `tests/test_privacy_audit.py` checks it), with the
+    canary's coin drawn first from the same generator.
+
+    The silo (since the fix): divisor `release_divisor` = q (the server divides by the public n_j), noise std
+    multiplier x `release_noise_scale` = multiplier x mu / q. An unsampled canary moves nothing; a sampled one moves
+    the release by mu / q, the radius the noise covers: the accountant's PoissonSampled Gaussian exactly.
+
+    ``pre_fix``: the silo before the fix, dp_calr's default divisor q n_j and the noise multiplier x mu / (q n_j),
+    n_j its own count (20 in D0, 21 in D1): an unsampled canary still moves the release by R (1 / (q n) - 1 / (q (n
+    + 1))), 0.057 with 12 sampled records at n = 20, q = 0.5, mu = 1, against the radius mu / (q n) = 0.1.
+    """
+    q = rate
+    sampled_rows = np.vstack([np.sqrt(mu) * np.eye(width)[0]] * sampled)
+    canary = np.sqrt(mu) * np.eye(width)[1]
+    counts = (records, records + 1)
+    calibration = _calr_calibration(target, records, q, mu)
+    if pre_fix:  # before the fix: dp_calr's default divisor q n_j and the noise scale mu / (q n_j), n_j its own count
+        divisors = tuple(q * n for n in counts)
+        sigmas = tuple(calibration.multiplier * calr_noise_multiplier_scale(mu, n, "add_remove", q) for n in counts)
+    else:
+        divisors = tuple(release_divisor("add_remove", q, n) for n in counts)
+        sigmas = tuple(calibration.multiplier * release_noise_scale(mu, n, "add_remove", q) for n in counts)
+
+    def identity(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def release(world: int, canary_in: bool, sigma: float, generator: torch.Generator | None) -> np.ndarray:
+        images = torch.from_numpy(np.vstack([sampled_rows, canary[None]]) if canary_in else sampled_rows)
+        return _flat(
+            dp_calr(
+                identity, images, identity, views=1, mu=mu, sigma=sigma, generator=generator, divisor=divisors[world]
+            )
+        )
+
+    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
+        generator = torch.Generator().manual_seed(seed)
+        canary_in = False
+        if world == 1:  # the canary's coin, drawn as dp_calr draws its coins (float64 uniform < q)
+            canary_in = bool(torch.rand(1, generator=generator, dtype=torch.float64)[0] < q)
+        return release(world, canary_in, sigmas[world] * noise_scale, generator)
+
+    def coin_draw(trials: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        generator = torch.Generator().manual_seed(seed)
+        uniforms = torch.rand(trials, generator=generator, dtype=torch.float64).numpy()
+        normals = torch.randn((trials, width * width), generator=generator, dtype=torch.float64).numpy()
+        return uniforms, normals
+
+    absent, present = release(1, False, 0.0, None), release(1, True, 0.0, None)
+    d0 = release(0, False, 0.0, None)
+    dim = width * width
+    return Mechanism(
+        name="calr-add-remove" + (" (pre-fix divisor q n_j)" if pre_fix else ""),
+        neighbours=f"add/remove a record, its own coin at q = {q:g} (n = {records}, {sampled} others sampled)",
+        target_epsilon=target,
+        claimed_epsilon=calibration.epsilon,
+        means=(d0, (1.0 - q) * absent + q * present),
+        stds=tuple(np.full(dim, s) for s in sigmas),
+        draw=_torch_draw(dim, dtype=torch.float64),
+        real=real,
+        coin=CanaryCoin(q, absent, present, coin_draw),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _calr_calibration(target: float, records: int, rate: float, mu: float):
+    """The FedSC silo's calibration of one add/remove share at Poisson rate q (`client.rounds.fedsc.mechanism`:
+    PoissonSampled(q, Gaussian) under the accountant's add_remove), by the run's default accountant."""
+    instr = msg.TrainInstruction.for_algorithm(
+        "fedsc",
+        server_round=1,
+        total_rounds=1,
+        epsilon=target,
+        delta=DELTA,
+        mu=mu,
+        views=1,
+        calr_relation="add_remove",
+        calr_sampling_rate=rate,
+        planned_shares=1,
+    )
+    return fedsc_round.mechanism(records, instr).calibrate(target, DELTA, instr.accountant)
+
+
+ATTACKS: dict[str, Callable[[float], Mechanism]] = {
+    "dp-fedsgd-overflow": dp_fedsgd_attack,
+    "steffle-mlp-overflow": steffle_attack,
+    "sensitive-party-overflow": sensitive_party_attack,
+    "calr-add-remove": calr_attack,
+}
+"""The attacks the silo now answers, each as it drives the silo (each must stay within its claim)."""
+
+ATTACK_CONTROLS: dict[str, Callable[[float], Mechanism]] = {
+    "dp-fedsgd-overflow-control": functools.partial(
+        dp_fedsgd_attack, canary_scale=1e15, name="dp-fedsgd-overflow-control"
+    ),
+}
+"""``dp-fedsgd-overflow`` with a canary whose gradient stays finite (1e15): the same message, a canary that moves the
+release by the full sensitivity C / m. It shows what the audit would see of the canary if its overflowing term were
+released in any form; ``dp-fedsgd-overflow`` itself cannot be flagged even with the broken noise (it moves nothing)."""
+
+PRE_FIX: dict[str, Callable[[float], Mechanism]] = {
+    "calr-add-remove (pre-fix divisor q n_j)": functools.partial(calr_attack, pre_fix=True),
+}
+"""The same attack on the silo's code before its fix (what the audit sees of the old flaw)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Under attack: the forged messages the silo refuses
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A forged message sent to a silo (or a sensitive party) through the real ClientApp (`client.app.app`), after
+    the honest messages of the run before it; ``error`` is the node's error reason, ``""`` if it answered."""
+
+    attack: str
+    message: str
+    error: str
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.error)
+
+
+def _mu2_point(norm: float) -> np.ndarray:
+    """A DP-mu2-FL query point (logistic regression on 4 features: 5 parameters) of Euclidean norm `norm`."""
+    return np.full(5, norm / math.sqrt(5.0))
+
+
+def _forged_replies(ms, folder: Path) -> dict[str, tuple[str, Callable[[bool], Message]]]:
+    """Each refused attack: (what the forged message does, ``send(forged)``), where ``send`` runs the messages of a
+    run on a fresh node and returns its reply to the last one: the forged message, or with ``forged = False`` its
+    honest twin (the same run without the forgery: a value at the bound, an unchanged field, a point inside K), which
+    the node must answer. An earlier, honest message that is refused raises."""
+    huge = 3e38  # attack 1's values: finite in float32
+
+    def answered(reply: Message) -> None:
+        if reply.has_error():
+            raise RuntimeError(f"an honest message was refused: {reply.error.reason}")
+
+    def silo(records: int = 20, **config) -> ms.SimulatedNode:
+        node = ms.SimulatedNode(ms.make_silo(records), **config)
+        node.setup()
+        return node
+
+    common = {"total_rounds": 3, "lr": 0.1, "epsilon": 1.0, "delta": 1e-5, "clip": 1.0}
+    fair = {"w": np.array([[0.5, -0.5], [-0.5, 0.5]], np.float32), "prior": np.array([0.5, 0.5], np.float32)}
+
+    def dp_fedsgd_model(forged: bool) -> Message:
+        params = ms.tabular_model("logreg", 4, 2, fill=huge if forged else BOUND)
+        return silo().send(msg.TRAIN, ms.train("dp-fedsgd", params, server_round=1, batch_size=64, **common), 1)
+
+    def steffle_model(forged: bool) -> Message:
+        node = silo()
+        mlp = {**common, "batch_size": 64, "model": "mlp", "hidden": 8}
+        answered(node.send(msg.GROUPS, ms.groups("steffle", **mlp), 0))
+        params = ms.tabular_model("mlp", 4, 2, hidden=8)
+        params["head.weight"][:] = huge if forged else BOUND
+        return node.send(msg.TRAIN, ms.train("steffle", params, records={msg.FAIRNESS: fair}, server_round=1, **mlp), 1)
+
+    def party_jacobians(forged: bool) -> Message:
+        data = ms.make_silo(20)
+        node = ms.Node(ms.sensitive_party(data), folder / f"party-{forged}")
+        node.setup()
+        ids, labels = np.arange(20, dtype=np.int64), data.train.nonsensitive.labels
+        values = {**common, "batch_size": 64, "keep_rate": 1.0}
+        answered(node.send(msg.GROUPS, ms.party_groups(ids, labels, **values), 0))
+        jacobians = np.zeros((20, 2, 5), np.float32)
+        jacobians[0, 0] = huge if forged else BOUND
+        jacobians[0, 1] = -jacobians[0, 0]
+        outputs = np.full((20, 2), 0.5, np.float32)
+        query = ms.sensitive_query(ids, labels, outputs, jacobians, fair, server_round=1, **values)
+        return node.send(pm.SENSITIVE_QUERY, query, 1)
+
+    def mu2(t: int, node: ms.Node, point: np.ndarray, previous: np.ndarray, **values) -> Message:
+        spec = ms.tabular_spec("logreg", 4, 2)
+        fields = {"total_rounds": 5, "batch_size": 1, "rho": 1.0, "delta": 1e-5, "domain_diameter": 0.1, **values}
+        content = ms.train(
+            "mu2fl",
+            unflatten_parameters(point, spec),
+            records={msg.PREVIOUS: unflatten_parameters(previous, spec)},
+            server_round=t,
+            **fields,
+        )
+        return node.send(msg.TRAIN, content, t)
+
+    zero = np.zeros(5)
+
+    def mu2_changed(config: dict, **values) -> Callable[[bool], Message]:
+        def send(forged: bool) -> Message:
+            node = silo(**config)
+            answered(mu2(1, node, zero, zero))
+            if not forged:
+                return mu2(2, node, zero, zero)
+            point = _mu2_point(1e3) if "domain_diameter" in values else zero
+            return mu2(2, node, point, zero, **values)
+
+        return send
+
+    def mu2_outside(forged: bool) -> Message:
+        point = _mu2_point(0.06 if forged else 0.04)
+        return mu2(1, silo(), point, point)
+
+    def shuffled_batch(forged: bool) -> Message:
+        node = silo(1500)
+        values = {**common, "total_rounds": 12, "delta": 1e-6, "sampling": "shuffle"}
+        answered(node.send(msg.GROUPS, ms.groups("steffle", batch_size=256, **values), 0))
+        params = ms.tabular_model("logreg", 4, 2, fill=0.1)
+        reply = None
+        for t, batch in ((1, 256), (2, 299 if forged else 256)):
+            records = {msg.FAIRNESS: fair}
+            reply = node.send(
+                msg.TRAIN, ms.train("steffle", params, records=records, server_round=t, batch_size=batch, **values), t
+            )
+            if t == 1:
+                answered(reply)
+        return reply
+
+    return {
+        "dp-fedsgd: model beyond the bound": ("head weight and bias 3e38 (attack 1's model)", dp_fedsgd_model),
+        "steffle: MLP head beyond the bound": (
+            "MLP head weights 3e38, round 1 (after the group counts)",
+            steffle_model,
+        ),
+        "sensitive party: Jacobians beyond the bound": ("one row's J_F = (+3e38, -3e38)", party_jacobians),
+        "mu2fl: domain diameter changed": (
+            "D = 0.1 in round 1, D = 1e4 in round 2 (query step 1e3, within Lemma 4.2's check for 1e4)",
+            mu2_changed({}, domain_diameter=1e4),
+        ),
+        "mu2fl: trust changed": (
+            "untrusted in round 1, trust = trusted in round 2 (the silo allows trusted servers)",
+            mu2_changed({"allow-trusted-server": True}, trust="trusted"),
+        ),
+        "mu2fl: batch size changed": ("b = 1 in round 1, b = 2 in round 2", mu2_changed({}, batch_size=2)),
+        "mu2fl: query point outside K": (
+            "round 1, x_1 = x_0 of norm 0.06, D = 0.1 (K: the ball of radius 0.05)",
+            mu2_outside,
+        ),
+        "steffle (shuffled epochs): batch size changed": (
+            "1,500 records, batch 256 in round 1, 299 in round 2 (6 batches per epoch either way)",
+            shuffled_batch,
+        ),
+    }
+
+
+def refusals(forged: bool = True) -> list[Refusal]:
+    """Send every refused attack's forged message (``forged = False``: its honest twin) to a fresh node through the
+    real ClientApp (the harness of `tests/malicious_server.py`: simulated silos, a deployed sensitive party in a
+    temporary folder) and record what the node says: the table can only claim a refusal that happens."""
+    import tempfile
+
+    from tests import malicious_server as ms
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for attack, (message, send) in _forged_replies(ms, Path(tmp)).items():
+            reply = send(forged)
+            out.append(Refusal(attack, message, reply.error.reason if reply.has_error() else ""))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -615,6 +1253,14 @@ def markdown(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def refusal_markdown(found: list[Refusal]) -> str:
+    lines = ["| attack | forged message | silo | its error |", "|---|---|---|---|"]
+    for r in found:
+        said = r.error.replace("|", "\\|").replace("\n", " ") if r.refused else "-"
+        lines.append(f"| {r.attack} | {r.message} | {'refused' if r.refused else 'ANSWERED'} | {said} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=500_000, help="vectorized releases per neighbour")
@@ -626,28 +1272,50 @@ def main() -> None:
         help="releases per neighbour through silofl's own function, one call each, at the first epsilon (0: skip)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--attacks-only",
+        action="store_true",
+        help="only the 'under attack' part: the attacks the silo answers, audited, and the ones it refuses",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's RDP warnings at q = 0.5 (orders it skips)
     start = time.perf_counter()
-    rows = []
-    for builders, scales in ((MECHANISMS, (1.0, BROKEN)), (FINDINGS, (1.0,))):
-        for name, build in builders.items():
-            for target in args.epsilons:
-                mechanism = build(target)
-                for scale in scales:
-                    result = audit(mechanism, args.trials, args.seed, scale)
-                    rows.append(row(mechanism, result, scale, "vectorized"))
-                    print(f"{name:18s} eps={target:g} noise x{scale:g}: eps_LB {result.epsilon_lb:.3f}", flush=True)
-    if args.real_trials > 0:
-        target = args.epsilons[0]
-        for name in ("dp-fedsgd", "steffle-fairness", "fedsc-calr"):
-            mechanism = MECHANISMS[name](target)
-            for scale in (1.0, BROKEN):
-                result = audit_real(mechanism, args.real_trials, args.seed + 1, scale)
-                rows.append(row(mechanism, result, scale, "real function, one call each"))
-                print(f"{name:18s} eps={target:g} noise x{scale:g} (real): eps_LB {result.epsilon_lb:.3f}", flush=True)
-    print()
-    print(markdown(rows))
+
+    def audited(groups, label: str = "") -> list[dict[str, str]]:
+        rows = []
+        for builders, scales in groups:
+            for name, build in builders.items():
+                for target in args.epsilons:
+                    mechanism = build(target)
+                    for scale in scales:
+                        result = audit(mechanism, args.trials, args.seed, scale)
+                        rows.append(row(mechanism, result, scale, "vectorized"))
+                        print(
+                            f"{label}{name} eps={target:g} noise x{scale:g}: eps_LB {result.epsilon_lb:.3f}", flush=True
+                        )
+        return rows
+
+    if not args.attacks_only:
+        rows = audited(((MECHANISMS, (1.0, BROKEN)), (FINDINGS, (1.0,))))
+        if args.real_trials > 0:
+            target = args.epsilons[0]
+            for name in ("dp-fedsgd", "steffle-fairness", "fedsc-calr"):
+                mechanism = MECHANISMS[name](target)
+                for scale in (1.0, BROKEN):
+                    result = audit_real(mechanism, args.real_trials, args.seed + 1, scale)
+                    rows.append(row(mechanism, result, scale, "real function, one call each"))
+                    print(f"{name} eps={target:g} noise x{scale:g} (real): eps_LB {result.epsilon_lb:.3f}", flush=True)
+        print()
+        print(markdown(rows))
+    attack_rows = audited(
+        ((ATTACKS, (1.0, BROKEN)), (ATTACK_CONTROLS, (1.0, BROKEN)), (PRE_FIX, (1.0,))), "under attack: "
+    )
+    found = refusals()
+    print("\n## Under attack: the forged messages the silo answers, audited\n")
+    print(markdown(attack_rows))
+    print("\n## Under attack: the forged messages the silo refuses (sent through the real ClientApp)\n")
+    print(refusal_markdown(found))
     print(
         f"\n{time.perf_counter() - start:.0f} s; delta = {DELTA:g}, confidence {CONFIDENCE:.0%} (one-sided "
         "Clopper-Pearson per error rate at 97.5 %, joint by a union bound)"

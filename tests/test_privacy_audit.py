@@ -222,9 +222,193 @@ def test_mu2fl_silo_refuses_a_deviating_server() -> None:
         bench.mu2fl_deviating_server(4.0, rounds=60)
 
 
+def test_mu2fl_silo_refuses_query_points_outside_the_domain() -> None:
+    # The same query, 100 times farther out: the points leave the domain K (radius D / 2 = 0.05), outside which the
+    # silo's constants and its arithmetic do not hold (a point of norm 1e300 made the gradient NaN).
+    with pytest.raises(MessageError, match=r"outside the domain K"):
+        bench.mu2fl_deviating_server(4.0, rounds=60, reach=10.0)
+
+
 def test_dp_fedsgd_keeps_its_claim_whatever_the_other_records() -> None:
     # The other records' clipped gradients all point away from the canary's: with a divisor that depended on the
     # silo's record count this moved the release twice as far as the noise covers (lower bound 5.31 > 4.00).
     mechanism = bench.dp_fedsgd(4.0, opposed=True)
     result = bench.audit(mechanism, 5 * TRIALS, seed=0)
     assert result.epsilon_lb <= mechanism.claimed_epsilon
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Under attack: what a malicious server's forged messages make the silo release, and what it refuses
+# --------------------------------------------------------------------------------------------------------------------
+
+ATTACK_ROWS = {**bench.ATTACKS, **bench.ATTACK_CONTROLS, **bench.PRE_FIX}
+
+
+@pytest.mark.parametrize("name", list(ATTACK_ROWS))
+def test_attack_rows_vectorized_releases_are_the_real_functions_releases(name: str) -> None:
+    mechanism = ATTACK_ROWS[name](1.0)
+    coins = set()
+    for world in (0, 1):
+        for seed in range(12) if mechanism.coin is not None else (0, 5):
+            real = mechanism.real(world, seed, 1.0)
+            ours = mechanism.sample(world, 1, mechanism.noise_seed(seed))[0]
+            assert np.isfinite(real).all()
+            noise = np.abs(real - mechanism.means[world]).max()
+            assert noise > 0.1 * mechanism.stds[world].min()  # the draw is noise, not the mean
+            np.testing.assert_allclose(ours, real, rtol=1e-5, atol=1e-6 * float(mechanism.stds[world].max()))
+            if world == 1 and mechanism.coin is not None:
+                coins.add(bool(mechanism.coin.draw(1, seed)[0][0] < mechanism.coin.rate))
+    if mechanism.coin is not None:
+        assert coins == {True, False}  # both of the canary's coin outcomes were reproduced
+
+
+def test_score_epsilon_is_the_gaussian_epsilon_without_a_coin() -> None:
+    # the column "eps at canary shift" of a coin's mixture comes from score_epsilon; without a coin it must reproduce
+    # the Gaussian mechanism's exact epsilon (Balle and Wang) that the column has for every other row
+    for name in ("dp-fedsgd", "steffle-fairness", "mu2fl"):
+        mechanism = bench.MECHANISMS[name](2.0)
+        for scale in (1.0, bench.BROKEN):
+            exact = gaussian_epsilon(mechanism.realized_mu(scale), DELTA)
+            assert bench.score_epsilon(mechanism, scale) == pytest.approx(exact, rel=1e-6)
+
+
+@pytest.mark.parametrize("canary", [1e33, 1e20])
+@pytest.mark.parametrize("target", [1.0, 2.0, 4.0])
+def test_dp_fedsgd_record_whose_gradient_overflows_moves_nothing(target: float, canary: float) -> None:
+    # Attack 1, the model at the silo's bound MAX_SERVER_VALUE (accepted) and a canary of feature 1e33 (its logit
+    # overflows: the gradient is NaN, and the release was NaN exactly when it was there before the fix) or 1e20 (its
+    # gradient's squared norm overflows). Zeroed, it contributes exactly what an absent record does: D0's release, bit
+    # for bit. (The audit raises on a NaN release.)
+    mechanism = bench.dp_fedsgd_attack(target, canary_scale=canary)
+    assert np.isfinite(mechanism.means[1]).all()
+    np.testing.assert_array_equal(mechanism.means[0], mechanism.means[1])
+    assert bench.audit(mechanism, TRIALS, seed=0).epsilon_lb <= mechanism.claimed_epsilon
+    assert bench.audit(mechanism, TRIALS, seed=0, noise_scale=bench.BROKEN).epsilon_lb <= mechanism.claimed_epsilon
+    # The same canary with a finite gradient (1e15) moves the release by the full sensitivity C / m, and the audit
+    # flags it at a tenth of the noise: what the audit would see of the overflowing canary if its term got out.
+    control = bench.ATTACK_CONTROLS["dp-fedsgd-overflow-control"](target)
+    assert control.realized_epsilon() == pytest.approx(control.claimed_epsilon, rel=1e-3)
+    assert bench.audit(control, TRIALS, seed=0).epsilon_lb < control.claimed_epsilon
+    assert bench.audit(control, TRIALS, seed=0, noise_scale=bench.BROKEN).epsilon_lb > control.claimed_epsilon
+
+
+ANSWERED = [name for name in bench.ATTACKS if name != "dp-fedsgd-overflow"]  # that one moves nothing (above)
+
+
+@pytest.mark.parametrize("target", [1.0, 2.0, 4.0])
+@pytest.mark.parametrize("name", ANSWERED)
+def test_answered_attack_stays_below_the_claim_and_flags_the_broken_mechanism(name: str, target: float) -> None:
+    mechanism = bench.ATTACKS[name](target)
+    assert mechanism.claimed_epsilon <= target
+    assert all(np.isfinite(m).all() for m in mechanism.means)
+    honest = bench.audit(mechanism, TRIALS, seed=0)
+    assert honest.epsilon_lb <= mechanism.claimed_epsilon
+    assert honest.epsilon_lb <= mechanism.realized_epsilon()
+    broken = bench.audit(mechanism, TRIALS, seed=0, noise_scale=bench.BROKEN)
+    assert broken.epsilon_lb > mechanism.claimed_epsilon
+
+
+@pytest.mark.parametrize("name", ["steffle-mlp-overflow", "sensitive-party-overflow"])
+def test_the_overflowing_term_is_zeroed_not_clipped(name: str) -> None:
+    # The canary's theta term is clipped to norm C for s = 0 and its squared norm overflows for s = 1: zeroed, it
+    # contributes exactly 0, and the theta release moves by exactly C (divided by q n in SteFFLe's silo), the radius
+    # of its ball around 0. A NaN, or any other image of the s = 1 term, would not give exactly C.
+    mechanism = bench.ATTACKS[name](1.0)
+    theta = mechanism.means[0].size - 4  # the release: the theta sum, then the 2 x 2 W sum
+    divisor = 1.0 if name == "sensitive-party-overflow" else 20.0  # SteFFLe's silo divides by q n; a party does not
+    assert all(np.isfinite(m).all() for m in mechanism.means)
+    shift = (mechanism.means[0] - mechanism.means[1])[:theta]
+    assert np.linalg.norm(shift) * divisor == pytest.approx(1.0, rel=1e-5)
+
+
+def test_calr_add_remove_unsampled_canary_moves_nothing_and_the_claim_is_exact() -> None:
+    # Since the fix (divisor q): the canary's coin out, D1's release is D0's exactly; in, it moves by mu / q, the
+    # radius the noise is calibrated for, so the mixture is the accountant's PoissonSampled Gaussian: its exact
+    # epsilon (the best test on the attack's score, which is the likelihood ratio's) is the silo's claim.
+    mechanism = bench.calr_attack(1.0)
+    np.testing.assert_array_equal(mechanism.coin.absent, mechanism.means[0])
+    radius = 1.0 / 0.5  # mu / q: the norm of the canary's term mu e_1 e_1^T in the released sum / q
+    assert mechanism.shift_in_stds(mechanism.coin.present) == pytest.approx(radius / mechanism.stds[0][0], rel=1e-9)
+    assert mechanism.realized_epsilon() == pytest.approx(mechanism.claimed_epsilon, rel=2e-3)
+
+
+def test_calr_release_given_its_coins_is_dp_calrs_own() -> None:
+    # calr_attack draws the coins itself and calls dp_calr on the sampled records: that is dp_calr's own computation
+    # at rate q given its coins (it draws them first from its generator, then the noise, and sums images[keep]).
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.standard_normal((21, 4)))
+
+    def identity(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    for seed in range(3):
+        full = bench.dp_calr(
+            identity,
+            images,
+            identity,
+            views=1,
+            mu=1.0,
+            sigma=0.3,
+            generator=torch.Generator().manual_seed(seed),
+            sampling_rate=0.5,
+            divisor=0.5,
+        )
+        generator = torch.Generator().manual_seed(seed)
+        keep = torch.rand(21, generator=generator, dtype=torch.float64) < 0.5
+        given = bench.dp_calr(
+            identity, images[keep], identity, views=1, mu=1.0, sigma=0.3, generator=generator, divisor=0.5
+        )
+        np.testing.assert_array_equal(full, given)
+
+
+def test_calr_pre_fix_divisor_is_flagged_and_the_fixed_one_is_not() -> None:
+    # Before the fix the silo divided by q n_j (and scaled its noise by mu / (q n_j)), n_j its own count: an unsampled
+    # canary still moved the release (0.23 noise stds at target 1), which voids the amplification by the canary's coin.
+    # The attack's best threshold could reach 1.85 against the claim 1.00, and 10^6 releases per neighbour show a
+    # lower bound above the claim (measured 1.22-1.31 over 6 seeds); the fixed silo's stays below it (0.66-0.71).
+    before = bench.PRE_FIX["calr-add-remove (pre-fix divisor q n_j)"](1.0)
+    after = bench.calr_attack(1.0)
+    assert before.claimed_epsilon == after.claimed_epsilon
+    assert before.shift_in_stds(before.coin.absent) > 0.2
+    assert before.realized_epsilon() > 1.5 * before.claimed_epsilon
+    assert bench.audit(before, 50 * TRIALS, seed=0).epsilon_lb > before.claimed_epsilon
+    assert bench.audit(after, 50 * TRIALS, seed=0).epsilon_lb < after.claimed_epsilon
+
+
+REFUSED = {
+    "dp-fedsgd: model beyond the bound": "'model.head.weight' has an entry of magnitude 3e+38, above the 1e+06",
+    "steffle: MLP head beyond the bound": "'model.head.weight' has an entry of magnitude 3e+38, above the 1e+06",
+    "sensitive party: Jacobians beyond the bound": "'outputs.jacobians' has an entry of magnitude 3e+38, above the",
+    "mu2fl: domain diameter changed": "changed 'domain-diameter' from 0.1 to 10000.0 in round 2",
+    "mu2fl: trust changed": "changed 'trust' from 'untrusted' to 'trusted' in round 2",
+    "mu2fl: batch size changed": "changed 'batch-size' from 1 to 2 in round 2",
+    "mu2fl: query point outside K": "outside the domain K",
+    "steffle (shuffled epochs): batch size changed": "changed 'batch-size' from 256 to 299 in round 2",
+}
+"""The refusals the table lists, each with what the node's error must say."""
+
+
+@pytest.fixture(scope="module")
+def sent() -> dict[bool, dict[str, bench.Refusal]]:
+    return {forged: {r.attack: r for r in bench.refusals(forged)} for forged in (True, False)}
+
+
+def test_the_refusal_table_lists_the_refused_attacks(sent: dict[bool, dict[str, bench.Refusal]]) -> None:
+    assert list(sent[True]) == list(REFUSED)
+    text = bench.refusal_markdown(list(sent[True].values()))
+    assert text.count("| refused |") == len(REFUSED) and "ANSWERED" not in text
+    assert "| ANSWERED | - |" in bench.refusal_markdown([bench.Refusal("a", "b", "")])  # an answer is never "refused"
+
+
+@pytest.mark.parametrize("attack", list(REFUSED))
+def test_the_node_refuses_the_forged_message_and_answers_its_honest_twin(
+    sent: dict[bool, dict[str, bench.Refusal]], attack: str
+) -> None:
+    # Through the real ClientApp: the forged message is refused with the reason the table prints; the same run
+    # without the forgery (a value at the bound, the field unchanged, a point inside K) is answered, so the refusal
+    # is the check's, not the harness's.
+    forged, honest = sent[True][attack], sent[False][attack]
+    assert forged.refused, f"{attack}: the node answered the forged message"
+    assert REFUSED[attack] in forged.error
+    assert forged.error.startswith("MessageError: ")
+    assert not honest.refused, f"{attack}: the honest twin was refused: {honest.error}"
