@@ -279,7 +279,7 @@ def _numpy_draw(dim: int) -> Draw:
 
 @functools.lru_cache(maxsize=32)
 def _calibration(target: float, releases: int = 1, relation: str = "add_remove"):
-    """The silo's calibration of one release at rate 1 (what `client.privacy_state.noise_plan` asks for)."""
+    """The silo's calibration of one release at rate 1 (what `client.round_privacy.RoundPrivacy` asks for)."""
     return calibrate_noise(target, DELTA, 1.0, 1, releases=releases, relation=relation)
 
 
@@ -475,7 +475,7 @@ def steffle_groups(target: float, *, records: int = 20, share: float = 0.5) -> M
     """SteFFLe's setup histogram (`client.rounds.steffle.group_counts`): replace one record's group.
 
     The run's budget is ``target / share`` so that the histogram's one-off calibration (share x budget, replace-one,
-    unsampled: `client.privacy_state.noise_plan`) is for ``target``. The canary (label 1) is in group 0 (D1) or 1 (D0):
+    unsampled: `client.round_privacy`) is for ``target``. The canary (label 1) is in group 0 (D1) or 1 (D0):
     the counts move by sqrt(2), the distance the radius sqrt(2)/2 is calibrated for.
     """
     rng = np.random.default_rng(13)
@@ -483,7 +483,7 @@ def steffle_groups(target: float, *, records: int = 20, share: float = 0.5) -> M
     labels = np.r_[rng.integers(0, 2, records - 1), 1].astype(np.int64)
     base_groups = rng.integers(0, 2, records - 1)
     silos = (_silo(features, labels, np.r_[base_groups, 1]), _silo(features, labels, np.r_[base_groups, 0]))
-    calibration = _calibration(target, relation="replace_one")  # what noise_plan calibrates for share x budget
+    calibration = _calibration(target, relation="replace_one")  # what the silo calibrates for share x budget
     one_off = calibration.noise_multiplier
     std = one_off * histogram_sensitivity("replace_one")
     means = tuple(
@@ -617,7 +617,7 @@ def mu2fl(target: float, *, batch: int = 10) -> Mechanism:
         name="mu2fl",
         neighbours="replace a record",
         target_epsilon=target,
-        # the silo's ledger: one Gaussian release at multiplier sqrt(T) / rho (client.privacy_state.noise_plan)
+        # the silo's ledger: one Gaussian release at multiplier sqrt(T) / rho (client.round_privacy.RoundPrivacy)
         claimed_epsilon=epsilon_spent(calibration.noise_multiplier, 1.0, 1, DELTA),
         means=(mean(silos[0]), mean(silos[1])),
         stds=(std, std),

@@ -11,7 +11,7 @@ run's m, T, delta, accountant and counts-share:
 * ``target``: the epsilon to give a shuffled run so that it calibrates sigma_P. Its histogram is calibrated for
   counts-share x its own target, so the target is the fixed point e = eps(sigma_P, E_j, histogram(counts-share x e)),
   found by iteration (the histogram's share of the budget moves the total little, so it converges in a few steps);
-* ``sigma_check``: the multiplier a shuffled silo calibrates for that target (`client.privacy_state.noise_plan`'s
+* ``sigma_check``: the multiplier a shuffled silo calibrates for that target (`client.round_privacy.RoundPrivacy`'s
   calibration: equal to sigma_P within the calibration's relative tolerance of 1e-3, never below it).
 
     SILOFL_DATA_DIR=../shared/data .venv/bin/python benchmarks/shuffle_noise.py runs/adult-eps1-poisson runs/...

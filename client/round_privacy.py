@@ -181,16 +181,18 @@ def _bound_plan(
     }
     state = context.state
     if privacy_state.STATE_KEY in state:
-        rec = state[privacy_state.STATE_KEY]
+        bound = privacy_state.record_values(state[privacy_state.STATE_KEY])
+        if wanted.items() <= bound.items():  # the same mechanism and target (one C-level comparison)
+            return _plan(bound, mechanism)
         for key, value in wanted.items():
-            before = rec.get(key) if key in rec else None
+            before = bound.get(key)
             if before != value:
                 name = key.removeprefix("parameter.")
                 raise msg.MessageError(
                     f"{who}: the server changed '{name}' from {before!r} to {value!r} mid-run; this silo calibrated "
                     "its noise for the first value and refuses to re-calibrate (start a new run)"
                 )
-        return _plan(rec, mechanism)
+        return _plan(bound, mechanism)
     budget = silo_budget(context, epsilon)
     calibrated = mechanism.calibrate(budget, instr.delta, instr.accountant)
     rec = ConfigRecord(
@@ -203,15 +205,13 @@ def _bound_plan(
         }
     )
     state[privacy_state.STATE_KEY] = rec
-    return _plan(rec, mechanism)
+    return _plan(dict(rec), mechanism)
 
 
-def _plan(rec: ConfigRecord, mechanism: Mechanism) -> NoisePlan:
-    multiplier = float(rec["noise-multiplier"])
+def _plan(rec: dict, mechanism: Mechanism) -> NoisePlan:
+    """The ledger's view of the bound mechanism: each step charged as `Mechanism.ledger_step` (the same event)."""
     return privacy_state.NoisePlan(
-        noise_multiplier=multiplier,
-        sampling_rate=mechanism.sampling_rate,
-        releases=mechanism.releases_per_step,
+        **mechanism.ledger_step(float(rec["noise-multiplier"])),
         epsilon=float(rec["budget"]),
         delta=float(rec["delta"]),
         steps=mechanism.steps,
@@ -219,6 +219,5 @@ def _plan(rec: ConfigRecord, mechanism: Mechanism) -> NoisePlan:
         epsilon_accountant=float(rec["epsilon-accountant"]),
         relation=mechanism.relation,
         one_off=float(rec["one-off"]),
-        companion=math.inf if math.isinf(mechanism.companion_ratio) else mechanism.companion_ratio * multiplier,
         batches_per_epoch=mechanism.rounds_per_step if mechanism.sampling == "epochs" else 0,
     )

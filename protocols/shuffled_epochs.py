@@ -25,7 +25,7 @@ them composed, after the one-off group-count histogram, as one composition (PLD)
 1. The permutation is independent of the data: its seed comes from public values, never from an attribute. We
    condition on it: the bound below holds for every fixed permutation, so it holds when the server knows it (it can,
    from the run seed) and for the mixture over permutations. Nothing is claimed from the permutation's randomness.
-   The silo binds the run seed with its calibration (``client.privacy_state.noise_plan``): a server that changes it
+   The silo binds the run seed with its calibration (``client.round_privacy.RoundPrivacy``): a server that changes it
    mid-run, which could put a record in two batches of one epoch, is refused.
 2. Neighbours D, D' differ in one record's sensitive attribute s_i only: the replace-one relation keeps the record's
    index i (and its x_i, y_i). Given the permutation, record i therefore lies in the same single batch b_i of epoch
@@ -48,7 +48,7 @@ them composed, after the one-off group-count histogram, as one composition (PLD)
 A run whose last epoch is partial still pays for that epoch in full (E_j rounds up). The silo charges each epoch's
 release at the first round of the epoch it answers, before it computes anything of that round: charging the whole
 epoch at its start is conservative and correct (the worst-case record may sit in the epoch's first batch); the other
-rounds of the epoch charge nothing new (``client.privacy_state``). The calibration is the same event: ``noise_plan``
+rounds of the epoch charge nothing new (``client.privacy_state``). The calibration is the same event: ``RoundPrivacy``
 calibrates sigma for E_j unsampled steps (:func:`accounted_steps`), which is why shuffled epochs need far more noise
 than Poisson sampling at the same epsilon (README, "steffle": measured on Adult).
 """

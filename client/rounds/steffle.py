@@ -40,17 +40,17 @@ from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 GROUP_COUNTS = "group-counts"
 
 
-def sampling_of(records: int, instr: msg.TrainInstruction) -> dict[str, object]:
+def sampling_of(records: int, sampling: str, batch_size: int, rounds: int) -> dict[str, object]:
     """The steps of a division's sampler: Poisson sampling, T steps at q = min(1, m / n_j); shuffled epochs, E_j =
     ceil(T / B_j) unsampled steps (q = 1) of B_j rounds each, no amplification (`protocols.shuffled_epochs`)."""
-    if instr.sampling == "shuffle":
+    if sampling == "shuffle":
         return {
             "sampling": "epochs",
             "sampling_rate": 1.0,
-            "steps": shuffled_epochs.accounted_steps(instr.total_rounds, records, instr.batch_size),
-            "rounds_per_step": shuffled_epochs.batches_per_epoch(records, instr.batch_size),
+            "steps": shuffled_epochs.accounted_steps(rounds, records, batch_size),
+            "rounds_per_step": shuffled_epochs.batches_per_epoch(records, batch_size),
         }
-    return {"sampling": "poisson", "sampling_rate": min(1.0, instr.batch_size / records), "steps": instr.total_rounds}
+    return {"sampling": "poisson", "sampling_rate": min(1.0, batch_size / records), "steps": rounds}
 
 
 def mechanism(records: int, instr: msg.TrainInstruction, releases: tuple[Release, ...] | None = None) -> Mechanism:
@@ -59,15 +59,26 @@ def mechanism(records: int, instr: msg.TrainInstruction, releases: tuple[Release
     part (radius C) and the s-dependent W part (its radius 2 / sqrt(rho), or per group rows, follows from the group
     prior, bound at its first round: `RoundPrivacy.bind`). Shuffled epochs also bind the run seed their
     permutations come from: a seed changed mid-epoch could put a record in two batches of one epoch."""
-    parameters: dict[str, str | int | float] = {"batch-size": instr.batch_size}
-    if instr.sampling == "shuffle":
-        parameters["epoch-seed"] = instr.seed
+    releases = releases or (Release("theta", radius=instr.clip), Release("w", radius=None))
+    return _mechanism(
+        records, instr.sampling, instr.batch_size, instr.total_rounds, instr.seed, instr.counts_share, releases
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _mechanism(
+    records: int, sampling: str, batch: int, rounds: int, seed: int, share: float, releases: tuple[Release, ...]
+) -> Mechanism:
+    """:func:`mechanism` of these values (a Mechanism is immutable: the same one serves every round of a run)."""
+    parameters: dict[str, str | int | float] = {"batch-size": batch}
+    if sampling == "shuffle":
+        parameters["epoch-seed"] = seed
     return Mechanism(
         relation="replace_one",
-        releases=releases or (Release("theta", radius=instr.clip), Release("w", radius=None)),
-        setup=(SetupRelease(GROUP_COUNTS, share=instr.counts_share, radius=histogram_sensitivity("replace_one")),),
+        releases=releases,
+        setup=(SetupRelease(GROUP_COUNTS, share=share, radius=histogram_sensitivity("replace_one")),),
         parameters=parameters,
-        **sampling_of(records, instr),  # type: ignore[arg-type]
+        **sampling_of(records, sampling, batch, rounds),  # type: ignore[arg-type]
     )
 
 

@@ -152,10 +152,6 @@ class Mechanism:
         others = [r for r in self.releases if r.sample != STEP_SAMPLE]
         return others[0].ratio if others else math.inf
 
-    @property
-    def setup_share(self) -> float:
-        return self.setup[0].share if self.setup else 0.0
-
     # -- events --------------------------------------------------------------------------------------------------------
 
     def step_event(self, multiplier: float) -> dp_accounting.DpEvent:
