@@ -356,20 +356,41 @@ def dp_fedsgd(target: float, *, opposed: bool = False, pairs: int = 25, clip: fl
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.zero_()
+    batch = len(base_y)  # the run's public batch size m (>= n: q = 1, every record is used)
+    return _dp_fedsgd_mechanism(
+        "dp-fedsgd-size" if opposed else "dp-fedsgd",
+        "add/remove a record" + (" (others opposed)" if opposed else ""),
+        target,
+        model,
+        datasets,
+        batch,
+        clip,
+    )
+
+
+def _dp_fedsgd_mechanism(
+    name: str,
+    neighbours: str,
+    target: float,
+    model: torch.nn.Module,
+    datasets: tuple[NonSensitiveDivision, NonSensitiveDivision],
+    batch: int,
+    clip: float,
+) -> Mechanism:
+    """DP-FedSGD's release at q = 1 on two neighbouring datasets, calibrated for ``target``: noisy_gradient's
+    (sum + N(0, (sigma C)^2 I)) / m, m the run's public batch size."""
     calibration = _calibration(target)
     sigma = calibration.noise_multiplier
-    batch = len(base_y)  # the run's public batch size m (>= n: q = 1, every record is used)
 
     def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
         return _dp_fedsgd_release(model, datasets[world], batch, clip, sigma * noise_scale, seed)
 
     means = tuple(real(world, 0, 0.0) for world in (0, 1))
     dim = means[0].size
-    # noisy_gradient: (sum + N(0, (sigma C)^2 I)) / m, m the run's public batch size
     stds = tuple(np.full(dim, sigma * clip / batch) for _ in datasets)
     return Mechanism(
-        name="dp-fedsgd-size" if opposed else "dp-fedsgd",
-        neighbours="add/remove a record" + (" (others opposed)" if opposed else ""),
+        name=name,
+        neighbours=neighbours,
         target_epsilon=target,
         claimed_epsilon=calibration.epsilon,
         means=means,
@@ -768,26 +789,9 @@ def dp_fedsgd_attack(
     model = _model_at(
         "logreg", {"head.weight": np.full((1, 4), BOUND, np.float32), "head.bias": np.full(1, BOUND, np.float32)}
     )
-    calibration = _calibration(target)
-    sigma = calibration.noise_multiplier
     batch = others + 1  # the run's public batch size m >= n_j on both sides: q = 1
-
-    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
-        return _dp_fedsgd_release(model, datasets[world], batch, clip, sigma * noise_scale, seed)
-
-    means = tuple(real(world, 0, 0.0) for world in (0, 1))
-    dim = means[0].size
-    stds = tuple(np.full(dim, sigma * clip / batch) for _ in datasets)
-    return Mechanism(
-        name=name,
-        neighbours=f"add/remove a record of feature {canary_scale:g} (model at {BOUND:g})",
-        target_epsilon=target,
-        claimed_epsilon=calibration.epsilon,
-        means=means,
-        stds=stds,
-        draw=_torch_draw(dim, dtype=torch.float32),
-        real=real,
-    )
+    neighbours = f"add/remove a record of feature {canary_scale:g} (model at {BOUND:g})"
+    return _dp_fedsgd_mechanism(name, neighbours, target, model, datasets, batch, clip)
 
 
 def steffle_attack(target: float, *, records: int = 20, clip: float = 1.0, canary_scale: float = 1e18) -> Mechanism:
