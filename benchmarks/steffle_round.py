@@ -1,7 +1,7 @@
 """Milliseconds per SteFFLe round on the in-process engine, and one silo's compute against non-private FedSGD.
 
     python benchmarks/steffle_round.py [--dataset adult] [--batch-size 256] [--rounds 600] [--repeats 3]
-                                       [--model logreg] [--silo-rounds 300] [--math-rounds 300]
+                                       [--model logreg] [--silo-rounds 300] [--math-rounds 300] [--policy-rounds 300]
 
 1. The whole round: `silofl run steffle` on the in-process engine (real ServerApp, strategy and 3 ClientApps through
    `server.inprocess_grid`: messages, checks, copies, ledgers, both divisions, noise), epsilon = 1, lambda = 1,
@@ -14,6 +14,9 @@
 2. One silo (`--silo-rounds`, 0 to skip): the ClientApp called directly with `train` messages, SteFFLe against
    the same ClientApp at lambda = 0 and epsilon = inf; the two alternate round by round, so machine noise hits both
    alike; the median over rounds after a warm-up.
+3. The math alone (`--math-rounds`): the three silos' calls of `client.algorithms.steffle`, no messages.
+4. The operator's policy (`--policy-rounds`): one silo with a state folder, without and with a policy (a lifetime
+   budget, SteFFLe listed), alternating as in 2: what the policy checks cost per round.
 """
 
 from __future__ import annotations
@@ -87,10 +90,9 @@ def whole_round(args: argparse.Namespace) -> None:
     print(f"  {'ratio (median)':<34}{ratio:>9.2f}x")
 
 
-def _context() -> Context:
-    return Context(
-        run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config={}
-    )
+def _context(**node_config: str) -> Context:
+    config = {"partition-id": 0, "num-partitions": 3, **node_config}
+    return Context(run_id=1, node_id=5, node_config=config, state=RecordDict(), run_config={})
 
 
 def _call(context: Context, content: RecordDict, kind: str) -> Message:
@@ -102,19 +104,23 @@ def _call(context: Context, content: RecordDict, kind: str) -> Message:
     return reply
 
 
-def one_silo(args: argparse.Namespace) -> None:
+def silo_rounds(
+    args: argparse.Namespace, rounds: int, variants: dict[str, tuple[dict, dict]]
+) -> tuple[dict[str, list[float]], msg.SiloInfo]:
+    """Seconds of one silo's ClientApp per train round for each variant (name -> (instruction fields, node
+    config)), the variants alternating round by round so that machine noise hits them alike; rounds after 5."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     spec = msg.DataSpec(dataset=args.dataset, data_dir=os.environ.get("SILOFL_DATA_DIR", ""), num_silos=3)
     contexts, instructions = {}, {}
     info = None
-    for name, extra in VARIANTS.items():
-        contexts[name] = _context()
+    for name, (extra, node_config) in variants.items():
+        contexts[name] = _context(**node_config)
         reply = _call(contexts[name], RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP)
         info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
         instructions[name] = msg.TrainInstruction.for_algorithm(
             "steffle",
             server_round=1,
-            total_rounds=args.silo_rounds + 1,
+            total_rounds=rounds + 1,
             batch_size=args.batch_size,
             lr=0.25,
             delta=1.0 / (3 * info.n_train) ** 2,
@@ -130,15 +136,20 @@ def one_silo(args: argparse.Namespace) -> None:
             "prior": np.full(info.num_groups, 1.0 / info.num_groups, np.float32),
         }
     )
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for server_round in range(1, args.silo_rounds + 1):
-        for name in VARIANTS:
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for server_round in range(1, rounds + 1):
+        for name in variants:
             instr = instructions[name].model_copy(update={"server_round": server_round}).to_config_record()
             content = RecordDict({msg.MODEL: model_record, msg.FAIRNESS: fairness, msg.CONFIG: instr})
             t0 = time.perf_counter()
             _call(contexts[name], content, msg.TRAIN)
             if server_round > 5:
                 times[name].append(time.perf_counter() - t0)
+    return times, info
+
+
+def one_silo(args: argparse.Namespace) -> None:
+    times, info = silo_rounds(args, args.silo_rounds, {name: (extra, {}) for name, extra in VARIANTS.items()})
     steffle, fedsgd = (statistics.median(times[n]) for n in ("steffle", "fedsgd"))
     print(
         f"one silo's ClientApp per round, {args.dataset}, m = {args.batch_size}, {args.model}, one silo of 3 "
@@ -147,6 +158,57 @@ def one_silo(args: argparse.Namespace) -> None:
     print(f"  SteFFLe (eps 1, lambda 1)        : {steffle * 1000:7.3f} ms")
     print(f"  non-private FedSGD (g only)      : {fedsgd * 1000:7.3f} ms")
     print(f"  ratio                            : {steffle / fedsgd:7.2f}x")
+
+
+#: The policy of the policy-cost comparison: a lifetime budget (the job is admitted into a lifetime ledger), SteFFLe
+#: listed, the default max-delta (1/n_j) checked on every message.
+POLICY = 'lifetime-epsilon = 10.0\nlifetime-delta = 1e-6\nalgorithms = ["steffle"]\n'
+
+
+def policy_cost(args: argparse.Namespace) -> None:
+    """One silo with a state folder, without and with the operator's policy (the policy checks of every message; the
+    lifetime ledger is charged once, at the job's admission in round 1, which the median leaves out)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        (root / "policy.toml").write_text(POLICY)
+        variants = {
+            "state": (VARIANTS["steffle"], {"state-dir": str(root / "state")}),
+            "policy": (VARIANTS["steffle"], {"state-dir": str(root / "policy"), "policy": str(root / "policy.toml")}),
+        }
+        times, info = silo_rounds(args, args.policy_rounds, variants)
+        checks = _policy_check_seconds(root / "policy.toml", root / "policy", info)
+    plain, policed = (statistics.median(times[n]) for n in ("state", "policy"))
+    print(
+        f"one silo's ClientApp per round with a state folder, without and with a policy, {args.dataset}, m = "
+        f"{args.batch_size}, {args.model}, SteFFLe eps 1, median over {len(times['state'])} rounds"
+    )
+    print(f"  no policy                        : {plain * 1000:7.3f} ms")
+    print(f"  policy (lifetime ledger, checks) : {policed * 1000:7.3f} ms")
+    print(f"  difference                       : {(policed - plain) * 1000:7.3f} ms ({policed / plain - 1:+.1%})")
+    print(
+        f"  the policy's work per message    : {checks * 1000:7.4f} ms (`client.silo_policy.check_job`, timed alone: "
+        f"{checks / plain:.2%} of the round above)"
+    )
+
+
+def _policy_check_seconds(policy: Path, state: Path, info: msg.SiloInfo, calls: int = 20000) -> float:
+    """Seconds per call of what a policy adds to every message (`check_job`: the node's policy, cached per file
+    stamp, its algorithm and delta checks), median of 5 batches."""
+    from client import silo_policy
+
+    context = _context(**{"state-dir": str(state), "policy": str(policy)})
+    instr = msg.TrainInstruction.for_algorithm(
+        "steffle", server_round=2, total_rounds=10, batch_size=256, lr=0.25, delta=1e-9, epsilon=1.0
+    )
+    batches = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            silo_policy.check_job(context, instr, role="silo", records=info.n_train, what="benchmark")
+        batches.append((time.perf_counter() - t0) / calls)
+    return statistics.median(batches)
 
 
 def math_only(args: argparse.Namespace) -> None:
@@ -208,6 +270,9 @@ def main() -> None:
     parser.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
     parser.add_argument("--silo-rounds", type=int, default=300, help="rounds of the one-silo comparison (0: skip it)")
     parser.add_argument("--math-rounds", type=int, default=300, help="rounds of the math-alone timing (0: skip it)")
+    parser.add_argument(
+        "--policy-rounds", type=int, default=300, help="rounds of the policy-cost comparison (0: skip it)"
+    )
     args = parser.parse_args()
     if args.rounds:
         if args.rounds < 3:
@@ -217,6 +282,8 @@ def main() -> None:
         one_silo(args)
     if args.math_rounds:
         math_only(args)
+    if args.policy_rounds:
+        policy_cost(args)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from client import privacy_state
+from client import privacy_state, silo_policy
 from client.data.tabular import SiloData
 from client.rounds import RoundFunction
 from client.silo_data import describe, describe_party, load_party_data, load_silo_data, node_role
@@ -107,15 +108,20 @@ def _answer(
     compute: Callable[[], RecordDict],
     what: str,
     role: str = parties.SILO,
+    *,
+    records: int,
 ) -> Message:
-    """Answer a checked request once (see `client.privacy_state`): bind the node's job, replay a journaled answer to
-    the same request, else compute it and journal it before it is released."""
+    """Answer a checked request once (see `client.privacy_state`): check the job against the node's policy
+    (`client.silo_policy`; `records`: the node's training records), bind the node's job, replay a journaled answer
+    to the same request, else compute it and journal it before it is released."""
+    silo_policy.check_job(context, instr, role=role, records=records, what=what)
     privacy_state.open_job(context, silo_id=silo_id, instr=instr, what=what, role=role)
     digest = privacy_state.request_digest(message.content) if privacy_state.persistent(context) else ""
     cached = privacy_state.replay(context, kind, instr, digest, what=what)
     if cached is not None:
         return Message(cached, reply_to=message)
     content = compute()
+    silo_policy.record_unnoised(context, instr, what)  # before the release: a job that calibrated no noise
     privacy_state.answered(context, kind, instr.server_round, digest, content)
     return Message(content, reply_to=message)
 
@@ -178,7 +184,7 @@ def groups(message: Message, context: Context) -> Message:
         report = msg.GroupsReport(silo_id=silo.silo_id, epsilon_spent=spent)
         return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
 
-    return _answer("groups", message, context, silo.silo_id, instr, compute, what)
+    return _answer("groups", message, context, silo.silo_id, instr, compute, what, records=len(silo.train))
 
 
 @app.query("correlation")
@@ -197,7 +203,7 @@ def correlation(message: Message, context: Context) -> Message:
             {msg.CORRELATION_MATRIX: msg.arrays_record({"R": matrix}), msg.REPORT: report.to_metric_record()}
         )
 
-    return _answer("correlation", message, context, silo.silo_id, instr, compute, what)
+    return _answer("correlation", message, context, silo.silo_id, instr, compute, what, records=len(silo.train))
 
 
 @app.train()
@@ -221,7 +227,7 @@ def train(message: Message, context: Context) -> Message:
             {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
         )
 
-    return _answer("train", message, context, silo.silo_id, instr, compute, what)
+    return _answer("train", message, context, silo.silo_id, instr, compute, what, records=len(silo.train))
 
 
 def _handler(instr: msg.TrainInstruction, kind: str, what: str, role: str = parties.SILO) -> Callable:
@@ -241,8 +247,10 @@ def _handler(instr: msg.TrainInstruction, kind: str, what: str, role: str = part
 def evaluate(message: Message, context: Context) -> Message:
     """Confusion counts by (sensitive group, label, prediction) and the summed loss on the local test split.
 
-    The sensitive division is read here, to group the counts: the counts are exact (not noised) and describe the
-    held-out test split, not the training records the DP guarantee covers; see the run's privacy report.
+    The sensitive division is read here, to group the counts. How they are answered is the operator's policy
+    (`client.silo_policy` `evaluation_mode`): ``exact`` (no policy, or a policy without a budget: the exact counts,
+    listed under the run's `not_covered`), ``noised`` (a Gaussian histogram charged to the lifetime ledger before it
+    is computed: `client.noised_evaluation`) or ``refuse``.
     """
     from protocols.fairness_metrics import confusion_counts
     from protocols.models import loss_fn
@@ -253,12 +261,22 @@ def evaluate(message: Message, context: Context) -> Message:
     what = f"evaluate message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    mode = silo_policy.evaluation_mode(context)
+    if mode == "refuse":
+        raise msg.MessageError(f'{what}: this silo\'s policy answers no evaluations (evaluation = "refuse")')
+    model = _model_from_message(message, silo, instr.model, instr.hidden, what)
+    if mode == "noised":  # charged before anything of the test split is computed
+        from client import noised_evaluation
+
+        policy = silo_policy.node_policy(context)
+        noised_evaluation.charge(context, policy, server_round=instr.server_round, who=f"silo {silo.silo_id}")
     with _single_thread():
-        model = _model_from_message(message, silo, instr.model, instr.hidden, what)
         x = torch.from_numpy(silo.test.nonsensitive.features)
         y = torch.from_numpy(silo.test.nonsensitive.labels)
         with torch.no_grad():
             logits = model(x)
+            if mode == "noised":
+                losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").numpy().astype(np.float64)
             loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
             predictions = logits.argmax(dim=1).numpy()
     counts = confusion_counts(
@@ -268,8 +286,17 @@ def evaluate(message: Message, context: Context) -> Message:
         silo.info.num_groups,
         silo.info.num_labels,
     )
+    noise_std = 0.0
+    if mode == "noised":
+        generator = noised_evaluation.generator(context, silo_id=silo.silo_id, server_round=instr.server_round)
+        counts, loss_sum = noised_evaluation.noised_release(counts, losses, policy, generator)
+        noise_std = policy.evaluation_noise
     report = msg.EvaluateReport(
-        silo_id=silo.silo_id, server_round=instr.server_round, num_examples=len(y), loss_sum=loss_sum
+        silo_id=silo.silo_id,
+        server_round=instr.server_round,
+        num_examples=len(y),
+        loss_sum=loss_sum,
+        noise_std=noise_std,
     )
     content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
     return Message(content, reply_to=message)
@@ -290,12 +317,26 @@ def _feature_train(message: Message, context: Context) -> Message:
             model = _model_from_arrays(message, party.info, instr.model, getattr(instr, "hidden", 64), what)
             return round_fn(model, party, instr, context, message)
 
-    return _answer("train", message, context, party.party_id, instr, compute, what, parties.FEATURES)
+    return _answer(
+        "train", message, context, party.party_id, instr, compute, what, parties.FEATURES, records=len(party.train_ids)
+    )
+
+
+def _party_evaluation_allowed(context: Context, what: str) -> None:
+    """A party answers evaluations exactly (its test predictions, its confusion counts) only if its policy says so:
+    a noised evaluation is not implemented for separate parties, so ``noised`` refuses, like ``refuse``."""
+    mode = silo_policy.evaluation_mode(context)
+    if mode != "exact":
+        raise msg.MessageError(
+            f"{what}: this party's policy answers evaluations {mode!r}; a party's evaluation (test predictions, "
+            'confusion counts) has no noised form yet, so it refuses (evaluation = "exact" answers it exactly)'
+        )
 
 
 def _feature_evaluate(message: Message, context: Context) -> Message:
     party = _party(context, parties.FEATURES)
     what = f"evaluate message to feature party {party.party_id}"
+    _party_evaluation_allowed(context, what)
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
     with _single_thread():
@@ -316,7 +357,9 @@ def _sensitive_answer(kind: str, message_kind: str, message: Message, context: C
         with _single_thread():
             return handler(party, instr, context, message)
 
-    return _answer(kind, message, context, party.party_id, instr, compute, what, parties.SENSITIVE)
+    return _answer(
+        kind, message, context, party.party_id, instr, compute, what, parties.SENSITIVE, records=len(party.train_ids)
+    )
 
 
 def _party_for(context: Context, role: str, kind: str):
@@ -352,4 +395,5 @@ def sensitive(message: Message, context: Context) -> Message:
 def confusion(message: Message, context: Context) -> Message:
     """A sensitive party's confusion counts of the test predictions the feature parties made."""
     party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
+    _party_evaluation_allowed(context, f"confusion query to sensitive party {party.party_id}")
     return Message(_party_module().confusion(party, message), reply_to=message)

@@ -68,7 +68,7 @@ def feature_evaluate(model: torch.nn.Module, party: FeaturePartyData, instr: msg
         loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
         predictions = logits.argmax(dim=1).numpy()
     report = msg.EvaluateReport(
-        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(y), loss_sum=loss_sum
+        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(y), loss_sum=loss_sum, noise_std=0.0
     )
     return RecordDict(
         {
@@ -95,7 +95,7 @@ def confusion(party: SensitivePartyData, message: Message) -> RecordDict:
     groups = party.test_groups[order[np.searchsorted(party.test_ids[order], rows["ids"][held])]]
     counts = confusion_counts(groups, rows["labels"][held], rows["predictions"][held], info.num_groups, info.num_labels)
     report = msg.EvaluateReport(
-        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(held), loss_sum=0.0
+        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(held), loss_sum=0.0, noise_std=0.0
     )
     return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
 

@@ -337,9 +337,17 @@ def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: s
             f"state-dir (node config '{STATE_DIR_KEY}') so that its ledger survives restarts"
         )
     context.state[JOB_KEY] = ConfigRecord(
-        {"fingerprint": fingerprint, "silo": silo_id, "path": "" if path is None else str(path)}
+        {"fingerprint": fingerprint, "silo": silo_id, "role": role, "path": "" if path is None else str(path)}
     )
     bind_instruction(context, instr, what=what)
+
+
+def job_record(context: Context) -> dict[str, str | int]:
+    """The job this context serves: its key (``<role><id>-job-<fingerprint>``, the name of its file in the state
+    folder), the node's role and id (after :func:`open_job`)."""
+    job = context.state[JOB_KEY]
+    role, node, fingerprint = str(job["role"]), int(job["silo"]), str(job["fingerprint"])
+    return {"key": f"{role}{node}-job-{fingerprint}", "role": role, "node": node}
 
 
 def bind_instruction(context: Context, instr: TrainInstruction, *, what: str) -> None:

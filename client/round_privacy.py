@@ -32,26 +32,20 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context
 
-from client import privacy_state, randomness
+from client import privacy_state, randomness, silo_policy
 from protocols import messages as msg
 from protocols.privacy.mechanism import Mechanism
 
 if TYPE_CHECKING:
     from client.privacy_state import NoisePlan
 
-BUDGET_KEY = "epsilon-budget"
+BUDGET_KEY = silo_policy.BUDGET_KEY
 
 
 def silo_budget(context: Context, run_epsilon: float) -> float:
-    """The silo's epsilon budget: the run's target, capped by the operator's `epsilon-budget` node config."""
-    cap = context.node_config.get(BUDGET_KEY)
-    if cap is None:
-        return run_epsilon
-    try:
-        cap_value = float(cap)
-    except (TypeError, ValueError):
-        raise msg.MessageError(f"node config '{BUDGET_KEY}' must be a number, got {cap!r}") from None
-    return min(run_epsilon, cap_value)
+    """The silo's epsilon budget for this job: the run's target, capped by the operator's policy
+    (`max-epsilon-per-job`, the `epsilon-budget` node config, else `lifetime-epsilon`; `client.silo_policy`)."""
+    return silo_policy.job_budget(context, run_epsilon)
 
 
 def digest(array: np.ndarray) -> str:
@@ -183,6 +177,8 @@ def _bound_plan(
     if privacy_state.STATE_KEY in state:
         bound = privacy_state.record_values(state[privacy_state.STATE_KEY])
         if wanted.items() <= bound.items():  # the same mechanism and target (one C-level comparison)
+            if ADMITTED_KEY not in bound:  # a job's state written before lifetime ledgers: admit it now
+                _admit_bound(context, instr, mechanism, bound, who)
             return _plan(bound, mechanism)
         for key, value in wanted.items():
             before = bound.get(key)
@@ -195,6 +191,9 @@ def _bound_plan(
         return _plan(bound, mechanism)
     budget = silo_budget(context, epsilon)
     calibrated = mechanism.calibrate(budget, instr.delta, instr.accountant)
+    # the operator's policy, before the job's first release: a fixed mechanism within the job's cap, the whole run
+    # within the lifetime budget (reserved in the lifetime ledger)
+    silo_policy.admit(context, instr, mechanism, calibrated, budget=budget, who=who)
     rec = ConfigRecord(
         {
             **wanted,
@@ -202,10 +201,27 @@ def _bound_plan(
             "noise-multiplier": calibrated.multiplier,
             "epsilon-accountant": calibrated.epsilon,
             "one-off": calibrated.setup_multipliers[0] if calibrated.setup_multipliers else 0.0,
+            ADMITTED_KEY: 1,
         }
     )
     state[privacy_state.STATE_KEY] = rec
     return _plan(dict(rec), mechanism)
+
+
+#: In the bound calibration: the job was admitted into the node's lifetime ledger (`client.silo_policy.admit`).
+ADMITTED_KEY = "lifetime-admitted"
+
+
+def _admit_bound(context: Context, instr: msg.TrainInstruction, mechanism: Mechanism, bound: dict, who: str) -> None:
+    """Admit a job whose calibration was bound before lifetime ledgers existed (its state file is older), with the
+    calibration it holds, before its next release; then mark it admitted."""
+    from protocols.privacy.mechanism import Calibrated
+
+    setup = (float(bound["one-off"]),) if mechanism.setup else ()
+    calibrated = Calibrated(float(bound["noise-multiplier"]), setup, float(bound["epsilon-accountant"]))
+    silo_policy.admit(context, instr, mechanism, calibrated, budget=float(bound["budget"]), who=who)
+    record = context.state[privacy_state.STATE_KEY]
+    record[ADMITTED_KEY] = 1
 
 
 def _plan(rec: dict, mechanism: Mechanism) -> NoisePlan:

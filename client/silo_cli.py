@@ -127,6 +127,7 @@ def node_config_string(
     state_dir: Path | None = None,
     allow_trusted_server: bool = False,
     role: str | None = None,
+    policy: Path | None = None,
 ) -> str:
     """The `--node-config` value: `data-path='...'` (absolute), `role='features'` or `role='sensitive'` for a party
     (nothing for a silo, the ClientApp's default, so a silo's node config is what it was before parties), and the
@@ -147,6 +148,8 @@ def node_config_string(
             parts.append(f"epsilon-budget={float(epsilon_budget)!r}")
     if state_dir is not None:
         parts.append(f"state-dir={_literal_path(state_dir, '--state-dir')}")
+    if policy is not None:
+        parts.append(f"policy={_literal_path(policy, '--policy')}")
     if allow_trusted_server:
         parts.append("allow-trusted-server=true")
     if deterministic_noise:
@@ -195,7 +198,8 @@ def choose_role(data: Path, requested: str | None) -> str:
 
 
 def supernode_command(args: argparse.Namespace) -> list[str]:
-    """The SuperNode command line for a parsed `silofl silo start` (no side effects beyond file checks): Flower's
+    """The SuperNode command line for a parsed `silofl silo start` (no side effects beyond file checks and creating
+    the node's state folder): Flower's
     `flower-supernode` arguments, run by `python -m client.supernode_runtime supernode --clientapp-process MODE`
     (runtime long-lived or per-message) or by `flower-supernode` itself (runtime flower)."""
     role = choose_role(args.data, getattr(args, "role", None))
@@ -233,18 +237,53 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
             "--isolation",
             "process",
         ]  # silofl's ClientApp worker is a process of its own, next to the SuperNode
+    policy = getattr(args, "policy", None)
+    if policy is not None:
+        policy = _checked_policy(policy)
     command += [
         "--node-config",
         node_config_string(
             args.data,
             args.epsilon_budget,
             args.deterministic_noise,
-            state_dir=getattr(args, "state_dir", None),
+            state_dir=state_folder(args.data, getattr(args, "state_dir", None)),
             allow_trusted_server=getattr(args, "allow_trusted_server", False),
             role=role,
+            policy=policy,
         ),
     ]
     return command
+
+
+def state_folder(data: Path, given: Path | None) -> Path:
+    """The node's state folder: `--state-dir`, else ``<data folder>.state`` beside the data folder (a silo keeps
+    its job ledgers, its journal and its lifetime ledger there, so that a restarted node continues its runs and
+    never spends twice; docs/FAULTS.md). Created now, owner-only: SiloStartError naming the flag if it cannot be."""
+    if given is not None:
+        folder = Path(given).expanduser().resolve()
+    else:
+        source = Path(data).expanduser().resolve()
+        folder = source.with_name(source.name + ".state")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SiloStartError(
+            f"--state-dir {folder}: cannot create the node's state folder ({exc.strerror}); give a writable folder"
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise SiloStartError(f"--state-dir {folder}: not writable by this user; give a writable folder")
+    return folder
+
+
+def _checked_policy(path: Path) -> Path:
+    """The policy file, read and validated now (a bad key stops the node here, naming it)."""
+    from protocols.silo_policy import PolicyError, load_policy
+
+    try:
+        load_policy(path)
+    except PolicyError as exc:
+        raise SiloStartError(f"--policy: {exc}") from None
+    return Path(path).expanduser().resolve()
 
 
 def _validate_data(data: Path, role: str = "silo") -> str:
@@ -339,12 +378,22 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
         "--auth-key", type=Path, metavar="FILE", help="this node's OpenSSH ECDSA private key (e.g. silo_0.key)"
     )
     start.add_argument("--insecure", action="store_true", help="no TLS, no authentication (trusted networks only)")
-    start.add_argument("--epsilon-budget", type=float, metavar="E", help="cap this silo's epsilon below any run's")
+    start.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="the operator's TOML policy: lifetime-epsilon, lifetime-delta, max-epsilon-per-job, max-delta, "
+        "algorithms, allow-trusted-server, evaluation (protocols/silo_policy.py); checked here before the node starts",
+    )
+    start.add_argument(
+        "--epsilon-budget", type=float, metavar="E", help="cap this silo's epsilon per job (max-epsilon-per-job)"
+    )
     start.add_argument(
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="keep the silo's privacy ledger and answers here, so a restarted silo continues (recommended)",
+        help="keep the node's ledgers (per job and lifetime) and answers here, so a restarted node continues and "
+        "never spends twice (default: DATA.state beside the data folder)",
     )
     start.add_argument(
         "--allow-trusted-server",
@@ -367,3 +416,6 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     start.add_argument("--dry-run", action="store_true", help="validate and print the command, do not start it")
     start.set_defaults(func=silo_start_command)
+    from client.silo_budget import add_budget_parser  # imports nothing heavy until it runs
+
+    add_budget_parser(silo_sub)

@@ -335,6 +335,9 @@ class EvaluateReport(_Schema):
     server_round: int = Field(ge=0)
     num_examples: int = Field(ge=0)
     loss_sum: float = Field(ge=0.0)
+    #: std of the Gaussian noise on each count and on the loss sum over its bound (0: exact counts); a silo whose
+    #: policy answers evaluations noised (`client.noised_evaluation`). Required: a report that leaves it out is refused
+    noise_std: float = Field(ge=0.0)
 
 
 def check_records(content: RecordDict, expected: set[str], *, what: str = "message") -> None:

@@ -59,6 +59,21 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
             help="continue the stopped run in DIR from its checkpoint (give the same flags as the run)",
         )
         engine.add_argument("--no-progress", action="store_true", default=False, help="no live progress bar")
+        silos = p.add_argument_group("the simulated silos' operators")
+        silos.add_argument(
+            "--silo-policy",
+            default="",
+            metavar="FILE",
+            help="every simulated silo answers under this TOML policy (lifetime and per-job budgets, algorithms, "
+            "evaluation; see `silofl silo start --policy`); needs --silo-state",
+        )
+        silos.add_argument(
+            "--silo-state",
+            default="",
+            metavar="DIR",
+            help="keep each simulated silo's state (its lifetime ledger, its jobs) in its own folder under DIR "
+            "(DIR/silo0, ...): a later run on the same DIR meets the same ledgers",
+        )
         p.set_defaults(func=run_command, algorithm=spec.name)
 
 
@@ -120,7 +135,8 @@ def run_command(args: argparse.Namespace) -> int:
         from server.checkpoint import resume_config
 
         config = resume_config(config, args.resume_dir, out_given=bool(getattr(args, "out_dir", "")))
-    result = run_job(config, engine=args.engine, progress=not args.no_progress)
+    node_configs = _silo_node_configs(config, args)
+    result = run_job(config, engine=args.engine, progress=not args.no_progress, node_configs=node_configs)
     final = result["final"]
     spec = config.spec
     keys = dict(spec.summary_metrics)
@@ -129,6 +145,24 @@ def run_command(args: argparse.Namespace) -> int:
     metrics = {label: final.get(key) for label, key in keys.items()}
     _print_summary(config, result, args.engine, metrics)
     return 0
+
+
+def _silo_node_configs(config: RunConfig, args: argparse.Namespace) -> list[dict] | None:
+    """The simulated silos' node configs for `--silo-policy` / `--silo-state` (None: neither given); the policy file
+    is read and checked here, before anything runs."""
+    policy, state = getattr(args, "silo_policy", ""), getattr(args, "silo_state", "")
+    if not policy and not state:
+        return None
+    if policy and not state:
+        raise ConfigError(
+            "--silo-policy needs --silo-state DIR: a silo under a policy keeps its lifetime ledger (and charges its "
+            "noised evaluations) in a state folder"
+        )
+    if args.engine != "inprocess":
+        raise ConfigError("--silo-policy and --silo-state apply to the in-process engine (--engine inprocess)")
+    from server.engines import simulated_node_configs
+
+    return simulated_node_configs(config, policy=policy or None, state_dir=state)
 
 
 def _print_summary(config: RunConfig, result: dict, engine: str, metrics: dict[str, float | None]) -> None:

@@ -18,6 +18,27 @@ from protocols.config import RunConfig
 ENGINES = ("inprocess", "ray")
 
 
+def simulated_node_configs(config: RunConfig, *, policy: str | None, state_dir: str) -> list[dict[str, str]]:
+    """Each simulated node's operator settings: the policy file (read and checked now: `PolicyError` naming the key)
+    and its own state folder under `state_dir`, named by its role and id (``silo0``, ``features1``,
+    ``sensitive0``), so that a later run on the same `state_dir` meets the same lifetime ledgers."""
+    from pathlib import Path
+
+    from protocols.parties import simulated_role
+    from protocols.silo_policy import load_policy
+
+    extra: dict[str, str] = {}
+    if policy:
+        load_policy(policy)
+        extra["policy"] = str(Path(policy).expanduser().resolve())
+    root = Path(state_dir).expanduser().resolve()
+    configs = []
+    for partition in range(config.num_nodes):
+        role, party = simulated_role(partition, config.num_silos, config.sensitive_nodes)
+        configs.append({**extra, "state-dir": str(root / f"{role}{party}")})
+    return configs
+
+
 def run_job(
     config: RunConfig,
     *,

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from protocols.algorithms.base import resolve
+from protocols.algorithms.base import EXACT_EVALUATION, resolve
 from protocols.config import RunConfig
 from strategies.base import Federation, RunHistory
 
@@ -95,7 +95,8 @@ def build_result(
             "per_silo": per_silo,
             "accountant": config.target_accountant if config.private else "none (no noise: epsilon = inf)",
             "mechanism": spec.describe_mechanism(config),
-            "not_covered": spec.not_covered,
+            "not_covered": _not_covered(spec.not_covered, history),
+            **_evaluation_privacy(history),
             **privacy_extra,
         },
         "timing": {
@@ -141,3 +142,31 @@ def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     tmp.write_text(json.dumps(result, indent=2, allow_nan=False))
     tmp.replace(path)
     return path
+
+
+def _evaluation_noise(history: RunHistory) -> list[dict[int, float] | None]:
+    return [r.evaluation_noise for r in history.rounds if r.evaluation is not None]
+
+
+def _all_noised(history: RunHistory) -> bool:
+    """Whether every evaluation of the run was answered noised by every silo (unknown counts as exact)."""
+    noise = _evaluation_noise(history)
+    return bool(noise) and all(n is not None and all(v > 0 for v in n.values()) for n in noise)
+
+
+def _not_covered(text: str, history: RunHistory) -> str:
+    """The algorithm's `not_covered`, without the exact evaluation when every silo answered every evaluation noised
+    (its policy's `evaluation = "noised"`: a Gaussian histogram charged to its lifetime ledger)."""
+    if not _all_noised(history) or EXACT_EVALUATION not in text:
+        return text
+    rest = "; ".join(part for part in (p.strip() for p in text.replace(EXACT_EVALUATION, "").split(";")) if part)
+    return rest or "nothing beyond the mechanism's own caveats"
+
+
+def _evaluation_privacy(history: RunHistory) -> dict[str, Any]:
+    """How each silo answered the last evaluation: the noise std on its counts, or "exact" (only in a run where some
+    silo answered noised: a run without policies reports what it always did)."""
+    noise = [n for n in _evaluation_noise(history) if n is not None]
+    if not any(v > 0 for n in noise for v in n.values()):
+        return {}
+    return {"evaluation": {str(k): (v if v > 0 else "exact") for k, v in sorted(noise[-1].items())}}

@@ -115,6 +115,9 @@ class RoundRecord:
     #: The summed (group, label, prediction) test counts of this round's evaluation (not in `to_json`: result.json
     #: reports the last one as `fairness_groups`; not kept in checkpoints).
     counts: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: silo id -> the noise std of its evaluation counts this round (0: exact; `client.noised_evaluation`); None when
+    #: unknown (no evaluation, a strategy that does not record it, a round read back from a checkpoint)
+    evaluation_noise: dict[int, float] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.server_round, "seconds": self.seconds}
@@ -248,6 +251,27 @@ def collect_replies(
     return [(e, got[e.node_id]) for e in asked]
 
 
+#: The most a noised count may exceed the test split's size, in noise standard deviations (a Gaussian draw beyond it
+#: has probability below 1e-20: a silo claiming it is not adding the noise it reports).
+NOISED_COUNT_SLACK = 10.0
+
+
+def check_evaluation_counts(c: np.ndarray, report: msg.EvaluateReport, what: str) -> None:
+    """Exact counts (``noise_std`` 0) are non-negative and sum to num-examples; a noised evaluation's counts
+    (`client.noised_evaluation`: rounded, clipped at 0) are non-negative and each within the noise of the split."""
+    if report.noise_std == 0.0:
+        # Each count is at most num-examples, so the int64 sum cannot wrap around.
+        if (c < 0).any() or (c > report.num_examples).any() or int(c.sum()) != report.num_examples:
+            raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
+        return
+    limit = report.num_examples + NOISED_COUNT_SLACK * report.noise_std + 1
+    if (c < 0).any() or (c > limit).any():
+        raise RoundError(
+            f"{what}: noised counts (noise std {report.noise_std:g}) must be non-negative and at most "
+            f"num-examples + {NOISED_COUNT_SLACK:g} std = {limit:g}"
+        )
+
+
 def evaluation_metrics(counts: np.ndarray, loss_sum: float, n: int) -> MetricRecord:
     """A federated evaluation's metrics from the summed (group, label, prediction) counts and losses."""
     fair = fairness_from_counts(counts)
@@ -289,6 +313,8 @@ class SiloflStrategy(Strategy):
         self.history: RunHistory | None = None
         #: The summed test counts of the last federated evaluation (set by `aggregate_evaluate`).
         self._eval_counts: np.ndarray | None = None
+        #: silo id -> the noise std of its last evaluation's counts (0: exact; `client.noised_evaluation`)
+        self.evaluation_noise: dict[int, float] = {}
 
     # -- subclass API -----------------------------------------------------------------------------------------------
     def train_instruction(self, server_round: int) -> ConfigRecord:
@@ -388,6 +414,7 @@ class SiloflStrategy(Strategy):
         shape = (info.num_groups, info.num_labels, info.num_labels)
         total = np.zeros(shape, dtype=np.int64)
         loss_sum, n = 0.0, 0
+        noise: dict[int, float] = {}
         for entry, reply in self._collect(server_round, replies, "evaluate"):
             what = f"evaluate reply from {entry.name} in round {server_round}"
             msg.check_records(reply.content, {msg.COUNTS, msg.REPORT}, what=what)
@@ -396,13 +423,13 @@ class SiloflStrategy(Strategy):
             self._check_count(report.num_examples, entry.info.n_test, entry, what, split="test")
             counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)
             c = counts["counts"]
-            # Each count is at most num-examples, so the int64 sum cannot wrap around.
-            if (c < 0).any() or (c > report.num_examples).any() or int(c.sum()) != report.num_examples:
-                raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
+            check_evaluation_counts(c, report, what)
+            noise[entry.info.silo_id] = report.noise_std
             total += c
             loss_sum += report.loss_sum
             n += report.num_examples
         self._eval_counts = total
+        self.evaluation_noise = noise  # set only once every reply passed its checks: a refused round changes nothing
         return evaluation_metrics(total, loss_sum, n)
 
     def summary(self) -> None:
@@ -491,9 +518,11 @@ class SiloflStrategy(Strategy):
                     self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout
                 )
                 self._eval_counts = None
+                self.evaluation_noise = {}
                 ev = self.aggregate_evaluate(server_round, ev_replies)
                 record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
                 record.counts = self._eval_counts
+                record.evaluation_noise = dict(self.evaluation_noise) or None
             record.seconds = time.perf_counter() - t0
             history.arrays = arrays
             history.rounds.append(record)

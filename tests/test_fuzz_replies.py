@@ -469,7 +469,11 @@ def evaluate_replies(requests: list[Message], server_round: int, seed: int) -> l
         # each silo's test records, as many as it declared in the setup round (`_federation`: n_test = 10)
         counts = rng.multinomial(10, np.full(8, 1 / 8)).reshape(2, 2, 2).astype(np.int64)
         report = msg.EvaluateReport(
-            silo_id=i, server_round=server_round, num_examples=int(counts.sum()), loss_sum=float(rng.random())
+            silo_id=i,
+            server_round=server_round,
+            num_examples=int(counts.sum()),
+            loss_sum=float(rng.random()),
+            noise_std=0.0,
         )
         content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
         replies.append(Message(content, reply_to=request))
@@ -876,7 +880,7 @@ def test_evaluation_counts_cannot_overflow_into_a_valid_sum() -> None:
     counts = np.zeros((2, 2, 2), np.int64)
     counts[0, 0, 1] = counts[0, 1, 0] = counts[1, 0, 1] = 2**62
     counts[1, 1, 0] = 2**62 + 5
-    report = msg.EvaluateReport(silo_id=0, server_round=1, num_examples=5, loss_sum=1.0)
+    report = msg.EvaluateReport(silo_id=0, server_round=1, num_examples=5, loss_sum=1.0, noise_std=0.0)
     content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
     replies[0] = Message(content, reply_to=requests[0])
     exact = sum(int(v) for v in counts.flat)

@@ -81,8 +81,11 @@ def test_a_silo_refuses_the_epochs_past_its_budget() -> None:
     assert dict(driver.context.state[privacy_state.LEDGER_KEY]) == before
 
 
-def test_an_operator_cap_means_more_noise_and_the_silo_stays_within_it() -> None:
-    capped, free = _silo(total_rounds=8, **{"epsilon-budget": 0.5}), _silo(total_rounds=8)
+def test_an_operator_cap_means_more_noise_and_the_silo_stays_within_it(tmp_path) -> None:
+    policy = tmp_path / "policy.toml"  # a budgeted silo answers SteFFLe (its g is in the clear) only if listed
+    policy.write_text('algorithms = ["steffle"]\n')
+    capped = _silo(total_rounds=8, **{"epsilon-budget": 0.5, "policy": str(policy)})
+    free = _silo(total_rounds=8)
     spent = [capped.report(capped.train(t)).epsilon_spent for t in range(1, 9)]
     assert capped.report(free.train(1)).noise_multiplier < capped.calibration()["noise-multiplier"]
     assert 0.49 < spent[-1] <= 0.5 * (1 + 1e-9)

@@ -152,7 +152,7 @@ def test_an_evaluation_reply_with_another_test_count_than_setup_is_refused() -> 
     for i, m in enumerate(instrs):
         counts = np.zeros((2, 2, 2), dtype=np.int64)
         counts[0, 0, 0] = 5  # 5 test records where the setup round declared 4
-        report = msg.EvaluateReport(silo_id=i, server_round=4, num_examples=5, loss_sum=1.0)
+        report = msg.EvaluateReport(silo_id=i, server_round=4, num_examples=5, loss_sum=1.0, noise_std=0.0)
         content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
         replies.append(Message(content, reply_to=m))
     with pytest.raises(
@@ -169,7 +169,7 @@ def test_evaluation_sums_counts_exactly() -> None:
         counts = np.zeros((2, 2, 2), np.int64)
         counts[i, 1, 1] = 3
         counts[i, 0, 1] = 1
-        report = msg.EvaluateReport(silo_id=i, server_round=4, num_examples=4, loss_sum=2.0)
+        report = msg.EvaluateReport(silo_id=i, server_round=4, num_examples=4, loss_sum=2.0, noise_std=0.0)
         replies.append(
             Message(
                 RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()}),

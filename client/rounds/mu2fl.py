@@ -20,7 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from torch import nn
 
-from client import randomness
+from client import randomness, silo_policy
 from client.data.tabular import SiloData
 from client.round_privacy import RoundPrivacy
 from client.rounds import RoundResult, with_records
@@ -81,10 +81,16 @@ def _single_pass_round(
     x_t = flatten_parameters(msg.check_arrays(message.content, msg.MODEL, spec, **bound))
     x_prev = flatten_parameters(msg.check_arrays(message.content, msg.PREVIOUS, spec, **bound))
     trusted = instr.trust == "trusted"
-    if trusted and is_deployed(context) and not _allowed(context):
+    if trusted and not silo_policy.allow_trusted(context, deployed=is_deployed(context)):
         raise msg.MessageError(
             f"{what}: a trusted-server run asks this silo to send its momentum un-noised; its operator has not "
-            f"allowed that (node config '{ALLOW_TRUSTED_KEY} = true')"
+            f"allowed that (policy 'allow-trusted-server = true', or node config '{ALLOW_TRUSTED_KEY} = true')"
+        )
+    if trusted and math.isfinite(silo_policy.node_policy(context).lifetime_epsilon):
+        raise msg.MessageError(
+            f"{what}: a trusted-server run asks this silo to send its momentum un-noised, which no lifetime ledger can "
+            "hold (its epsilon is unbounded); its policy sets lifetime-epsilon, so it refuses (untrusted mode adds "
+            "the noise at the silo)"
         )
     b = instr.batch_size
     if instr.total_rounds * b > len(silo.train):
@@ -171,6 +177,7 @@ def mechanism(instr: msg.TrainInstruction, cal: mu2.Mu2Calibration, *, sgd: bool
         releases=(Release("gradient" if sgd else "momentum", radius=cal.sensitivity),),
         fixed_multiplier=cal.noise_multiplier,
         parameters={"domain-diameter": instr.domain_diameter, "batch-size": instr.batch_size, "trust": instr.trust},
+        radius_is_distance=True,
     )
 
 
@@ -235,7 +242,3 @@ def _report(silo: SiloData, t: int, spent: float, multiplier: float) -> msg.Trai
         noise_multiplier=multiplier,
         sampling_rate=1.0,
     )
-
-
-def _allowed(context: Context) -> bool:
-    return str(context.node_config.get(ALLOW_TRUSTED_KEY, "false")).lower() in {"true", "1", "yes"}

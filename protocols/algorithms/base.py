@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from protocols.config import RunConfig
     from protocols.messages import TrainInstruction
 
+#: What the privacy report lists as not covered when the silos answer evaluations exactly (`server.result` drops it
+#: from a run whose every evaluation every silo answered noised, under its operator's policy).
+EXACT_EVALUATION = "federated evaluation: exact confusion counts of each silo's held-out test split"
+
 #: How rounds follow from `epochs`: (config, each silo's training records) -> rounds.
 RoundsRule = Callable[["RunConfig", Sequence[int]], int]
 
@@ -92,9 +96,14 @@ class Algorithm:
     progress_metrics: Mapping[str, str] = field(default_factory=lambda: {"loss": "loss", "acc": "accuracy"})
     #: The `silofl plot` kinds this algorithm's runs appear in.
     plots: tuple[str, ...] = ()
+    #: The node roles (``silo``, ``features``, ``sensitive``) for which every release of the algorithm is noised over
+    #: everything that node holds: what a silo policy with a budget answers by default (`protocols.silo_policy`).
+    #: DP-FedSGD noises a silo's whole records; SteFFLe noises only the sensitive attribute, which is all a sensitive
+    #: party holds but not all a silo holds (its loss gradient is in the clear).
+    noised_for: tuple[str, ...] = ()
     #: The privacy report: what the mechanism is (text or config -> text) and what it does not cover.
     mechanism: str | Callable[[Any], str] = "none"
-    not_covered: str = "federated evaluation: exact confusion counts of each silo's held-out test split"
+    not_covered: str = EXACT_EVALUATION
     #: ``"module:function"`` adding algorithm-specific entries to the privacy block: (config, history, rounds, delta)
     #: -> dict (an ``epsilon_spent`` entry there replaces the silos' largest; a ``per_silo`` entry, silo id -> dict,
     #: is merged into the block's per-silo entries).

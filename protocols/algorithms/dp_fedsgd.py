@@ -24,6 +24,7 @@ SPEC = register(
         options=(PrivacyOptions, TabularModelOptions, SgdOptions, LrDecayOptions, ClipOptions, GroupReportOptions),
         defaults=MINIBATCH_DEFAULTS,
         aliases=("dpfedsgd", "dp_fedsgd"),
+        noised_for=("silo",),
         strategy="strategies.gradient_step:build",
         silo={"train": "client.rounds.dp_fedsgd:train_round"},
         plots=("fairness", "privacy"),

@@ -75,6 +75,7 @@ SPEC = register(
         options=(PrivacyOptions, TabularModelOptions, SgdOptions, ClipOptions, LossFairnessOptions, GroupReportOptions),
         defaults=DEFAULTS,
         aliases=("fed-fdp", "ling2024"),
+        noised_for=("silo",),
         strategy="strategies.fedfdp:build",
         silo={"train": "client.rounds.fedfdp:train_round"},
         plots=("fairness", "privacy"),

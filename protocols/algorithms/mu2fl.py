@@ -54,6 +54,7 @@ SPEC = register(
         options=(PrivacyOptions, SinglePassOptions),
         defaults=SINGLE_PASS_DEFAULTS,
         aliases=("dp-mu2-fl", "mu2"),
+        noised_for=("silo",),
         strategy="strategies.anytime:build_mu2fl",
         silo={"train": "client.rounds.mu2fl:train_round"},
         rounds=single_pass_rounds,

@@ -23,6 +23,7 @@ SPEC = register(
         options=(PrivacyOptions, SinglePassOptions),
         defaults=SINGLE_PASS_DEFAULTS,
         aliases=("noisy_sgd",),
+        noised_for=("silo",),
         strategy="strategies.anytime:build_noisy_sgd",
         silo={"train": "client.rounds.mu2fl:train_round_noisy_sgd"},
         rounds=single_pass_rounds,

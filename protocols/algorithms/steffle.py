@@ -202,6 +202,7 @@ SPEC = register(
         ),
         defaults=MINIBATCH_DEFAULTS,
         check=check,
+        noised_for=("sensitive",),
         strategy="strategies.noisy_aggregation:build",
         silo={
             "train": "client.rounds.steffle:train_round",

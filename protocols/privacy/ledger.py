@@ -285,6 +285,15 @@ def _pld_epsilon(state: State, delta: float, relation: str = "add_remove") -> fl
     return float(distribution.get_epsilon_for_delta(delta))
 
 
+def composed_epsilon(state: State, delta: float, relation: str) -> float:
+    """PLD epsilon at ``delta`` of the composition of ``state`` (ledger keys ``(multiplier, sampling rate, steps)``)
+    under ``relation``: what a silo's lifetime ledger reports for the events of all its jobs
+    (`client.lifetime_ledger`), by the same library calls as a job's ledger. ``inf`` if any release is un-noised."""
+    check_delta(delta)
+    check_relation(relation)
+    return _pld_epsilon(tuple(state), delta, relation)
+
+
 @functools.lru_cache(maxsize=64)
 def _pld_prefix(prefix: State, grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
     """``identity . e_1 ... e_k`` for the entries of ``prefix``, in order, on ``grid`` (see :func:`_pld_epsilon`)."""

@@ -107,6 +107,10 @@ class Mechanism:
     fixed_multiplier: float | None = None
     #: what else the sensitivity depends on, by name (kebab-case, as the run option that sets it)
     parameters: Mapping[str, Scalar] = field(default_factory=dict)
+    #: each release's radius is already the distance between two neighbours' values when one record is replaced
+    #: (DP-mu2-FL's 2 S / b, accounted at rate 1 as a Gaussian of that sensitivity), not the radius of a ball around 0
+    #: (:meth:`replace_one_events`)
+    radius_is_distance: bool = False
 
     def __post_init__(self) -> None:
         if self.relation not in ("add_remove", "replace_one"):
@@ -191,6 +195,30 @@ class Mechanism:
             "releases": self.releases_per_step,
             "companion": math.inf if math.isinf(self.companion_ratio) else self.companion_ratio * multiplier,
         }
+
+    def replace_one_events(
+        self, multiplier: float, setup_multipliers: tuple[float, ...] = ()
+    ) -> tuple[tuple[float | tuple[float, ...], float, int], ...]:
+        """The whole run as ledger states under *replacing one record* (``replace_one``): what a silo's lifetime
+        ledger composes across its jobs (`client.lifetime_ledger`), as ``(multiplier, sampling rate, steps)`` keys of
+        :mod:`protocols.privacy.ledger` (a companion release makes the multiplier a pair).
+
+        Every release of silofl is a sum of per-record contributions in a ball of radius R around 0 (the
+        contribution of an absent or unsampled record; module docstring). Replacing a record moves its contribution
+        within that ball, which is dp-accounting's ``REPLACE`` adjacency at the same multiplier: so an ``add_remove``
+        mechanism's events hold under ``replace_one`` as they are, and so do SteFFLe's (its relation already). A
+        release whose radius is the replacement distance itself (:attr:`radius_is_distance`, at rate 1 only) is a
+        Gaussian of that sensitivity, i.e. ``REPLACE`` at twice the multiplier (at rate 1 ``REPLACE`` at radius R is a
+        Gaussian of sensitivity 2 R)."""
+        if self.radius_is_distance and self.sampling_rate != 1.0:
+            raise ValueError("a release whose radius is the replacement distance is accounted at rate 1 only")
+        factor = 2.0 if self.radius_is_distance else 1.0
+        step = self.ledger_step(multiplier)
+        combined = factor * float(step["noise_multiplier"]) / math.sqrt(int(step["releases"]))
+        companion = float(step["companion"])
+        key: float | tuple[float, ...] = combined if math.isinf(companion) else (combined, factor * companion)
+        setup = tuple((factor * s, 1.0, 1) for s in setup_multipliers)
+        return (*setup, (key, self.sampling_rate, self.steps))
 
     # -- calibration ---------------------------------------------------------------------------------------------------
 

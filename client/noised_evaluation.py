@@ -1,0 +1,78 @@
+"""A noised evaluation: the confusion counts of a silo's test split through a Gaussian histogram, charged first.
+
+Under a policy with `evaluation = "noised"` (`protocols.silo_policy`) the silo answers an evaluation with
+
+    counts + N(0, s^2) on each (group, label, prediction) cell,   loss sum = B (sum_i min(loss_i, B) / B + N(0, s^2))
+
+with ``s`` the policy's `evaluation-noise` and ``B`` its `evaluation-loss-bound`. One test record contributes a
+one-hot cell and its clipped loss over B, a vector of norm at most sqrt(2); replacing it moves that vector by at most
+sqrt(1 + 1 + 1) = sqrt(3) (one cell down, one up, the loss by at most B). The release is one Gaussian mechanism at rate
+1 (every test record, no sampling), where only that distance matters: under dp-accounting's ``REPLACE`` adjacency it
+is radius sqrt(3)/2 at noise multiplier ``s / (sqrt(3)/2)`` (`protocols.privacy.accountant`: at rate 1, radius R is a
+Gaussian of sensitivity 2 R). The silo charges it to its lifetime ledger BEFORE computing it (`client.lifetime_ledger`
+`charge_evaluation`, refused past the lifetime budget), then rounds the noised counts to integers and clips them at 0,
+and the loss sum at 0 (post-processing). The report carries ``noise_std = s`` so that the server knows the counts are
+noised (they no longer sum to the test split's size).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import Context
+
+from client import lifetime_ledger, privacy_state, randomness
+from protocols import messages as msg
+from protocols.silo_policy import SiloPolicy
+
+#: One test record's move under replacement, halved: the ``REPLACE`` radius of the release at rate 1.
+EVALUATION_RADIUS = math.sqrt(3.0) / 2.0
+#: The random stream of a noised evaluation (`client.randomness`; distinct from the training streams).
+EVALUATION_STREAM = 7
+
+
+def evaluation_multiplier(policy: SiloPolicy) -> float:
+    """The release's noise multiplier under replace-one (what the lifetime ledger composes)."""
+    return policy.evaluation_noise / EVALUATION_RADIUS
+
+
+def charge(context: Context, policy: SiloPolicy, *, server_round: int, who: str) -> None:
+    """Charge one noised evaluation to the node's lifetime ledger, before it is computed (MessageError: refused)."""
+    directory = privacy_state.state_dir(context)
+    if directory is None:
+        raise msg.MessageError(
+            f"{who}: its policy answers evaluations noised, and charges each to its lifetime ledger, which needs a "
+            f"state folder (node config '{privacy_state.STATE_DIR_KEY}'); it has none, so it refuses to evaluate"
+        )
+    lifetime_ledger.charge_evaluation(
+        directory,
+        policy,
+        multiplier=evaluation_multiplier(policy),
+        run_id=int(context.run_id),
+        server_round=server_round,
+        who=who,
+    )
+
+
+def noised_release(
+    counts: np.ndarray, losses: np.ndarray, policy: SiloPolicy, generator: torch.Generator
+) -> tuple[np.ndarray, float]:
+    """The noised counts (int64, >= 0) and loss sum (>= 0) of a test split: `counts` its exact (group, label,
+    prediction) counts, `losses` each record's loss (non-finite losses count as the bound)."""
+    s = policy.evaluation_noise
+    bound = policy.evaluation_loss_bound
+    clipped = np.where(np.isfinite(losses), np.clip(losses, 0.0, bound), bound)
+    noise = torch.randn(counts.size + 1, generator=generator, dtype=torch.float64).numpy() * s
+    noised_counts = counts.astype(np.float64).ravel() + noise[:-1]
+    loss_sum = bound * (float(clipped.sum()) / bound + float(noise[-1]))
+    out = np.clip(np.rint(noised_counts), 0, None).astype(np.int64).reshape(counts.shape)
+    return out, max(loss_sum, 0.0)
+
+
+def generator(context: Context, *, silo_id: int, server_round: int) -> torch.Generator:
+    """The evaluation's noise: seeded by the run in simulation, OS entropy when deployed (`client.randomness`)."""
+    return randomness.torch_generator(
+        context, seed=int(context.run_id), silo_id=silo_id, server_round=server_round, stream=EVALUATION_STREAM
+    )

@@ -1,0 +1,197 @@
+"""The lifetime ledger (`client.lifetime_ledger`): its figure against dp-accounting composing the same releases by
+hand across two algorithms, its evaluations, its file, and `silofl silo budget` / `silofl run --silo-policy` the way
+an operator runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dp_accounting import NeighboringRelation
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+from client import lifetime_ledger, privacy_state
+from protocols import messages as msg
+from protocols.silo_policy import SiloPolicy
+from tests import malicious_server as ms
+
+N = 200
+DELTA = 1e-6
+
+
+def _node(tmp_path: Path, policy_text: str) -> ms.Node:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(policy_text)
+    node = ms.Node(
+        ms.make_silo(N, n_test=50), tmp_path / "silo", **{"state-dir": str(tmp_path / "state")}, policy=str(policy)
+    )
+    node.info = node.setup()
+    return node
+
+
+def _library_epsilon(parts: list[pld_lib.PrivacyLossDistribution]) -> float:
+    total = parts[0]
+    for part in parts[1:]:
+        total = total.compose(part)
+    return float(total.get_epsilon_for_delta(DELTA))
+
+
+def test_two_algorithms_compose_as_dp_accounting_composes_their_releases_by_hand(tmp_path: Path) -> None:
+    """A DP-FedSGD job (Poisson-sampled Gaussians of clipped sums: REPLACE adjacency at its multiplier) and a
+    DP-mu2-FL job (Gaussians whose sensitivity is the replacement distance itself) on one silo: the lifetime ledger's
+    epsilon is the PLD of both runs composed, built here from the library's primitives."""
+    node = _node(tmp_path, "lifetime-epsilon = 50\nlifetime-delta = 1e-6\n")
+    params = ms.tabular_model("logreg", node.info.num_features, node.info.num_labels)
+    dp = ms.train("dp-fedsgd", params, server_round=1, total_rounds=6, batch_size=40, lr=0.1, epsilon=2.0, delta=1e-6)
+    assert not node.send(msg.TRAIN, dp, 1).has_error()
+    sigma_dp = float(node.context.state[privacy_state.STATE_KEY]["noise-multiplier"])
+    node.context.state.clear()
+    node.info = node.setup()
+    x = ms.tabular_model("logreg", node.info.num_features, node.info.num_labels, dtype=np.float64)
+    mu = ms.train(
+        "mu2fl", x, records={msg.PREVIOUS: x}, server_round=1, total_rounds=5, batch_size=20, rho=1.0, delta=1e-6
+    )
+    assert not node.send(msg.TRAIN, mu, 1).has_error()
+    sigma_mu = float(node.context.state[privacy_state.STATE_KEY]["noise-multiplier"])
+
+    grid = 1e-4
+    replace = NeighboringRelation.REPLACE_ONE
+    dp_step = pld_lib.from_gaussian_mechanism(
+        standard_deviation=sigma_dp,
+        sampling_prob=40 / N,
+        neighboring_relation=replace,
+        value_discretization_interval=grid,
+    )
+    # q_t = t d_t moves by at most its sensitivity when a record is replaced: a Gaussian shifted by 1 at std sigma
+    mu_step = pld_lib.from_gaussian_mechanism(
+        standard_deviation=sigma_mu,
+        sensitivity=1.0,
+        value_discretization_interval=grid,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+    )
+    by_hand = _library_epsilon([dp_step.self_compose(6), mu_step.self_compose(5)])
+    ledger = lifetime_ledger.load(tmp_path / "state")
+    assert [job.algorithm for job in ledger.jobs.values()] == ["dp-fedsgd", "mu2fl"]
+    figure = lifetime_ledger.epsilon_of(ledger.training_state(), DELTA)
+    assert figure == pytest.approx(by_hand, rel=2e-3)
+    alone = [lifetime_ledger.epsilon_of(job.events, DELTA) for job in ledger.jobs.values()]
+    assert figure > max(alone) and figure < sum(alone)  # composed, not added
+
+
+def test_evaluations_compose_into_one_gaussian_as_the_library_composes_them() -> None:
+    """k noised evaluations at multipliers m_i are one Gaussian of (sum 1/m_i^2)^(-1/2): the figure equals the
+    library's self-composition of each under REPLACE."""
+    ledger = lifetime_ledger.LifetimeLedger(evaluations={20.0: 7, 35.0: 3})
+    (state,) = ledger.evaluation_state()
+    assert state[0] == pytest.approx((7 / 400 + 3 / 1225) ** -0.5) and state[1:] == (1.0, 1)
+    parts = [
+        pld_lib.from_gaussian_mechanism(
+            standard_deviation=m,
+            neighboring_relation=NeighboringRelation.REPLACE_ONE,
+            value_discretization_interval=1e-4,
+        ).self_compose(k)
+        for m, k in ((20.0, 7), (35.0, 3))
+    ]
+    assert lifetime_ledger.epsilon_of(ledger.evaluation_state(), DELTA) == pytest.approx(
+        _library_epsilon(parts), rel=2e-3
+    )
+
+
+def test_a_damaged_lifetime_ledger_is_refused_not_reset(tmp_path: Path) -> None:
+    lifetime_ledger.path_of(tmp_path).write_text("{not json")
+    with pytest.raises(msg.MessageError, match="unreadable") as error:
+        lifetime_ledger.load(tmp_path)
+    assert "deleting it forgets every job" in str(error.value)
+
+
+def test_a_job_readmitted_with_another_plan_is_refused(tmp_path: Path) -> None:
+    policy = SiloPolicy.model_validate({"lifetime-epsilon": 10, "lifetime-delta": DELTA})
+    job = lifetime_ledger.JobRecord("silo0-job-x", "dp-fedsgd", "silo", 0, 1.0, DELTA, True, ((2.0, 0.1, 10),))
+    lifetime_ledger.admit_job(tmp_path, job, policy, who="silo 0")
+    lifetime_ledger.admit_job(tmp_path, job, policy, who="silo 0")  # the same job again (a resumed run): admitted
+    changed = lifetime_ledger.JobRecord("silo0-job-x", "dp-fedsgd", "silo", 0, 1.0, DELTA, True, ((1.0, 0.1, 10),))
+    with pytest.raises(msg.MessageError, match="another planned run"):
+        lifetime_ledger.admit_job(tmp_path, changed, policy, who="silo 0")
+    data = json.loads(lifetime_ledger.path_of(tmp_path).read_text())
+    assert list(data["jobs"]) == ["silo0-job-x"] and data["budget"] == {"lifetime-epsilon": 10, "lifetime-delta": DELTA}
+    assert oct(lifetime_ledger.path_of(tmp_path).stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.slow
+def test_silofl_run_under_a_silo_policy_and_silofl_silo_budget(tmp_path: Path, capsys) -> None:
+    """The operator's path: two `silofl run` jobs (progress bar on) on one --silo-state folder under a policy; the
+    second run past the lifetime budget stops before any silo releases anything; `silofl silo budget` prints each
+    job, its rounds and epsilon, and what is left; result.json no longer lists the evaluation as not covered."""
+    from server.cli import main
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text("lifetime-epsilon = 3.0\nlifetime-delta = 1e-6\nmax-epsilon-per-job = 2.0\n")
+    state = tmp_path / "state"
+    flags = [
+        "--dataset",
+        "synthetic",
+        "--silos",
+        "2",
+        "--rounds",
+        "5",
+        "--epsilon",
+        "2",
+        "--silo-policy",
+        str(policy),
+        "--silo-state",
+        str(state),
+    ]
+    assert main(["run", "dp-fedsgd", *flags, "--out", str(tmp_path / "one")]) == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "one" / "result.json").read_text())
+    assert "federated evaluation" not in result["privacy"]["not_covered"]
+    assert result["privacy"]["evaluation"] == {"0": 20.0, "1": 20.0}
+    assert main(["run", "dp-fedsgd", *flags, "--seed", "2", "--out", str(tmp_path / "two")]) == 0
+    capsys.readouterr()
+    code = main(["run", "dp-fedsgd", *flags, "--seed", "3", "--out", str(tmp_path / "three")])
+    err = capsys.readouterr().err
+    assert code == 1 and "lifetime-epsilon = 3" in err and "refuses the job before releasing anything" in err
+    assert main(["silo", "budget", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("dp-fedsgd") == 4 and "1..5" in out and "budget 3, left" in out
+    for folder in ("silo0", "silo1"):
+        ledger = lifetime_ledger.load(state / folder)
+        assert len(ledger.jobs) == 2 and sum(ledger.evaluations.values()) == 2 * 5
+        assert lifetime_ledger.epsilon_of(ledger.training_state(), DELTA) <= 3.0
+
+
+def test_silofl_run_checks_the_policy_before_anything_runs(tmp_path: Path, capsys) -> None:
+    from server.cli import main
+
+    bad = tmp_path / "policy.toml"
+    bad.write_text("lifetime-epsilon = 2\n")
+    code = main(["run", "fedavg", "--rounds", "1", "--silo-policy", str(bad), "--silo-state", str(tmp_path / "s")])
+    assert code == 2 and "lifetime-epsilon needs lifetime-delta" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+    code = main(["run", "fedavg", "--rounds", "1", "--silo-policy", str(bad)])
+    assert code == 2 and "--silo-policy needs --silo-state" in capsys.readouterr().err
+
+
+def test_evaluations_compose_in_parallel_with_the_jobs(tmp_path: Path) -> None:
+    """The test split's records are not the training records: a silo whose jobs used most of its lifetime budget can
+    still answer evaluations up to the same budget (each composition alone within it), where composing the two in
+    sequence would refuse them."""
+    policy = SiloPolicy.model_validate({"lifetime-epsilon": 2.0, "lifetime-delta": DELTA})
+    job = lifetime_ledger.JobRecord("silo0-job-a", "dp-fedsgd", "silo", 0, 1.0, DELTA, True, ((2.5, 0.25, 4),))
+    training = lifetime_ledger.admit_job(tmp_path, job, policy, who="silo 0")
+    assert 1.5 < training <= 2.0
+    answered = 0
+    while answered < 50:
+        try:
+            lifetime_ledger.charge_evaluation(
+                tmp_path, policy, multiplier=23.0, run_id=1, server_round=answered, who="silo 0"
+            )
+        except msg.MessageError:
+            break
+        answered += 1
+    ledger = lifetime_ledger.load(tmp_path)
+    evaluations = lifetime_ledger.epsilon_of(ledger.evaluation_state(), DELTA)
+    assert answered >= 3 and 1.0 < evaluations <= 2.0
+    sequential = lifetime_ledger.epsilon_of(ledger.training_state() + ledger.evaluation_state(), DELTA)
+    assert sequential > 2.0  # in sequence the same releases would be over the budget
