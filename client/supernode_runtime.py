@@ -37,6 +37,11 @@ command, :func:`client.silo_cli.supernode_command`):
 Every process of this module (and the ServerApp, :func:`server.polling.polling_grid`) also retries early object
 pulls within milliseconds (:func:`shorten_object_pulls`).
 
+The SuperNode also says in its log, naming the SuperLink's address, when it loses the SuperLink and when it has it
+back (:class:`LinkWatch`), and, when the SuperLink no longer knows its key (a SuperLink restarted without its
+database forgets every registration), what to do: Flower 1.39 itself only logs "Connection attempt failed, retrying
+in N seconds" and, when the SuperLink refuses the node, "SuperNode terminated gracefully.".
+
 Everything here depends on Flower's private functions named in :data:`_FINGERPRINTED`: :func:`check_flower` refuses to
 run on a Flower whose version is not in :data:`CHECKED_FLOWER_VERSIONS` or whose sources of those functions differ
 from the ones checked (sha256 of their source), naming the fix (`silofl silo start --runtime flower` runs Flower's
@@ -66,6 +71,7 @@ __all__ = [
     "CLIENTAPP_PROCESS_MODES",
     "Backoff",
     "FlowerChangedError",
+    "LinkWatch",
     "PollClock",
     "check_flower",
     "main",
@@ -130,6 +136,18 @@ _FINGERPRINTED: dict[str, str] = {
     ),
     "flwr.supercore.servicer.runtime.runtime_handlers:acquire_task": (
         "e3701406b5547001d679f65d5aeb1ebdaf1e53a680fca9e39455d55ea3b0e003"
+    ),
+    # the Fleet connection's RetryInvoker that `LinkWatch` hooks: made by `_make_fleet_connection_retry_invoker`
+    # (looked up by name in `_init_connection`) from `make_simple_grpc_retry_invoker`, which retries UNAVAILABLE at
+    # most MAX_RETRY_DELAY (20 s) apart and stops the SuperNode (SIGINT) on UNAUTHENTICATED
+    "flwr.supernode.start_client_internal:_init_connection": (
+        "1393636f81d05d40b32e380bee2039a9ddd1bb5b94052e6c9350f6a3b09e0c8c"
+    ),
+    "flwr.supernode.start_client_internal:_make_fleet_connection_retry_invoker": (
+        "2723add5e3c66c5ead5f81adb8690f2ba430c138da662ed11daa8cb3a9c3a280"
+    ),
+    "flwr.supercore.retry.grpc_retry:make_simple_grpc_retry_invoker": (
+        "261143c8938e2b35478aae49b6f20311af6cd608d384fbb4ded6e4184ae3836d"
     ),
 }
 
@@ -307,6 +325,147 @@ def install_poll_patches(clock: PollClock, on_first_pull: Callable[[], None] | N
     sci.time = clock  # type: ignore[assignment]  # the module's only use of `time` is time.sleep
 
 
+# -- the SuperNode's link to its SuperLink ---------------------------------------------------------------------------
+
+#: Flower 1.39's longest pause between two attempts to reach the SuperLink (`flwr.common.constant.MAX_RETRY_DELAY`).
+MAX_RECONNECT_PAUSE = 20
+#: What Flower's SuperLink answers (UNAUTHENTICATED) to a node whose key it does not know (any more).
+UNKNOWN_NODE_DETAIL = "Invalid node ID"
+
+
+class LinkWatch:
+    """Says in the SuperNode's log, naming the SuperLink, what happens to the link and what the operator can do.
+
+    Hooked into the RetryInvoker of the SuperNode's Fleet connection (:meth:`install`), which every call to the
+    SuperLink goes through (pulls, pushes, heartbeats): the first failed call of a streak logs that the SuperLink is
+    lost (or not reachable yet) and that the node keeps retrying; the first successful call after it logs that it is
+    back and after how long; an UNAUTHENTICATED answer logs that the SuperLink refuses this node, and with Flower's
+    "Invalid node ID" that it no longer knows this node's key, and how to register it again (Flower then stops the
+    SuperNode: "SuperNode terminated gracefully.")."""
+
+    def __init__(
+        self, address: str, *, log: Callable[..., None] | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.address = address
+        self._log, self._clock = log or _log, clock
+        self._lock = threading.Lock()
+        self._connected = False  # a call to the SuperLink has succeeded since this SuperNode started
+        self._lost_since: float | None = None
+        self._refused = False  # the refusal was logged: the calls still under way when Flower stops are refused too
+
+    def install(self, invoker: Any) -> Any:
+        """Chain this watch's hooks before `invoker`'s own (Flower's logs and give-up rules are kept); `invoker`."""
+        on_backoff, on_success, should_giveup = invoker.on_backoff, invoker.on_success, invoker.should_giveup
+
+        def backoff(state: Any) -> None:
+            self.failed(state.exception)
+            if on_backoff is not None:
+                on_backoff(state)
+
+        def success(state: Any) -> None:
+            self.succeeded()
+            if on_success is not None:
+                on_success(state)
+
+        def giveup(exc: Exception) -> bool:
+            self.refused(exc)
+            return bool(should_giveup(exc)) if should_giveup is not None else False
+
+        invoker.on_backoff, invoker.on_success, invoker.should_giveup = backoff, success, giveup
+        return invoker
+
+    @staticmethod
+    def _describe(exc: BaseException | None) -> str:
+        code = getattr(exc, "code", None)
+        details = getattr(exc, "details", None)
+        if callable(code):
+            text = str(code())
+            if callable(details) and details():
+                text += f": {details()}"
+            return text
+        return repr(exc)
+
+    def failed(self, exc: BaseException | None) -> None:
+        """A call to the SuperLink failed and will be retried: say so once per streak of failures."""
+        with self._lock:
+            if self._lost_since is not None:
+                return
+            self._lost_since = self._clock()
+            connected = self._connected
+        what = "lost the SuperLink" if connected else "cannot reach the SuperLink"
+        self._log(
+            logging.WARNING,
+            "silofl SuperNode: %s at %s (%s); retrying, at most %d s apart, until it answers. A SuperLink restarted "
+            "with its database (`flower-superlink --database FILE`, as `silofl deploy up` starts it) still knows "
+            "this node, which then reconnects by itself; if it stays away, start it again (`silofl deploy restart "
+            "--dir DIR` for a `silofl deploy up` federation)",
+            what,
+            self.address,
+            self._describe(exc),
+            MAX_RECONNECT_PAUSE,
+        )
+
+    def succeeded(self) -> None:
+        """A call to the SuperLink succeeded: if calls had failed, say that the link is back."""
+        with self._lock:
+            self._connected = True
+            since, self._lost_since = self._lost_since, None
+        if since is not None:
+            self._log(
+                logging.INFO,
+                "silofl SuperNode: reconnected to the SuperLink at %s after %.1f s",
+                self.address,
+                self._clock() - since,
+            )
+
+    def refused(self, exc: BaseException) -> None:
+        """Called for every failed call before Flower decides whether to retry it: an UNAUTHENTICATED answer (on
+        which Flower stops the SuperNode) is logged with what to do, once."""
+        code = getattr(exc, "code", None)
+        if not callable(code) or getattr(code(), "name", "") != "UNAUTHENTICATED":
+            return
+        with self._lock:
+            if self._refused:
+                return
+            self._refused = True
+        details = getattr(exc, "details", None)
+        detail = str(details() if callable(details) else "")
+        if UNKNOWN_NODE_DETAIL in detail:
+            self._log(
+                logging.ERROR,
+                "silofl SuperNode: the SuperLink at %s no longer knows this node's key (%s): it was restarted "
+                "without its database (`--database`), or the key was unregistered. This SuperNode stops. Register "
+                "the key again on the SuperLink: `flwr supernode register NODE.pub CONNECTION` (NODE.pub: this "
+                "node's public key), then start this node again with the same command and state-dir (`silofl "
+                "deploy restart --dir DIR` for a `silofl deploy up` federation)",
+                self.address,
+                detail,
+            )
+        else:
+            self._log(
+                logging.ERROR,
+                "silofl SuperNode: the SuperLink at %s refuses this node (UNAUTHENTICATED: %s). This SuperNode "
+                "stops; check its key and the clocks of both hosts, then start it again",
+                self.address,
+                detail,
+            )
+
+
+def install_link_watch(address: str) -> LinkWatch:
+    """Hook a :class:`LinkWatch` for `address` into the Fleet connection's RetryInvoker of Flower's SuperNode (made
+    when the SuperNode connects, by `_make_fleet_connection_retry_invoker`, which `_init_connection` calls by name)."""
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    make_invoker = getattr(sci, "_silofl_make_invoker", sci._make_fleet_connection_retry_invoker)
+    watch = LinkWatch(address)
+
+    def make_watched_invoker(*args: Any, **kwargs: Any) -> Any:
+        return watch.install(make_invoker(*args, **kwargs))
+
+    sci._silofl_make_invoker = make_invoker  # Flower's, so that installing twice does not chain two watches
+    sci._make_fleet_connection_retry_invoker = make_watched_invoker
+    return watch
+
+
 # -- the SuperNode, with its ClientApp worker ------------------------------------------------------------------------
 
 
@@ -397,6 +556,7 @@ def supernode_main(argv: Sequence[str], clientapp_process: str = "long-lived") -
             raise SystemExit("--superexec-auth-secret-file is not supported by silofl's ClientApp worker")
         command = _worker_command(kwargs, per_message=clientapp_process == "per-message")
         launch["start"] = _WorkerSupervisor(command).start
+        install_link_watch(str(kwargs["server_address"]))
         return start_client_internal(**kwargs)
 
     cli.start_client_internal = with_worker

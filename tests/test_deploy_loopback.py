@@ -60,11 +60,12 @@ def keys(tmp_path_factory: pytest.TempPathFactory):
     return make_certs(tmp_path_factory.mktemp("keys"), 1)
 
 
-def test_supernode_command_is_secure_by_default(silo_dir: Path, keys) -> None:
+def test_supernode_command_is_secure_by_default(silo_dir: Path, keys, tmp_path: Path) -> None:
+    state = tmp_path / "state"
     args = _silo_args(
         ["--data", str(silo_dir), "--superlink", "link.example:9092", "--root-certificates", str(keys.ca_cert),
          "--auth-key", str(keys.silo_keys[0]), "--epsilon-budget", "0.5", "--deterministic-noise",
-         "--clientapp-port", "9200"]
+         "--clientapp-port", "9200", "--state-dir", str(state)]
     )  # fmt: skip
     command = supernode_command(args)
     assert command[:8] == [
@@ -77,12 +78,19 @@ def test_supernode_command_is_secure_by_default(silo_dir: Path, keys) -> None:
     assert command[command.index("--auth-supernode-private-key") + 1] == str(keys.silo_keys[0].resolve())
     assert command[command.index("--port") + 1] == "9200"
     node_config = command[command.index("--node-config") + 1]
-    assert node_config == f"data-path='{silo_dir.resolve()}' epsilon-budget=0.5 deterministic-noise=true"
+    assert node_config == (
+        f"data-path='{silo_dir.resolve()}' epsilon-budget=0.5 state-dir='{state.resolve()}' deterministic-noise=true"
+    )
     # Flower parses it back to what the ClientApp reads (a path with a space survives).
     from flwr.common.config import parse_config_args
 
     parsed = parse_config_args([node_config])
-    assert parsed == {"data-path": str(silo_dir.resolve()), "epsilon-budget": 0.5, "deterministic-noise": True}
+    assert parsed == {
+        "data-path": str(silo_dir.resolve()),
+        "epsilon-budget": 0.5,
+        "state-dir": str(state.resolve()),
+        "deterministic-noise": True,
+    }
     # the other runtimes: the same flower-supernode arguments, run by silofl's runtime or by Flower's command
     per_message = supernode_command(_silo_args([*args_list(args), "--runtime", "per-message"]))
     assert per_message[4:6] == ["--clientapp-process", "per-message"] and "--isolation" in per_message
@@ -98,7 +106,7 @@ def args_list(args: argparse.Namespace) -> list[str]:
     flags += ["--epsilon-budget", str(args.epsilon_budget)] + (
         ["--deterministic-noise"] if args.deterministic_noise else []
     )
-    return flags
+    return flags + (["--state-dir", str(args.state_dir)] if args.state_dir is not None else [])
 
 
 def test_supernode_command_requires_tls_and_key_unless_insecure(silo_dir: Path, keys) -> None:
@@ -126,7 +134,7 @@ def test_silo_start_passes_state_dir_and_trusted_server_consent(silo_dir: Path, 
     base = ["--data", str(silo_dir), "--superlink", "127.0.0.1:9092", "--insecure"]
     plain = supernode_command(_silo_args(base))
     config = plain[plain.index("--node-config") + 1]
-    assert "state-dir" not in config and "allow-trusted-server" not in config
+    assert "allow-trusted-server" not in config  # (a state-dir without --state-dir is client/silo_cli.py's default)
     command = supernode_command(_silo_args([*base, "--state-dir", str(tmp_path / "state"), "--allow-trusted-server"]))
     # Flower reads key=value pairs whose values are TOML (paths are literal strings and may hold spaces)
     text = command[command.index("--node-config") + 1]
@@ -195,6 +203,7 @@ def test_silo_start_puts_a_party_folders_role_in_the_node_config(party_root: Pat
         assert args.func(args) == 0
         captured = capsys.readouterr()
         config = _node_config(captured.out)
+        config.pop("state-dir", None)  # client/silo_cli.py's default state folder, if it gives one
         assert config == {"data-path": str((party_root / folder).resolve()), "role": role}
         party_id, of = (0, 1) if role == "sensitive" else (1, 3)
         assert f"{'feature' if role == 'features' else role} party {party_id} of {of} (synthetic)" in captured.err
@@ -352,6 +361,11 @@ def test_federation_is_up_with_tls_and_authentication(federation: local.Deployme
     assert "[superlink.silofl-local]" in config and "root-certificates" in config and "insecure" not in config
     link_log = Path(federation.processes[0].log).read_text()
     assert "--enable-supernode-auth" in link_log and "SuperNode authentication is disabled" not in link_log
+    # state by default: the SuperLink's database and each silo's own state-dir, under the deployment's folder
+    assert f"--database {Path(federation.dir) / 'state' / 'superlink.db'}" in link_log.splitlines()[0]
+    for proc in federation.processes[1:]:
+        first_line = Path(proc.log).read_text().splitlines()[0]
+        assert f"state-dir='{Path(federation.dir) / 'state' / proc.name}'" in first_line
     done = subprocess.run(
         [str(local._bin_dir() / "flwr"), "supernode", "ls", federation.connection, "--format", "json"],
         env=local.flower_env(Path(federation.flwr_home)),

@@ -1,7 +1,8 @@
 """silofl in docker compose, end to end: images built from a local Debian base, a SuperLink and three silos with TLS
 and SuperNode authentication, a 2-round FedAvg run submitted with `flwr run`, its result.json read back; then a
 census-style federation of parties (docker-compose.parties.yml: one sensitive party, three feature parties) running
-a 2-round SteFFLe, from the same images (built once for the module).
+a 2-round SteFFLe, from the same images (built once for the module). First, without Docker, the compose files as
+written: the SuperLink's database and every node's state folder are on volumes that survive restarts.
 
 Sets up what it needs and stops what it started: without a running Docker engine it installs `docker.io
 docker-compose debootstrap` (apt-get, as root) and starts `dockerd` in the background with its own data root under
@@ -36,6 +37,76 @@ ROUNDS = 2
 APP_UID = 49999  # the containers' user (`app`, as in Flower's images)
 CONNECTION = "silofl-docker"
 CACHE = Path(os.environ.get("SILOFL_DOCKER_CACHE", Path.home() / ".cache" / "silofl" / "docker"))
+
+
+# --- the compose files as written (no Docker) ------------------------------------------------------------------------
+
+
+def _compose(path: Path) -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load(path.read_text())
+
+
+def _flag(command: list[str], flag: str) -> str | None:
+    """The value of `--flag=value` in a service's command list (the form the compose files use), None if absent."""
+    values = [arg.split("=", 1)[1] for arg in command if arg.startswith(flag + "=")]
+    assert len(values) <= 1, f"{flag} given {len(values)} times in {command}"
+    return values[0] if values else None
+
+
+def _mounts(service: dict) -> list[tuple[str, str, str]]:
+    """(source, target, mode) of a service's short-syntax volumes (a source may hold `${VAR:-default}`)."""
+    found = []
+    for entry in service.get("volumes", []):
+        if entry.rsplit(":", 1)[1] in ("ro", "rw"):
+            source, target, mode = entry.rsplit(":", 2)
+        else:
+            (source, target), mode = entry.rsplit(":", 1), "rw"
+        found.append((source, target, mode))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("compose_file", "count"), [(COMPOSE_FILE, SILOS), (PARTIES_COMPOSE_FILE, SILOS + 1)], ids=["silos", "parties"]
+)
+def test_every_node_keeps_its_state_in_a_volume_of_its_own(compose_file: Path, count: int) -> None:
+    """Every silo or party passes `--state-dir` (node config state-dir: its privacy ledger and journaled answers) and
+    mounts a named volume there, writable, declared in the file, used by no other service: a restarted container
+    continues its runs and never forgets what it spent."""
+    doc = _compose(compose_file)
+    declared = set(doc.get("volumes") or {})
+    nodes = {name: svc for name, svc in doc["services"].items() if name != "superlink"}
+    assert len(nodes) == count and all("--data=/data" in svc["command"] for svc in nodes.values())
+    owners: dict[str, str] = {}
+    for name, service in nodes.items():
+        state = _flag(service["command"], "--state-dir")
+        assert state, f"{compose_file.name}: {name} has no --state-dir (its ledger would not survive a restart)"
+        (mount,) = [m for m in _mounts(service) if m[1] == state] or [None]
+        assert mount is not None, f"{compose_file.name}: {name}: nothing is mounted at its --state-dir {state}"
+        source, _, mode = mount
+        assert source in declared, f"{name}: {source} at {state} is not a named volume of the file"
+        assert mode == "rw", f"{name}: its state volume is mounted {mode}"
+        assert source not in owners, f"{name} and {owners.get(source)} share the state volume {source}"
+        owners[source] = name
+        data = [m for m in _mounts(service) if m[1] == "/data"]
+        assert len(data) == 1 and data[0][2] == "ro"  # its data read-only, as before
+
+
+def test_the_superlink_keeps_its_database_on_a_volume() -> None:
+    """`--database` under a named volume (registered keys, runs survive a restart); the parties' file uses the same
+    SuperLink (`extends`) and declares that volume too; the images create /app/state for user app, so a fresh named
+    volume mounted there is writable by the containers' uid."""
+    doc = _compose(COMPOSE_FILE)
+    link = doc["services"]["superlink"]
+    database = _flag(link["command"], "--database")
+    assert database == "/app/state/superlink.db"
+    (mount,) = [m for m in _mounts(link) if m[1] == str(Path(database).parent)]
+    assert mount[0] in set(doc["volumes"]) and mount[2] == "rw"
+    parties = _compose(PARTIES_COMPOSE_FILE)
+    assert parties["services"]["superlink"]["extends"] == {"file": "docker-compose.yml", "service": "superlink"}
+    assert mount[0] in set(parties["volumes"])
+    dockerfile = (DOCKER_DIR / "Dockerfile").read_text()
+    assert "mkdir -p /app/runs /app/state" in dockerfile and "chown app:app /app/runs /app/state" in dockerfile
 
 
 def _in_ci() -> bool:

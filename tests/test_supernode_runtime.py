@@ -139,6 +139,102 @@ def test_object_pulls_retry_within_milliseconds(monkeypatch) -> None:
     assert rt.time.monotonic() - t0 < 0.5  # three misses: about 35 ms instead of Flower's 7 s
 
 
+# --- what the SuperNode says about its SuperLink -------------------------------------------------------------------
+
+
+class _RpcError(Exception):
+    """Stands in for a grpc.RpcError: `code()` and `details()`."""
+
+    def __init__(self, code: str, details: str) -> None:
+        import grpc
+
+        super().__init__(details)
+        self._code, self._details = getattr(grpc.StatusCode, code), details
+
+    def code(self):
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_link_watch_says_once_that_the_superlink_is_lost_and_when_it_is_back() -> None:
+    now, _, clock, _ = _fake_time()
+    said: list[tuple[int, str]] = []
+    watch = rt.LinkWatch(
+        "link.example:9092", log=lambda level, text, *args: said.append((level, text % args)), clock=clock
+    )
+    down = _RpcError("UNAVAILABLE", "failed to connect to all addresses")
+    watch.failed(down)  # before any success: not reachable yet
+    watch.succeeded()
+    assert [level for level, _ in said] == [rt.logging.WARNING, rt.logging.INFO]
+    assert said[0][1].startswith(
+        "silofl SuperNode: cannot reach the SuperLink at link.example:9092 (StatusCode.UNAVAILABLE"
+    )
+    said.clear()
+    watch.succeeded()  # nothing was lost: nothing to say
+    watch.failed(down)
+    now[0] += 12.5
+    watch.failed(down)  # the same streak: said once
+    watch.succeeded()
+    assert len(said) == 2
+    assert said[0][1].startswith(
+        "silofl SuperNode: lost the SuperLink at link.example:9092 (StatusCode.UNAVAILABLE: failed to connect to all "
+        "addresses); retrying, at most 20 s apart"
+    )
+    assert "silofl deploy restart --dir DIR" in said[0][1]
+    assert said[1] == (
+        rt.logging.INFO,
+        "silofl SuperNode: reconnected to the SuperLink at link.example:9092 after 12.5 s",
+    )
+
+
+def test_link_watch_names_the_fix_when_the_superlink_forgets_the_node() -> None:
+    said: list[tuple[int, str]] = []
+    watch = rt.LinkWatch("127.0.0.1:9092", log=lambda level, text, *args: said.append((level, text % args)))
+    watch.refused(_RpcError("UNAVAILABLE", "down"))  # retried, not refused: nothing said
+    watch.refused(_RpcError("UNAUTHENTICATED", "Invalid node ID"))
+    watch.refused(_RpcError("UNAUTHENTICATED", "Invalid node ID"))  # a heartbeat refused while Flower stops: said once
+    assert [level for level, _ in said] == [rt.logging.ERROR]
+    assert said[0][1].startswith(
+        "silofl SuperNode: the SuperLink at 127.0.0.1:9092 no longer knows this node's key (Invalid node ID)"
+    )
+    assert "`flwr supernode register NODE.pub CONNECTION`" in said[0][1] and "same command and state-dir" in said[0][1]
+    other = rt.LinkWatch("127.0.0.1:9092", log=lambda level, text, *args: said.append((level, text % args)))
+    other.refused(_RpcError("UNAUTHENTICATED", "Invalid timestamp"))
+    assert said[1][1].startswith("silofl SuperNode: the SuperLink at 127.0.0.1:9092 refuses this node (UNAUTHENTICATED")
+
+
+def test_link_watch_hooks_the_fleet_connections_retry_invoker_and_keeps_flowers_rules(monkeypatch) -> None:
+    """Installed into Flower's own invoker factory (the one `_init_connection` calls by name): the watch sees every
+    failed call first, Flower still logs, retries UNAVAILABLE and gives up on other codes."""
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    flowers = sci._make_fleet_connection_retry_invoker
+    monkeypatch.setattr(sci, "_make_fleet_connection_retry_invoker", flowers)  # restored after the test
+    monkeypatch.setattr(sci, "_silofl_make_invoker", flowers, raising=False)
+    said: list[str] = []
+    monkeypatch.setattr(rt, "_log", lambda level, text, *args: said.append(text % args))
+    rt.install_link_watch("127.0.0.1:9092")
+    rt.install_link_watch("127.0.0.1:9092")  # installing twice does not chain two watches
+    invoker = sci._make_fleet_connection_retry_invoker(max_retries=3)
+    invoker.wait_function = lambda seconds: None
+    calls = iter([_RpcError("UNAVAILABLE", "down"), _RpcError("UNAVAILABLE", "down"), None])
+
+    def call() -> str:
+        error = next(calls)
+        if error is not None:
+            raise error
+        return "pulled"
+
+    invoker.recoverable_exceptions = _RpcError  # Flower's: grpc.RpcError, which the stand-in does not derive from
+    assert invoker.invoke(call) == "pulled"
+    assert len(said) == 2
+    assert said[0].startswith("silofl SuperNode: cannot reach the SuperLink at 127.0.0.1:9092 (StatusCode.UNAVAILABLE")
+    assert said[1].startswith("silofl SuperNode: reconnected to the SuperLink at 127.0.0.1:9092 after ")
+    with pytest.raises(_RpcError):  # Flower gives up on codes it does not retry
+        invoker.invoke(lambda: (_ for _ in ()).throw(_RpcError("INVALID_ARGUMENT", "bad")))
+
+
 # --- the supernode command ----------------------------------------------------------------------------------------
 
 

@@ -2,8 +2,16 @@
 
     silofl deploy certs --out DIR [--silos N] [--topology T [--sensitive-parties S]] [--hosts NAME,...] [--overwrite]
     silofl deploy up --dir DIR --silos N [--topology T [--sensitive-parties S]] [--data SPLITDIR] [--insecure]
-        [--runtime long-lived|per-message|flower]
+        [--runtime long-lived|per-message|flower] [--no-database]
+    silofl deploy status --dir DIR
+    silofl deploy restart --dir DIR [--node NAME ...]
     silofl deploy down --dir DIR
+
+`up` keeps what must outlive the processes in DIR/state: the SuperLink's database (`--database
+DIR/state/superlink.db`: registered SuperNode keys, runs) and one `state-dir` per SuperNode (DIR/state/silo_k: its
+privacy ledger and journaled answers). `status` says which processes run; `restart` starts again the ones that do
+not (or the ones named, stopped first), each with its exact command, state folder and database, so that a run
+stopped by a killed SuperNode or SuperLink continues with `resume` (docs/FAULTS.md).
 
 `--topology` (silos, the default; divided, central-sensitive, general: `server.deploy.topology`) deploys separate
 feature and sensitive parties instead of silos: N = `--silos` feature parties and the topology's sensitive parties
@@ -19,7 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["add_deploy_parser", "certs_command", "down_command", "up_command"]
+__all__ = ["add_deploy_parser", "certs_command", "down_command", "restart_command", "status_command", "up_command"]
 
 
 def _hosts(text: str) -> list[str]:
@@ -68,6 +76,7 @@ def up_command(args: argparse.Namespace) -> int:
             topology=args.topology,
             sensitive_parties=args.sensitive_parties,
             runtime=args.runtime,
+            database=not args.no_database,
         )
     except DeployError as exc:
         print(f"silofl deploy up: {exc}", file=sys.stderr)
@@ -76,9 +85,51 @@ def up_command(args: argparse.Namespace) -> int:
     print(f"SuperLink: Fleet API {dep.fleet_address}, Control API {dep.control_address}; {mode}; runtime {dep.runtime}")
     for proc in dep.processes:
         print(f"  {proc.name:<12} pid {proc.pid:<8} log {proc.log}")
+    database = dep.database or "none (--no-database: the SuperLink keeps its state in memory)"
+    print(f"state (kept across restarts): database {database}; each node's state-dir {dep.state}/NAME")
     print("submit a run from the project folder:")
     print(f"  {dep.submit_command(str(Path(dep.dir) / 'out'))}")
+    print(f"after a process died: silofl deploy restart --dir {dep.dir}, then resubmit with resume=true")
     print(f"stop: silofl deploy down --dir {dep.dir}")
+    return 0
+
+
+def status_command(args: argparse.Namespace) -> int:
+    """Print every process of the deployment and whether it runs; exit 0 if all run, 1 if not (or no deployment)."""
+    from server.deploy.local import DeployError, status
+
+    try:
+        processes = status(args.dir)
+    except DeployError as exc:
+        print(f"silofl deploy status: {exc}", file=sys.stderr)
+        return 1
+    for proc, alive in processes:
+        print(f"  {proc.name:<12} {'running' if alive else 'NOT RUNNING':<12} pid {proc.pid:<8} log {proc.log}")
+    dead = [proc.name for proc, alive in processes if not alive]
+    if dead:
+        print(f"not running: {', '.join(dead)}; start them again with: silofl deploy restart --dir {args.dir}")
+        return 1
+    return 0
+
+
+def restart_command(args: argparse.Namespace) -> int:
+    """Start again the processes that do not run (or those named by --node), as `up` started them."""
+    from server.deploy.local import DeployError, restart, status
+
+    try:
+        restarted = restart(args.dir, args.node, grace=args.grace, say=lambda text: print(text, flush=True))
+    except DeployError as exc:
+        print(f"silofl deploy restart: {exc}", file=sys.stderr)
+        return 1
+    if not restarted:
+        print(f"every process of {args.dir} is running; name one with --node NAME to restart it anyway")
+        return 0
+    for proc in restarted:
+        print(f"restarted {proc.name:<12} pid {proc.pid:<8} log {proc.log}")
+    names = {proc.name for proc in restarted}
+    if "superlink" in names and len(names) < len(status(args.dir)):
+        print("the SuperNodes that kept running reconnect by themselves within 20 s (their logs say when)")
+    print("a run that stopped continues with its run config plus resume=true (the same out-dir)")
     return 0
 
 
@@ -116,7 +167,7 @@ def _add_topology_flags(parser: argparse.ArgumentParser, nodes: str) -> None:
 
 
 def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register `deploy certs|up|down` on an argparse subparsers object (e.g. the `silofl` command's)."""
+    """Register `deploy certs|up|status|restart|down` on an argparse subparsers object (e.g. the `silofl` command's)."""
     from client.silo_cli import DEFAULT_RUNTIME, RUNTIMES
     from server.deploy.certs import DEFAULT_HOSTS
 
@@ -164,6 +215,12 @@ def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--insecure", action="store_true", help="no TLS and no authentication")
     up.add_argument(
+        "--no-database",
+        action="store_true",
+        help="keep the SuperLink's state in memory, not in DIR/state/superlink.db: cheaper rounds, but a restarted "
+        "SuperLink has forgotten the SuperNodes (`deploy restart` then restarts them too) and the runs",
+    )
+    up.add_argument(
         "--runtime",
         choices=RUNTIMES,
         default=DEFAULT_RUNTIME,
@@ -172,6 +229,33 @@ def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
         "or flower (Flower's stock SuperNode)",
     )
     up.set_defaults(func=up_command)
+
+    status = sub.add_parser(
+        "status",
+        help="which processes of a `deploy up` federation run",
+        description="List the processes of DIR and whether each runs; exit 1 if one does not.",
+    )
+    status.add_argument("--dir", type=Path, required=True, metavar="DIR")
+    status.set_defaults(func=status_command)
+
+    restart = sub.add_parser(
+        "restart",
+        help="start again the processes of DIR that died (or those named)",
+        description="Start again, with the exact command `deploy up` used (the SuperLink with its database, each "
+        "SuperNode with its key and state-dir), every process of DIR that is not running, or those named with "
+        "--node (stopped first if they run); returns once they are up. A run that stopped continues with resume.",
+    )
+    restart.add_argument("--dir", type=Path, required=True, metavar="DIR")
+    restart.add_argument(
+        "--node",
+        action="append",
+        metavar="NAME",
+        help="superlink, silo_K, features_K or sensitive_C (repeatable; default: every process that is not running)",
+    )
+    restart.add_argument(
+        "--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL for a running one (default 10)"
+    )
+    restart.set_defaults(func=restart_command)
 
     down = sub.add_parser("down", help="stop what `deploy up` started", description="Stop the processes of DIR.")
     down.add_argument("--dir", type=Path, required=True, metavar="DIR")

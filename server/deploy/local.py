@@ -17,8 +17,19 @@ SuperNode); with one of silofl's, the SuperLink's SuperExec also polls for new S
 * `superlink/`: the SuperLink's FLWR_HOME (it installs each submitted app under `apps/`) and working directory:
   the ServerApp runs there, so a relative run-config `out-dir` lands under `DIR/superlink/`;
 * `silo_k/` (`features_k/`, `sensitive_c/`): that SuperNode's FLWR_HOME and working directory;
-* `logs/`: one log per process; `flwr_home/config.toml`: the `silofl-local` connection for `flwr run`;
-* `deploy.json`: pids (with their start times, so a recycled pid is never signalled), ports and paths.
+* `state/`: what must outlive the processes (owner-only): `state/superlink.db`, the SuperLink's database
+  (`--database`: registered SuperNode keys, runs, messages), and `state/silo_k/` (`state/features_k/`, ...), each
+  node's `state-dir` (node config): its privacy ledger and journaled answers (:mod:`client.privacy_state`), so that a
+  node restarted mid-run continues the run, and a run resumed after a SuperLink restart finds every node's ledger;
+* `logs/`: one log per process (a restarted process appends to its log); `flwr_home/config.toml`: the
+  `silofl-local` connection for `flwr run`;
+* `deploy.json`: pids (with their start times, so a recycled pid is never signalled), ports, paths, and each
+  process's exact command line and working directory, which :func:`restart` starts again.
+
+A process that died (killed, its machine restarted) comes back with :func:`restart` (`silofl deploy restart --dir
+DIR [--node NAME ...]`): the same command, the same state folder or database. SuperNodes that lost a restarted
+SuperLink reconnect to it by themselves (Flower retries, at most 20 s apart) since the database kept their
+registrations; a run that stopped continues with `resume` (docs/FAULTS.md).
 
 Every process is started in its own session (process group = its pid): `down` signals each group, and any
 process that descends from ours (Flower's SuperExec, ServerApp and ClientApp processes), SIGTERM first, SIGKILL
@@ -35,7 +46,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,6 +62,7 @@ __all__ = [
     "flower_env",
     "free_port",
     "register_supernodes",
+    "restart",
     "start_supernode",
     "up",
     "write_connection_config",
@@ -58,6 +70,10 @@ __all__ = [
 
 CONNECTION = "silofl-local"
 STATE_FILE = "deploy.json"
+#: DIR/state: the SuperLink's database and every node's state-dir, kept across restarts and `down`/`up`.
+STATE_DIR = "state"
+#: The SuperLink's database file in DIR/state (`flower-superlink --database`).
+DATABASE_FILE = "superlink.db"
 STARTUP_TIMEOUT = 60.0
 #: FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the SuperLink (its SuperExec starts each run's ServerApp): a run starts
 #: within 0.5 s of `flwr run` instead of 1 s; idle, two local HTTP requests a second (0.1 s would cost ~1% of a core
@@ -72,13 +88,20 @@ class DeployError(RuntimeError):
 
 @dataclass
 class ProcessInfo:
-    """One process `up` started."""
+    """One process `up` (or `restart`) started, and what it takes to start it again."""
 
     name: str
     pid: int
     start_time: int  # /proc/<pid>/stat field 22: tells our process from a later one that reuses the pid
     log: str
     port: int = 0
+    #: the exact command line, its working directory (also its FLWR_HOME) and the variables set on top of
+    #: :func:`flower_env`: what :func:`restart` runs again (empty in a deploy.json written before restarts existed)
+    command: list[str] = field(default_factory=list)
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    #: the size of `log` when this process started (a restarted process appends to the log of its predecessor)
+    log_start: int = 0
 
 
 @dataclass
@@ -97,6 +120,9 @@ class Deployment:
     topology: str = "silos"
     sensitive_parties: int = 0
     runtime: str = DEFAULT_RUNTIME
+    #: the SuperLink's database (`--database`) and the folder of every node's state-dir ("" before they existed)
+    database: str = ""
+    state: str = ""
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE
@@ -136,6 +162,19 @@ class Deployment:
     def layout(self) -> NodeLayout:
         """The nodes this deployment runs (its topology)."""
         return NodeLayout(self.topology, self.num_silos, self.sensitive_parties)
+
+    def process(self, name: str) -> ProcessInfo:
+        """The process called `name` (superlink, silo_0, ...); DeployError naming the deployment's processes."""
+        for proc in self.processes:
+            if proc.name == name:
+                return proc
+        known = ", ".join(p.name for p in self.processes) or "none"
+        raise DeployError(f"{self.dir} has no process named {name!r}; its processes: {known}")
+
+    def replace(self, proc: ProcessInfo) -> None:
+        """Record `proc` in place of the process of the same name (a restart) and save deploy.json."""
+        self.processes = [proc if p.name == proc.name else p for p in self.processes]
+        self.save()
 
 
 def free_port() -> int:
@@ -235,23 +274,49 @@ def _log_tail(path: str | Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _spawn(name: str, command: list[str], *, cwd: Path, env: dict[str, str], log: Path, port: int = 0) -> ProcessInfo:
+def _spawn(
+    name: str, command: list[str], *, cwd: Path, log: Path, port: int = 0, env: dict[str, str] | None = None
+) -> ProcessInfo:
+    """Start `command` in its own session, in `cwd` with :func:`flower_env` (FLWR_HOME = `cwd`) plus `env`, its
+    output appended to `log` after a `$ command` line; everything :func:`restart` needs is in the result."""
+    extra = dict(env or {})
     cwd.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
+        log_start = fh.tell()
         fh.write(f"$ {' '.join(command)}\n".encode())
         fh.flush()
         proc = subprocess.Popen(
             command,
             cwd=cwd,
-            env=env,
+            env={**flower_env(cwd), **extra},
             stdout=fh,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
     stat = _proc_stat(proc.pid)
-    return ProcessInfo(name=name, pid=proc.pid, start_time=stat[2] if stat else 0, log=str(log), port=port)
+    return ProcessInfo(
+        name=name,
+        pid=proc.pid,
+        start_time=stat[2] if stat else 0,
+        log=str(log),
+        port=port,
+        command=list(command),
+        cwd=str(cwd),
+        env=extra,
+        log_start=log_start,
+    )
+
+
+def _log_since(proc: ProcessInfo) -> str:
+    """What `proc` wrote to its log (not its predecessors' lines, when it is a restarted process)."""
+    try:
+        with open(proc.log, "rb") as fh:
+            fh.seek(proc.log_start)
+            return fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _wait_until(check, proc: ProcessInfo, what: str, timeout: float) -> None:
@@ -298,15 +363,23 @@ def write_connection_config(
     return path
 
 
-def register_supernodes(public_keys: Sequence[Path], flwr_home: Path, connection: str = CONNECTION) -> list[int]:
-    """Register SuperNode public keys on the SuperLink (`flwr supernode register`); their node ids, in order."""
+#: What `flwr supernode register` answers (Flower 1.39, code 23) for a key the SuperLink's database already holds.
+ALREADY_REGISTERED = "Public key already in use"
+
+
+def register_supernodes(public_keys: Sequence[Path], flwr_home: Path, connection: str = CONNECTION) -> list[int | None]:
+    """Register SuperNode public keys on the SuperLink (`flwr supernode register`); their node ids, in order, None
+    for a key the SuperLink already knows (its database kept it: a restarted SuperLink, `up` again after `down`)."""
     env = flower_env(Path(flwr_home))
-    node_ids = []
+    node_ids: list[int | None] = []
     for key in public_keys:
         command = [str(_bin_dir() / "flwr"), "supernode", "register", str(key), connection, "--format", "json"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
         start = done.stdout.find("{")
         reply = json.loads(done.stdout[start:]) if start >= 0 else {}
+        if done.returncode == 0 and not reply.get("success") and ALREADY_REGISTERED in str(reply.get("error-message")):
+            node_ids.append(None)
+            continue
         if done.returncode != 0 or not reply.get("success"):
             raise DeployError(
                 f"registering {key} failed (exit {done.returncode}): {(done.stdout + done.stderr).strip()[-800:]}"
@@ -324,11 +397,13 @@ def start_supernode(
     port: int | None = None,
     role: str | None = None,
     runtime: str | None = None,
+    state_dir: Path | None = None,
 ) -> ProcessInfo:
     """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for.
 
     `role` (silo, features, sensitive) defaults to the one the folder's info.json names, as `silofl silo start`'s;
-    `runtime` to the deployment's.
+    `runtime` to the deployment's; `state_dir` (the node config's `state-dir`, where the node keeps its privacy
+    ledger and journaled answers across restarts) to DIR/state/`name`.
     """
     from argparse import Namespace
 
@@ -336,6 +411,8 @@ def start_supernode(
 
     root = Path(dep.dir)
     port = port or free_port()
+    if state_dir is None:
+        state_dir = _private_dir(Path(dep.state or root / STATE_DIR) / name)
     args = Namespace(
         data=Path(data),
         superlink=dep.fleet_address,
@@ -348,21 +425,23 @@ def start_supernode(
         role=role,
         runtime=runtime or dep.runtime,
         supernode_executable=str(_bin_dir() / "flower-supernode"),
+        state_dir=state_dir,
     )
     command = supernode_command(args)
-    return _spawn(
-        name, command, cwd=root / name, env=flower_env(root / name), log=root / "logs" / f"{name}.log", port=port
-    )
+    return _spawn(name, command, cwd=root / name, log=root / "logs" / f"{name}.log", port=port)
+
+
+def _private_dir(path: Path) -> Path:
+    """`path`, created readable by its owner only (a state-dir holds a silo's ledger and answers)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
 
 
 def wait_for_supernode(proc: ProcessInfo, timeout: float = STARTUP_TIMEOUT) -> None:
-    """Until the SuperNode has been accepted by the SuperLink (it logs its node id); DeployError if it exits."""
-    _wait_until(
-        lambda: "SuperNode ID:" in Path(proc.log).read_text(errors="replace"),
-        proc,
-        "connecting to the SuperLink",
-        timeout,
-    )
+    """Until the SuperNode has been accepted by the SuperLink (it logs its node id; a restarted one, after its
+    start); DeployError if it exits."""
+    _wait_until(lambda: "SuperNode ID:" in _log_since(proc), proc, "connecting to the SuperLink", timeout)
 
 
 def _silo_folders(data: Path | None, silos: int, root: Path) -> list[Path]:
@@ -472,11 +551,17 @@ def up(
     topology: str = "silos",
     sensitive_parties: int | None = None,
     runtime: str = DEFAULT_RUNTIME,
+    database: bool = True,
 ) -> Deployment:
     """Start a SuperLink (TLS + SuperNode authentication unless `insecure`) and the SuperNodes of `topology` on
     loopback: `silos` silos, or `silos` feature parties and the topology's sensitive parties (`sensitive_parties`
     for topology general), each with its own key pair and its role, each run by `runtime` (`silofl silo start
-    --runtime`).
+    --runtime`), each with its state-dir DIR/state/NAME.
+
+    The SuperLink keeps its state in DIR/state/superlink.db (`--database`) unless `database` is False (`silofl
+    deploy up --no-database`): then in memory, which makes rounds cheaper (its SQLite state costs CPU on every poll
+    of every SuperNode: docs/DEPLOYMENT.md) but forgets the registrations when it restarts (:func:`restart` then
+    starts the SuperNodes again too).
 
     Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
     """
@@ -505,6 +590,7 @@ def up(
         except CertError as exc:
             raise DeployError(f"certificates: {exc}") from None
     fleet_port, control_port = free_port(), free_port()
+    state = _private_dir(root / STATE_DIR)
     dep = Deployment(
         dir=str(root),
         insecure=insecure,
@@ -516,12 +602,15 @@ def up(
         topology=layout.topology,
         sensitive_parties=layout.sensitive,
         runtime=runtime,
+        database=str(state / DATABASE_FILE) if database else "",
+        state=str(state),
     )
     command = [
         str(_bin_dir() / "flower-superlink"),
         "--fleet-api-address", dep.fleet_address,
         "--host", "127.0.0.1",
         "--port", str(control_port),
+        *(["--database", dep.database] if dep.database else []),
         "--disable-runtime-dependency-installation",
     ]  # fmt: skip
     if insecure:
@@ -534,26 +623,20 @@ def up(
             "--enable-supernode-auth",
         ]  # fmt: skip
     try:
-        link_home = root / "superlink"
-        link_env = flower_env(link_home)
-        if runtime != "flower":
-            link_env.setdefault(SUPEREXEC_POLL_ENV, SUPERLINK_SUPEREXEC_POLL)
+        link_env = {}
+        if runtime != "flower" and SUPEREXEC_POLL_ENV not in os.environ:
+            link_env[SUPEREXEC_POLL_ENV] = SUPERLINK_SUPEREXEC_POLL
         link = _spawn(
             "superlink",
             command,
-            cwd=link_home,
+            cwd=root / "superlink",
             env=link_env,
             log=root / "logs" / "superlink.log",
             port=fleet_port,
         )
         dep.processes.append(link)
         dep.save()
-        _wait_until(
-            lambda: _port_open(fleet_port) and _port_open(control_port),
-            link,
-            "starting its Fleet and Control APIs",
-            timeout,
-        )
+        _wait_for_superlink(dep, link, timeout)
         write_connection_config(
             Path(dep.flwr_home),
             dep.control_address,
@@ -566,12 +649,136 @@ def up(
             key = None if insecure else certs.silo_keys[k]
             dep.processes.append(start_supernode(dep, name, folder, auth_key=key, role=role))
             dep.save()
-        for proc in dep.processes[1:]:
-            wait_for_supernode(proc, timeout)
+        for proc in list(dep.processes[1:]):
+            # a node of this folder's database killed less than a minute ago (e.g. by `down`'s SIGKILL) still
+            # counts as online there: started again until it is accepted, as by `restart`
+            _wait_for_restarted_supernode(dep, proc, timeout, say=lambda text: None)
     except BaseException:
         down(root)
         raise
     return dep
+
+
+def _port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _wait_for_superlink(dep: Deployment, link: ProcessInfo, timeout: float) -> None:
+    """Until the SuperLink's Fleet and Control APIs accept connections; DeployError if it exits."""
+    fleet, control = _port_of(dep.fleet_address), _port_of(dep.control_address)
+    _wait_until(lambda: _port_open(fleet) and _port_open(control), link, "starting its Fleet and Control APIs", timeout)
+
+
+def _stop_with_leftovers(proc: ProcessInfo, grace: float) -> list[int]:
+    """Stop `proc` if it runs, and whatever of it is left (SuperExec, ServerApp, ClientApp processes: a killed
+    SuperLink's ServerApp may still be writing the run's out-dir, which a resumed run writes too); the pids."""
+    ours = [proc.pid] if _alive(proc) else []
+    pids = ours + [pid for pid in _descendants([proc]) if pid not in ours]
+    _stop(pids, grace)
+    return pids
+
+
+#: How long Flower 1.39's SuperLink keeps counting a SuperNode that died as online (its last heartbeat plus
+#: HEARTBEAT_PATIENCE 2 x HEARTBEAT_DEFAULT_INTERVAL 30 s): until then it refuses to activate the node again.
+NODE_STAYS_ONLINE = 60.0
+#: What a SuperNode logs (exit code 305) when the SuperLink refuses to activate it, e.g. because it still counts the
+#: node's previous process as online.
+ACTIVATION_REFUSED = "Failed to activate SuperNode"
+#: Pause between two starts of a SuperNode whose activation was refused.
+ACTIVATION_RETRY = 5.0
+
+
+def _respawn(proc: ProcessInfo) -> ProcessInfo:
+    return _spawn(proc.name, proc.command, cwd=Path(proc.cwd), log=Path(proc.log), port=proc.port, env=proc.env)
+
+
+def _wait_for_restarted_supernode(
+    dep: Deployment, proc: ProcessInfo, timeout: float, say: Callable[[str], None]
+) -> ProcessInfo:
+    """Wait for a restarted SuperNode to be accepted; while the SuperLink still counts its dead predecessor as online
+    (up to :data:`NODE_STAYS_ONLINE` s after it died) it refuses the node ("Failed to activate SuperNode"): start it
+    again every :data:`ACTIVATION_RETRY` s until it is accepted. The process that was accepted."""
+    deadline = time.monotonic() + max(timeout, NODE_STAYS_ONLINE + 15)
+    told = False
+    while True:
+        try:
+            wait_for_supernode(proc, timeout)
+            return proc
+        except DeployError:
+            _reap([proc.pid])
+            if ACTIVATION_REFUSED not in _log_since(proc) or time.monotonic() > deadline:
+                raise
+        if not told:
+            say(
+                f"{proc.name}: the SuperLink still counts its previous process as online (for up to "
+                f"{NODE_STAYS_ONLINE:.0f} s after it died, until its heartbeats run out) and refuses it; starting it "
+                f"again every {ACTIVATION_RETRY:.0f} s until it is accepted"
+            )
+            told = True
+        time.sleep(ACTIVATION_RETRY)
+        proc = _respawn(proc)
+        dep.replace(proc)
+
+
+def restart(
+    directory: Path,
+    names: Sequence[str] | None = None,
+    *,
+    timeout: float = STARTUP_TIMEOUT,
+    grace: float = 10.0,
+    say: Callable[[str], None] = lambda text: None,
+) -> list[ProcessInfo]:
+    """Start again the processes of the deployment in `directory` that are not running (`names` None), or the ones
+    named (stopped first if they run), each with the exact command, working directory and environment it was
+    started with: the SuperLink with its database, a SuperNode with its key and its state-dir. The restarted
+    processes, once up (the SuperLink's APIs open, each SuperNode accepted by the SuperLink); `say` is told what
+    takes time.
+
+    The SuperLink goes first; its database still holds the SuperNodes' registrations (the keys are registered
+    again all the same, which changes nothing if they are known: it repairs a deployment whose database was lost).
+    SuperNodes that kept running reconnect to it by themselves; a SuperLink without a database (`up(...,
+    database=False)`) has forgotten them, so they are started again too. What is left of a dead process (a ServerApp or
+    ClientApp process it started) is stopped first. A SuperNode that died is refused by the SuperLink until its
+    heartbeats have run out (Flower 1.39: up to 60 s); it is started again until it is accepted. A run that stopped
+    is continued with `resume`.
+    """
+    root = Path(directory).resolve()
+    dep = Deployment.load(root)
+    for proc in dep.processes:
+        _reap([proc.pid])  # a process of ours that died is a zombie until collected
+    if names:
+        targets = [dep.process(name) for name in dict.fromkeys(names)]
+    else:
+        targets = [p for p in dep.processes if not _alive(p)]
+    old = [p.name for p in targets if not p.command]
+    if old:
+        raise DeployError(
+            f"{root / STATE_FILE} does not record the command of {', '.join(old)} (written by an older silofl): "
+            f"`silofl deploy down --dir {root}` and `silofl deploy up` again"
+        )
+    if not dep.database and any(p.name == "superlink" for p in targets):
+        targets += [p for p in dep.processes if p.name != "superlink" and p not in targets]
+    targets.sort(key=lambda p: p.name != "superlink")
+    started: list[ProcessInfo] = []
+    for proc in targets:
+        _stop_with_leftovers(proc, grace)
+        new = _respawn(proc)
+        dep.replace(new)
+        started.append(new)
+        if new.name == "superlink":
+            _wait_for_superlink(dep, new, timeout)
+            if not dep.insecure:
+                keys = [Path(dep.certs) / f"{p.name}.pub" for p in dep.processes if p.name != "superlink"]
+                register_supernodes([k for k in keys if k.is_file()], Path(dep.flwr_home), dep.connection)
+    return [p if p.name == "superlink" else _wait_for_restarted_supernode(dep, p, timeout, say) for p in started]
+
+
+def status(directory: Path) -> list[tuple[ProcessInfo, bool]]:
+    """Every process of the deployment in `directory`, and whether it runs."""
+    dep = Deployment.load(Path(directory).resolve())
+    for proc in dep.processes:
+        _reap([proc.pid])
+    return [(proc, _alive(proc)) for proc in dep.processes]
 
 
 def _signal(pids: Sequence[int], sig: int) -> None:
