@@ -39,14 +39,6 @@ from protocols.privacy.mechanism import Mechanism
 if TYPE_CHECKING:
     from client.privacy_state import NoisePlan
 
-BUDGET_KEY = silo_policy.BUDGET_KEY
-
-
-def silo_budget(context: Context, run_epsilon: float) -> float:
-    """The silo's epsilon budget for this job: the run's target, capped by the operator's policy
-    (`max-epsilon-per-job`, the `epsilon-budget` node config, else `lifetime-epsilon`; `client.silo_policy`)."""
-    return silo_policy.job_budget(context, run_epsilon)
-
 
 def digest(array: np.ndarray) -> str:
     """A short digest of an array's dtype, shape and bytes (what :meth:`RoundPrivacy.bind` binds for an array)."""
@@ -189,7 +181,7 @@ def _bound_plan(
                     "its noise for the first value and refuses to re-calibrate (start a new run)"
                 )
         return _plan(bound, mechanism)
-    budget = silo_budget(context, epsilon)
+    budget = silo_policy.job_budget(context, epsilon)
     calibrated = mechanism.calibrate(budget, instr.delta, instr.accountant)
     # the operator's policy, before the job's first release: a fixed mechanism within the job's cap, the whole run
     # within the lifetime budget (reserved in the lifetime ledger)

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message
 
-from client import privacy_state, randomness
+from client import privacy_state, randomness, silo_policy
 from client.algorithms.fedsc import local_sc_training
 from client.augment import ssl_augmentation
 from client.data.tabular import SiloData
-from client.round_privacy import RoundPrivacy, silo_budget
+from client.round_privacy import RoundPrivacy
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
 from protocols.fedsc import normalize_rows
@@ -129,7 +129,7 @@ def correlation_reply(
     model = model_from_message(message, silo, instr, what)
     sigma, spent = 0.0, math.inf
     # The silo's own cap (`epsilon-budget` in its node config) applies even when the run asks for no noise.
-    budget = silo_budget(context, instr.epsilon)
+    budget = silo_policy.job_budget(context, instr.epsilon)
     if math.isfinite(budget):
         privacy = RoundPrivacy(context, instr, mechanism(n, instr), who=f"silo {silo.silo_id}", node_id=silo.silo_id)
         # Rate 1: the Gaussian mechanism on a matrix of L2 (Frobenius) sensitivity Delta with std z * Delta is exactly
@@ -203,7 +203,9 @@ def _train(
         silo_id=silo.silo_id,
         server_round=instr.server_round,
         num_examples=len(silo.train),
-        epsilon_spent=privacy_state.spent(context) if math.isfinite(silo_budget(context, instr.epsilon)) else math.inf,
+        epsilon_spent=(
+            privacy_state.spent(context) if math.isfinite(silo_policy.job_budget(context, instr.epsilon)) else math.inf
+        ),
         noise_multiplier=0.0,
         sampling_rate=1.0,
     )

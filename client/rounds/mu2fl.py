@@ -33,7 +33,6 @@ from protocols.privacy.mechanism import Mechanism, Release
 D_KEY = "silofl.mu2.d"
 ROUND_KEY = "silofl.mu2.round"
 ORDER_KEY = "silofl.mu2.order"
-ALLOW_TRUSTED_KEY = "allow-trusted-server"
 
 
 def constants_for(silo: SiloData, diameter: float) -> mu2.Mu2Constants:
@@ -84,7 +83,8 @@ def _single_pass_round(
     if trusted and not silo_policy.allow_trusted(context, deployed=is_deployed(context)):
         raise msg.MessageError(
             f"{what}: a trusted-server run asks this silo to send its momentum un-noised; its operator has not "
-            f"allowed that (policy 'allow-trusted-server = true', or node config '{ALLOW_TRUSTED_KEY} = true')"
+            f"allowed that (policy 'allow-trusted-server = true', or node config "
+            f"'{silo_policy.ALLOW_TRUSTED_KEY} = true')"
         )
     if trusted and math.isfinite(silo_policy.node_policy(context).lifetime_epsilon):
         raise msg.MessageError(
