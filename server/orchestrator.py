@@ -43,6 +43,7 @@ from strategies.base import (
     SiloflStrategy,
     StrategyInputs,
     collect_replies,
+    superlink_error,
 )
 
 SETUP_TIMEOUT = 600.0
@@ -75,8 +76,12 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
     replies = list(grid.send_and_receive(messages, timeout=SETUP_TIMEOUT))
     entries = []
     asked, seen = set(nodes), set()
+    unreachable: list[str] = []
     for reply in replies:
         node = reply.metadata.src_node_id
+        if node not in asked and (reason := superlink_error(reply)) is not None:
+            unreachable.append(reason)
+            continue
         if node not in asked:
             raise RoundError(f"setup round: a reply came from node {node}, which was not asked ({sorted(asked)})")
         if node in seen:
@@ -89,6 +94,12 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
         info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT, what=what)
         entries.append(SiloEntry(node_id=node, info=info))
     answered = {e.node_id for e in entries}
+    if set(nodes) - answered and unreachable:
+        raise RoundError(
+            f"setup round: no reply from nodes {sorted(set(nodes) - answered)}; the SuperLink reports "
+            f"{'; '.join(sorted(set(unreachable)))!r}; start them again (a `silofl deploy up` federation: `silofl "
+            "deploy restart --dir DIR`) and submit the run again"
+        )
     if set(nodes) - answered:
         raise RoundError(f"setup round: no reply from nodes {sorted(set(nodes) - answered)}")
     _check_roles(config, entries)

@@ -15,20 +15,27 @@ simulation's) as it is: their numbers and timing are not touched. The strategies
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from logging import INFO
 from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore import log as flower_log
 
 from client.supernode_runtime import Backoff  # the SuperNode's backing-off poll; stdlib-only at import
 
-__all__ = ["REPLY_POLL", "PollingGrid", "polling_grid"]
+__all__ = ["REPLY_POLL", "WAITING_LOG_EVERY", "PollingGrid", "bounded_object_pulls", "polling_grid"]
 
 
 #: The ServerApp's pulls of a round's replies (HTTP to the SuperLink's local Runtime API).
 REPLY_POLL = Backoff(floor=0.005, cap=1.0, ratio=0.1)
+#: The least time a pull of a reply's objects is given, even when the round's timeout is (nearly) spent.
+MIN_OBJECT_PULL = 1.0
+#: While replies are missing, the ServerApp's log says every this many seconds which nodes it still waits for.
+WAITING_LOG_EVERY = 30.0
 
 
 class PollingGrid(Grid):
@@ -42,10 +49,12 @@ class PollingGrid(Grid):
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        log: Callable[..., None] | None = None,
     ) -> None:
         self._grid = grid
         self._poll = poll
         self._sleep, self._clock = sleep, clock
+        self._log = log or flower_log
 
     @property
     def wrapped(self) -> Grid:
@@ -84,17 +93,36 @@ class PollingGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push `messages`, then pull their replies until all have come or `timeout` seconds have passed (None:
         no limit), as Flower's `send_and_receive` does, with short pauses that grow with the wait."""
-        pending = set(self._grid.push_messages(messages))
+        messages = list(messages)
+        destinations = [m.metadata.dst_node_id for m in messages]
+        ids = list(self._grid.push_messages(messages))
+        node_of = dict(zip(ids, destinations, strict=True))
+        pending = set(ids)
         del messages
         start = self._clock()
+        told = start
         replies: list[Message] = []
         while timeout is None or self._clock() - start < timeout:
-            got = list(self._grid.pull_messages(pending))
+            left = None if timeout is None else max(MIN_OBJECT_PULL, timeout - (self._clock() - start))
+            with bounded_object_pulls(left):
+                got = list(self._grid.pull_messages(pending))
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if not pending:
                 break
             waited = self._clock() - start
+            if self._clock() - told >= WAITING_LOG_EVERY:
+                told = self._clock()
+                self._log(
+                    INFO,
+                    "silofl: waiting %.0f s so far%s for the replies of nodes %s (%d of %d answered); a node that "
+                    "lost its SuperLink answers once it has reconnected",
+                    waited,
+                    "" if timeout is None else f" (at most {timeout:.0f} s)",
+                    sorted({node_of[i] for i in pending}),
+                    len(ids) - len(pending),
+                    len(ids),
+                )
             pause = self._poll.step(waited)
             if timeout is not None:
                 pause = min(pause, max(0.0, timeout - waited))
@@ -103,6 +131,27 @@ class PollingGrid(Grid):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
+
+
+@contextlib.contextmanager
+def bounded_object_pulls(max_time: float | None) -> Iterator[None]:
+    """Within the block, this process's pulls of a message's objects give up after `max_time` s (None: Flower's own
+    limit, 2 h): the objects of a reply whose SuperNode died while pushing it never come, and Flower's Grid would wait
+    for them far past the round's timeout. A reply whose objects did not come in time becomes Flower's error reply
+    ("Reply message objects are unavailable", from the SuperLink's node), which the round then names as the silo's
+    missing reply (`strategies.base.collect_replies`)."""
+    if max_time is None:
+        yield
+        return
+    from flwr.supercore.inflatable import inflatable_utils
+
+    defaults = inflatable_utils.pull_objects.__kwdefaults__
+    before = defaults["max_time"]
+    defaults["max_time"] = max_time if before is None else min(before, max_time)
+    try:
+        yield
+    finally:
+        defaults["max_time"] = before
 
 
 def polling_grid(grid: Grid) -> Grid:

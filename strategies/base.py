@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -213,6 +214,14 @@ def _json_float(value: float) -> float | str:
     return "inf" if math.isinf(value) else value
 
 
+def superlink_error(reply: Message) -> str | None:
+    """The reason, if `reply` is an error the SuperLink wrote itself in place of a node's reply (Flower 1.39: source
+    node SUPERLINK_NODE_ID, e.g. "Node Unavailable" for a SuperNode that stopped sending heartbeats); else None."""
+    if reply.metadata.src_node_id != SUPERLINK_NODE_ID or not reply.has_error():
+        return None
+    return str(reply.error.reason)
+
+
 def collect_replies(
     federation: Federation,
     server_round: int,
@@ -229,9 +238,13 @@ def collect_replies(
     asked = tuple(federation.silos if entries is None else entries)
     by_node = {e.node_id: e for e in asked}
     got: dict[int, Message] = {}
+    unreachable: list[str] = []
     for reply in replies:
         node = reply.metadata.src_node_id
         entry = by_node.get(node)
+        if entry is None and (reason := superlink_error(reply)) is not None:
+            unreachable.append(reason)
+            continue
         if entry is None:
             raise RoundError(
                 f"round {server_round}: a {kind} reply came from node {node}, which was not asked "
@@ -243,6 +256,13 @@ def collect_replies(
             raise RoundError(f"{entry.name} answered twice in round {server_round} ({kind})")
         got[node] = reply
     missing = [e.name for e in asked if e.node_id not in got]
+    if missing and unreachable:
+        raise RoundError(
+            f"round {server_round} ({kind}): no reply from {', '.join(missing)}; the SuperLink reports "
+            f"{'; '.join(sorted(set(unreachable)))!r}; start it again (a `silofl deploy up` federation: `silofl "
+            "deploy restart --dir DIR`), then continue the run with resume=true; the server's model is kept as of "
+            "the previous round"
+        )
     if missing:
         raise RoundError(
             f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {timeout:g} s; the "

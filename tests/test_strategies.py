@@ -106,6 +106,24 @@ def test_error_reply_stops_the_round_naming_the_silo() -> None:
         strategy.aggregate_train(1, replies)
 
 
+def test_a_node_the_superlink_could_not_reach_is_named() -> None:
+    """Flower's SuperLink answers for a SuperNode that stopped sending heartbeats with an error reply of its own
+    (source node 1, "Node Unavailable"): the round stops naming the silo it stands for, not "a reply came from node 1,
+    which was not asked"."""
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+    strategy = _strategy()
+    instrs, replies = _round(strategy, [0.0, 1.0])
+    replies[1] = create_message_error_unavailable_res_message(instrs[1].metadata, "node_unavail")
+    assert replies[1].metadata.src_node_id == 1
+    with pytest.raises(
+        RoundError,
+        match=r"round 1 \(train\): no reply from silo 1 \(node 11\); the SuperLink reports "
+        r"'Error: Node Unavailable.*deploy restart.*resume=true",
+    ):
+        strategy.aggregate_train(1, replies)
+
+
 def test_missing_duplicate_and_stale_replies_are_refused() -> None:
     strategy = _strategy()
     _, replies = _round(strategy, [0.0, 1.0])

@@ -8,12 +8,13 @@ tests/test_deploy_loopback.py, tests/test_faults.py and tests/test_docker_compos
 from __future__ import annotations
 
 import importlib
+import itertools
 from types import SimpleNamespace
 
 import pytest
 
 from client import supernode_runtime as rt
-from server.polling import PollingGrid, polling_grid
+from server.polling import WAITING_LOG_EVERY, PollingGrid, polling_grid
 
 # --- the Flower this module was checked against -------------------------------------------------------------------
 
@@ -277,6 +278,11 @@ def test_worker_keeps_one_app_and_starts_fresh_for_another() -> None:
 # --- the ServerApp's polling Grid -----------------------------------------------------------------------------------
 
 
+def _messages(*nodes: int) -> list[SimpleNamespace]:
+    """Stand-ins for Flower Messages to `nodes` (only their destination is read before they are pushed)."""
+    return [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node)) for node in nodes]
+
+
 class _FakeGrid:
     """Replies to `m1`, `m2`, `m3` become available at given times of a fake clock."""
 
@@ -303,9 +309,10 @@ def test_polling_grid_pulls_fast_then_backs_off_and_keeps_flowers_result() -> No
 
     fake = _FakeGrid(now, {"m1": 100.02, "m2": 100.05, "m3": 112.0})
     grid = PollingGrid(fake, rt.Backoff(floor=0.005, cap=1.0, ratio=0.1), sleep=sleep, clock=clock)
-    replies = grid.send_and_receive(["a", "b", "c"], timeout=None)
+    sent = _messages(1, 2, 3)
+    replies = grid.send_and_receive(sent, timeout=None)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m1", "m2", "m3"]
-    assert fake.pushed == ["a", "b", "c"]
+    assert fake.pushed == sent
     assert slept[0] == 0.005 and max(slept) == 1.0  # milliseconds at first, capped at 1 s
     assert 12.0 <= now[0] - 100.0 <= 12.0 * 1.1 + 0.01  # seen within 10% of the wait
     assert fake.pulls < 100  # 69: ten at the floor, then 10% more each; at a fixed 5 ms, 2400
@@ -320,9 +327,27 @@ def test_polling_grid_returns_what_came_when_the_timeout_runs_out() -> None:
 
     fake = _FakeGrid(now, {"m1": 100.0, "m2": 1e9})
     grid = PollingGrid(fake, sleep=sleep, clock=clock)
-    replies = grid.send_and_receive(["a", "b"], timeout=3.0)
+    replies = grid.send_and_receive(_messages(1, 2), timeout=3.0)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m1"]
     assert now[0] - 100.0 == pytest.approx(3.0)  # no pause past the timeout
+
+
+def test_polling_grid_says_which_nodes_it_still_waits_for() -> None:
+    """A round whose replies are late (a silo reconnecting to a restarted SuperLink) is not silent: every
+    WAITING_LOG_EVERY s the ServerApp's log names the nodes it still waits for."""
+    now, slept, clock, _ = _fake_time()
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    said: list[str] = []
+    fake = _FakeGrid(now, {"m1": 100.0, "m2": 175.0})
+    grid = PollingGrid(fake, sleep=sleep, clock=clock, log=lambda level, text, *args: said.append(text % args))
+    replies = grid.send_and_receive(_messages(7, 9), timeout=600.0)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m1", "m2"]
+    assert len(said) == int(75 // WAITING_LOG_EVERY) == 2, said
+    assert "for the replies of nodes [9] (1 of 2 answered)" in said[0] and "(at most 600 s)" in said[0]
 
 
 def test_polling_grid_wraps_only_flowers_deployment_grid() -> None:
@@ -336,3 +361,79 @@ def test_polling_grid_wraps_only_flowers_deployment_grid() -> None:
     assert wrapped._insecure is True  # anything else is the wrapped Grid's
     inprocess = object.__new__(InProcessGrid)
     assert polling_grid(inprocess) is inprocess
+
+
+def test_fast_reconnect_gives_the_fleet_channel_short_reconnection_pauses(monkeypatch) -> None:
+    """After `install_fast_reconnect`, the channel Flower's `create_channel` opens (as the SuperNode's Fleet
+    connection does) carries Flower's own options and gRPC reconnection pauses of at most 2 s (gRPC's default grows
+    to 120 s, during which every call fails without trying); installing twice wraps the real module once."""
+    import grpc
+    from flwr.supercore import grpc as flower_grpc
+
+    monkeypatch.setattr(flower_grpc, "grpc", grpc)  # restored after the test
+    opened: list[tuple[str, list[tuple[str, int]]]] = []
+
+    def recording(make):
+        def channel(target, *args, options=None, **kwargs):
+            opened.append((target, list(options)))
+            return make(target, *args, options=options, **kwargs)
+
+        return channel
+
+    monkeypatch.setattr(grpc, "insecure_channel", recording(grpc.insecure_channel))
+    monkeypatch.setattr(grpc, "secure_channel", recording(grpc.secure_channel))
+    rt.install_fast_reconnect()
+    rt.install_fast_reconnect()
+    assert flower_grpc.grpc._module is grpc
+    for insecure, certificates in ((True, None), (False, None)):
+        channel = flower_grpc.create_channel("127.0.0.1:9092", insecure=insecure, root_certificates=certificates)
+        assert isinstance(channel, grpc.Channel)
+        channel.close()
+    assert [target for target, _ in opened] == ["127.0.0.1:9092"] * 2
+    for _, options in opened:
+        given = dict(options)
+        assert given["grpc.max_reconnect_backoff_ms"] == 2000 and given["grpc.initial_reconnect_backoff_ms"] == 250
+        assert given["grpc.max_send_message_length"] == given["grpc.max_receive_message_length"] > 0  # Flower's
+        assert len(given) == len(options)  # no option given twice
+
+
+def test_polling_grid_bounds_the_pull_of_a_replys_objects_by_the_round_timeout() -> None:
+    """A reply whose SuperNode died while pushing it has a header and no arrays: each pull of its objects is given
+    at most what is left of the round's timeout (Flower's own limit is 2 h), and Flower's limit is back afterwards."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    now, slept, clock, _ = _fake_time()
+    limits: list[float | None] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    class Recording(_FakeGrid):
+        def pull_messages(self, message_ids):
+            limits.append(inflatable_utils.pull_objects.__kwdefaults__["max_time"])
+            return super().pull_messages(message_ids)
+
+    flowers = inflatable_utils.pull_objects.__kwdefaults__["max_time"]
+    grid = PollingGrid(Recording(now, {"m1": 100.0, "m2": 1e9}), sleep=sleep, clock=clock)
+    grid.send_and_receive(_messages(1, 2), timeout=20.0)
+    assert limits[0] == pytest.approx(20.0) and limits[-1] == pytest.approx(1.0)  # never below MIN_OBJECT_PULL
+    assert all(a >= b for a, b in itertools.pairwise(limits))
+    assert inflatable_utils.pull_objects.__kwdefaults__["max_time"] == flowers
+    PollingGrid(Recording(now, {"m1": 100.0}), sleep=sleep, clock=clock).send_and_receive(_messages(1), timeout=None)
+    assert limits[-1] == flowers  # no timeout: Flower's limit
+
+
+def test_bounded_object_pulls_give_up_on_objects_that_never_come() -> None:
+    """Flower's `pull_objects` (as the ServerApp's Grid calls it) raises ObjectPullError once the bound is spent,
+    which Flower's Grid turns into an error reply; unbounded it would retry for hours."""
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
+
+    from server.polling import bounded_object_pulls
+
+    def never(object_id: str) -> bytes:
+        raise ObjectUnavailableError(object_id)
+
+    with bounded_object_pulls(0.2), pytest.raises(ObjectPullError):
+        inflatable_utils.pull_objects(["abc"], pull_object_fn=never)
