@@ -158,8 +158,6 @@ def _silo_node_configs(config: RunConfig, args: argparse.Namespace) -> list[dict
             "--silo-policy needs --silo-state DIR: a silo under a policy keeps its lifetime ledger (and charges its "
             "noised evaluations) in a state folder"
         )
-    if args.engine != "inprocess":
-        raise ConfigError("--silo-policy and --silo-state apply to the in-process engine (--engine inprocess)")
     from server.engines import simulated_node_configs
 
     return simulated_node_configs(config, policy=policy or None, state_dir=state)

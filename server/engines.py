@@ -48,8 +48,8 @@ def run_job(
 ) -> dict[str, Any]:
     """Run `config` on `engine` and return its result (also written to `config.out_dir` when set).
 
-    `node_configs` (in-process engine only) gives each silo node config entries, e.g. `data-path` for silos that
-    hold their own data folder as in a deployment, or `epsilon-budget`.
+    `node_configs` gives each node (by partition id) node config entries, e.g. `data-path` for silos that hold
+    their own data folder as in a deployment, or a silo's `policy` and `state-dir` (:func:`simulated_node_configs`).
     """
     from client.app import app as client_app
     from server.app import make_server_app
@@ -62,12 +62,14 @@ def run_job(
         grid = InProcessGrid(client_app, config.num_nodes, node_configs=node_configs)
         context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config.to_run_config())
         server_app(grid, context)
-    elif node_configs is not None:
-        raise ValueError("node_configs apply to the in-process engine only")
     elif engine == "ray":
         from flwr.simulation import run_simulation
 
         cpus = os.cpu_count() or 1
+        if node_configs is not None:
+            if len(node_configs) != config.num_nodes:
+                raise ValueError(f"{len(node_configs)} node configs for {config.num_nodes} nodes")
+            client_app = _with_node_configs(client_app, node_configs)
         run_simulation(
             server_app=server_app,
             client_app=client_app,
@@ -82,3 +84,20 @@ def run_job(
     if not results:
         raise RuntimeError(f"the {engine} engine finished without a result; see the log above for the ServerApp error")
     return results[0]
+
+
+def _with_node_configs(client_app: Any, node_configs: Sequence[Mapping[str, Any]]) -> Any:
+    """`client_app` with each simulated node's own entries added to its node config, picked by the partition id
+    that Flower's Ray simulation gives a node (its only node config besides num-partitions)."""
+    from flwr.app import Message
+    from flwr.clientapp import ClientApp
+    from flwr.common.constant import PARTITION_ID_KEY
+
+    configs = [dict(c) for c in node_configs]
+
+    class NodeConfigured(ClientApp):
+        def __call__(self, message: Message, context: Context) -> Message:
+            context.node_config.update(configs[int(context.node_config[PARTITION_ID_KEY])])
+            return client_app(message, context)
+
+    return NodeConfigured()

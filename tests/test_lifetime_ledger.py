@@ -195,3 +195,35 @@ def test_evaluations_compose_in_parallel_with_the_jobs(tmp_path: Path) -> None:
     assert answered >= 3 and 1.0 < evaluations <= 2.0
     sequential = lifetime_ledger.epsilon_of(ledger.training_state() + ledger.evaluation_state(), DELTA)
     assert sequential > 2.0  # in sequence the same releases would be over the budget
+
+
+@pytest.mark.slow
+def test_silofl_run_on_ray_under_a_silo_policy_meets_the_same_ledgers(tmp_path: Path, capsys) -> None:
+    """`silofl run --engine ray --silo-policy FILE --silo-state DIR`: Flower's Ray simulation gives a node only its
+    partition id, so each simulated silo gets its policy and its own folder under DIR through it; the run equals the
+    in-process one under the same policy (model, the job charged to each lifetime ledger), and later in-process runs
+    on the same DIR meet the ledgers the Ray run charged: the third job past the lifetime budget is refused."""
+    from server.cli import main
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text("lifetime-epsilon = 3.0\nlifetime-delta = 1e-6\nmax-epsilon-per-job = 2.0\n")
+    base = ["--dataset", "synthetic", "--silos", "2", "--rounds", "5", "--epsilon", "2", "--silo-policy", str(policy)]
+    ray_state, local_state = tmp_path / "ray-state", tmp_path / "local-state"
+    argv = ["run", "dp-fedsgd", *base, "--silo-state", str(ray_state), "--engine", "ray", "--out", str(tmp_path / "r")]
+    assert main(argv) == 0, capsys.readouterr().err
+    argv = ["run", "dp-fedsgd", *base, "--silo-state", str(local_state), "--out", str(tmp_path / "l")]
+    assert main(argv) == 0, capsys.readouterr().err
+    ray, local = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("r", "l"))
+    assert ray["engine"] == "ray" and ray["model"] == local["model"]
+    assert ray["privacy"]["evaluation"] == {"0": 20.0, "1": 20.0}
+    for folder in ("silo0", "silo1"):
+        on_ray, in_process = lifetime_ledger.load(ray_state / folder), lifetime_ledger.load(local_state / folder)
+        assert len(on_ray.jobs) == 1 and on_ray.jobs.keys() == in_process.jobs.keys()
+        assert lifetime_ledger.epsilon_of(on_ray.training_state(), DELTA) == pytest.approx(
+            lifetime_ledger.epsilon_of(in_process.training_state(), DELTA)
+        )
+    again = ["run", "dp-fedsgd", *base, "--silo-state", str(ray_state)]
+    assert main([*again, "--seed", "2", "--out", str(tmp_path / "two")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*again, "--seed", "3", "--out", str(tmp_path / "three")]) == 1
+    assert "refuses the job before releasing anything" in capsys.readouterr().err

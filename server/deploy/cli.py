@@ -77,6 +77,7 @@ def up_command(args: argparse.Namespace) -> int:
             sensitive_parties=args.sensitive_parties,
             runtime=args.runtime,
             database=not args.no_database,
+            policy=args.policy,
         )
     except DeployError as exc:
         print(f"silofl deploy up: {exc}", file=sys.stderr)
@@ -219,6 +220,13 @@ def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the SuperLink's state in memory, not in DIR/state/superlink.db: cheaper rounds, but a restarted "
         "SuperLink has forgotten the SuperNodes (`deploy restart` then restarts them too) and the runs",
+    )
+    up.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="every node's operator policy, as `silofl silo start --policy` (TOML: lifetime-epsilon, lifetime-delta, "
+        "max-epsilon-per-job, max-delta, algorithms, allow-trusted-server, evaluation); default: none",
     )
     up.add_argument(
         "--runtime",

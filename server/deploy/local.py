@@ -398,12 +398,14 @@ def start_supernode(
     role: str | None = None,
     runtime: str | None = None,
     state_dir: Path | None = None,
+    policy: Path | None = None,
 ) -> ProcessInfo:
     """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for.
 
     `role` (silo, features, sensitive) defaults to the one the folder's info.json names, as `silofl silo start`'s;
     `runtime` to the deployment's; `state_dir` (the node config's `state-dir`, where the node keeps its privacy
-    ledger and journaled answers across restarts) to DIR/state/`name`.
+    ledger and journaled answers across restarts) to DIR/state/`name`; `policy` is the node's operator policy
+    (`silofl silo start --policy`).
     """
     from argparse import Namespace
 
@@ -426,6 +428,7 @@ def start_supernode(
         runtime=runtime or dep.runtime,
         supernode_executable=str(_bin_dir() / "flower-supernode"),
         state_dir=state_dir,
+        policy=policy,
     )
     command = supernode_command(args)
     return _spawn(name, command, cwd=root / name, log=root / "logs" / f"{name}.log", port=port)
@@ -552,6 +555,7 @@ def up(
     sensitive_parties: int | None = None,
     runtime: str = DEFAULT_RUNTIME,
     database: bool = True,
+    policy: Path | None = None,
 ) -> Deployment:
     """Start a SuperLink (TLS + SuperNode authentication unless `insecure`) and the SuperNodes of `topology` on
     loopback: `silos` silos, or `silos` feature parties and the topology's sensitive parties (`sensitive_parties`
@@ -561,7 +565,8 @@ def up(
     The SuperLink keeps its state in DIR/state/superlink.db (`--database`) unless `database` is False (`silofl
     deploy up --no-database`): then in memory, which makes rounds cheaper (its SQLite state costs CPU on every poll
     of every SuperNode: docs/DEPLOYMENT.md) but forgets the registrations when it restarts (:func:`restart` then
-    starts the SuperNodes again too).
+    starts the SuperNodes again too). `policy` (`silofl deploy up --policy FILE`) is every node's operator policy,
+    as `silofl silo start --policy` gives it to one node: read and checked before anything starts.
 
     Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
     """
@@ -581,6 +586,14 @@ def up(
         old = Deployment.load(root)
         if any(_alive(p) for p in old.processes):
             raise DeployError(f"{root} already runs a federation; `silofl deploy down --dir {root}` first")
+    if policy is not None:
+        from protocols.silo_policy import PolicyError, load_policy
+
+        try:
+            load_policy(policy)
+        except PolicyError as exc:
+            raise DeployError(f"--policy: {exc}") from None
+        policy = Path(policy).resolve()
     folders = _party_folders(data, layout, root) if layout.parties else _silo_folders(data, silos, root)
 
     certs = CertPaths.layout(root / "certs", silos, topology=topology, sensitive_parties=sensitive_parties)
@@ -647,7 +660,7 @@ def up(
             register_supernodes(certs.silo_public_keys, Path(dep.flwr_home))
         for k, ((name, role, _), folder) in enumerate(zip(layout.nodes, folders, strict=True)):
             key = None if insecure else certs.silo_keys[k]
-            dep.processes.append(start_supernode(dep, name, folder, auth_key=key, role=role))
+            dep.processes.append(start_supernode(dep, name, folder, auth_key=key, role=role, policy=policy))
             dep.save()
         for proc in list(dep.processes[1:]):
             # a node of this folder's database killed less than a minute ago (e.g. by `down`'s SIGKILL) still
