@@ -323,14 +323,42 @@ def _feature_train(message: Message, context: Context) -> Message:
 
 
 def _party_evaluation_allowed(context: Context, what: str) -> None:
-    """A party answers evaluations exactly (its test predictions, its confusion counts) only if its policy says so:
-    a noised evaluation is not implemented for separate parties, so ``noised`` refuses, like ``refuse``."""
+    """A feature party answers evaluations (its test records' ids, labels and predictions) only exactly, and only if
+    its policy says so: that answer has no noised form yet, so ``noised`` refuses, like ``refuse``."""
     mode = silo_policy.evaluation_mode(context)
     if mode != "exact":
         raise msg.MessageError(
-            f"{what}: this party's policy answers evaluations {mode!r}; a party's evaluation (test predictions, "
-            'confusion counts) has no noised form yet, so it refuses (evaluation = "exact" answers it exactly)'
+            f"{what}: this party's policy answers evaluations {mode!r}; a feature party's evaluation (its test "
+            "records' predictions, which the sensitive parties count by group) has no noised form yet, so it refuses "
+            '(evaluation = "exact" answers it exactly)'
         )
+
+
+class _NoisedConfusion:
+    """A sensitive party's noised confusion counts (`client.noised_evaluation.noised_counts`), charged to its lifetime
+    ledger before they are computed."""
+
+    def __init__(self, context: Context, party_id: int, who: str) -> None:
+        self.context, self.party_id, self.who = context, party_id, who
+        self.policy = silo_policy.node_policy(context)
+        self.std = self.policy.evaluation_noise
+
+    def charge(self, server_round: int) -> None:
+        from client import noised_evaluation
+
+        noised_evaluation.charge(
+            self.context,
+            self.policy,
+            server_round=server_round,
+            who=self.who,
+            radius=noised_evaluation.COUNTS_RADIUS,
+        )
+
+    def release(self, counts: np.ndarray, server_round: int) -> np.ndarray:
+        from client import noised_evaluation
+
+        generator = noised_evaluation.generator(self.context, silo_id=self.party_id, server_round=server_round)
+        return noised_evaluation.noised_counts(counts, self.policy, generator)
 
 
 def _feature_evaluate(message: Message, context: Context) -> Message:
@@ -393,7 +421,12 @@ def sensitive(message: Message, context: Context) -> Message:
 
 @app.query("confusion")
 def confusion(message: Message, context: Context) -> Message:
-    """A sensitive party's confusion counts of the test predictions the feature parties made."""
+    """A sensitive party's confusion counts of the test predictions the feature parties made: exact, or under its
+    policy's ``evaluation = "noised"`` a Gaussian histogram charged to its lifetime ledger first."""
     party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
-    _party_evaluation_allowed(context, f"confusion query to sensitive party {party.party_id}")
-    return Message(_party_module().confusion(party, message), reply_to=message)
+    what = f"confusion query to sensitive party {party.party_id}"
+    mode = silo_policy.evaluation_mode(context)
+    if mode == "refuse":
+        raise msg.MessageError(f'{what}: this party\'s policy answers no evaluations (evaluation = "refuse")')
+    noised = _NoisedConfusion(context, party.party_id, what) if mode == "noised" else None
+    return Message(_party_module().confusion(party, message, noised), reply_to=message)

@@ -13,6 +13,10 @@ Gaussian of sensitivity 2 R). The silo charges it to its lifetime ledger BEFORE 
 `charge_evaluation`, refused past the lifetime budget), then rounds the noised counts to integers and clips them at 0,
 and the loss sum at 0 (post-processing). The report carries ``noise_std = s`` so that the server knows the counts are
 noised (they no longer sum to the test split's size).
+
+A sensitive party (separate from the feature parties) answers the server's confusion query, the counts of the test
+predictions the feature parties made by the sensitive groups it holds, the same way without the loss (it holds none):
+:func:`noised_counts`, one record moving one count down and one up, radius sqrt(2)/2 (:data:`COUNTS_RADIUS`).
 """
 
 from __future__ import annotations
@@ -29,17 +33,22 @@ from protocols.silo_policy import SiloPolicy
 
 #: One test record's move under replacement, halved: the ``REPLACE`` radius of the release at rate 1.
 EVALUATION_RADIUS = math.sqrt(3.0) / 2.0
+#: The same for counts alone (a sensitive party's confusion counts: no loss), one cell down and one up.
+COUNTS_RADIUS = math.sqrt(2.0) / 2.0
 #: The random stream of a noised evaluation (`client.randomness`; distinct from the training streams).
 EVALUATION_STREAM = 7
 
 
-def evaluation_multiplier(policy: SiloPolicy) -> float:
+def evaluation_multiplier(policy: SiloPolicy, radius: float = EVALUATION_RADIUS) -> float:
     """The release's noise multiplier under replace-one (what the lifetime ledger composes)."""
-    return policy.evaluation_noise / EVALUATION_RADIUS
+    return policy.evaluation_noise / radius
 
 
-def charge(context: Context, policy: SiloPolicy, *, server_round: int, who: str) -> None:
-    """Charge one noised evaluation to the node's lifetime ledger, before it is computed (MessageError: refused)."""
+def charge(
+    context: Context, policy: SiloPolicy, *, server_round: int, who: str, radius: float = EVALUATION_RADIUS
+) -> None:
+    """Charge one noised evaluation to the node's lifetime ledger, before it is computed (MessageError: refused);
+    `radius`: :data:`EVALUATION_RADIUS` for counts and loss, :data:`COUNTS_RADIUS` for counts alone."""
     directory = privacy_state.state_dir(context)
     if directory is None:
         raise msg.MessageError(
@@ -49,7 +58,7 @@ def charge(context: Context, policy: SiloPolicy, *, server_round: int, who: str)
     lifetime_ledger.charge_evaluation(
         directory,
         policy,
-        multiplier=evaluation_multiplier(policy),
+        multiplier=evaluation_multiplier(policy, radius),
         run_id=int(context.run_id),
         server_round=server_round,
         who=who,
@@ -69,6 +78,14 @@ def noised_release(
     loss_sum = bound * (float(clipped.sum()) / bound + float(noise[-1]))
     out = np.clip(np.rint(noised_counts), 0, None).astype(np.int64).reshape(counts.shape)
     return out, max(loss_sum, 0.0)
+
+
+def noised_counts(counts: np.ndarray, policy: SiloPolicy, generator: torch.Generator) -> np.ndarray:
+    """`counts` (exact counts by (group, label, prediction)) + N(0, s^2) per cell, rounded and clipped at 0 (int64):
+    a sensitive party's answer to a confusion query (one record: one cell, radius :data:`COUNTS_RADIUS`)."""
+    noise = torch.randn(counts.size, generator=generator, dtype=torch.float64).numpy() * policy.evaluation_noise
+    noised = counts.astype(np.float64).ravel() + noise
+    return np.clip(np.rint(noised), 0, None).astype(np.int64).reshape(counts.shape)
 
 
 def generator(context: Context, *, silo_id: int, server_round: int) -> torch.Generator:

@@ -13,6 +13,8 @@ and predictions are non-sensitive in this model.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 from flwr.app import Message, RecordDict
@@ -78,8 +80,21 @@ def feature_evaluate(model: torch.nn.Module, party: FeaturePartyData, instr: msg
     )
 
 
-def confusion(party: SensitivePartyData, message: Message) -> RecordDict:
-    """Counts by (group, label, prediction) of the requested test ids this party holds (num-examples: how many)."""
+class NoisedCounts(Protocol):
+    """How a sensitive party whose policy answers evaluations noised releases its confusion counts."""
+
+    std: float
+
+    def charge(self, server_round: int) -> None:
+        """Charge the release to the party's lifetime ledger (before anything is computed; MessageError: refused)."""
+
+    def release(self, counts: np.ndarray, server_round: int) -> np.ndarray:
+        """The noised counts (int64, >= 0)."""
+
+
+def confusion(party: SensitivePartyData, message: Message, noised: NoisedCounts | None = None) -> RecordDict:
+    """Counts by (group, label, prediction) of the requested test ids this party holds (num-examples: how many);
+    exact, or `noised` (charged once the query is validated, before the counts are computed)."""
     what = f"confusion query to sensitive party {party.party_id}"
     msg.check_records(message.content, {msg.CONFIG, pm.ROWS}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
@@ -90,12 +105,20 @@ def confusion(party: SensitivePartyData, message: Message) -> RecordDict:
         values = rows[name]
         if values.size and (int(values.min()) < 0 or int(values.max()) >= info.num_labels):
             raise msg.MessageError(f"{what}: '{pm.ROWS}.{name}' must be in 0..{info.num_labels - 1}")
+    if noised is not None:
+        noised.charge(instr.server_round)
     order = np.argsort(party.test_ids, kind="stable")
     held = np.flatnonzero(np.isin(rows["ids"], party.test_ids))
     groups = party.test_groups[order[np.searchsorted(party.test_ids[order], rows["ids"][held])]]
     counts = confusion_counts(groups, rows["labels"][held], rows["predictions"][held], info.num_groups, info.num_labels)
+    if noised is not None:
+        counts = noised.release(counts, instr.server_round)
     report = msg.EvaluateReport(
-        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(held), loss_sum=0.0, noise_std=0.0
+        silo_id=party.party_id,
+        server_round=instr.server_round,
+        num_examples=len(held),
+        loss_sum=0.0,
+        noise_std=0.0 if noised is None else noised.std,
     )
     return RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
 

@@ -24,10 +24,12 @@ The privacy reports of a round are the sensitive parties' (they alone read s and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import INFO
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from protocols import messages as msg
@@ -38,6 +40,7 @@ from strategies.base import (
     RoundError,
     SiloEntry,
     SiloUpdate,
+    check_evaluation_counts,
     collect_replies,
     evaluation_metrics,
     weighted_sum,
@@ -187,6 +190,7 @@ class PartiesNoisyAggregation(NoisyAggregation):
         replies = self._grid.send_and_receive(messages, timeout=self.timeout)
         shape = (info.num_groups, info.num_labels, info.num_labels)
         total = np.zeros(shape, dtype=np.int64)
+        counted, noised = 0, []
         for entry, reply in collect_replies(
             self.federation, server_round, replies, pm.CONFUSION, self.timeout, self.federation.sensitive
         ):
@@ -197,12 +201,21 @@ class PartiesNoisyAggregation(NoisyAggregation):
             counts = msg.check_arrays(reply.content, msg.COUNTS, [("counts", shape)], dtype="int64", what=what)[
                 "counts"
             ]
-            if (counts < 0).any() or int(counts.sum()) != report.num_examples:
-                raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
+            check_evaluation_counts(counts, report, what)  # exact: they sum to num-examples; noised: within the noise
+            if report.noise_std > 0:
+                noised.append(entry.name)
             total += counts
-        if int(total.sum()) != n:
+            counted += report.num_examples
+        if noised:
+            log(
+                INFO,
+                "round %d: the confusion counts of %s are noised (their policies)",
+                server_round,
+                ", ".join(noised),
+            )
+        if counted != n:
             raise RoundError(
-                f"round {server_round}: the sensitive parties counted {int(total.sum())} of the {n} test predictions; "
+                f"round {server_round}: the sensitive parties counted {counted} of the {n} test predictions; "
                 "every test record's sensitive value must be held by exactly one sensitive party"
             )
         self._eval_counts = total

@@ -408,3 +408,66 @@ def test_a_feature_and_a_sensitive_party_sharing_a_state_dir_keep_apart_ledgers(
     assert result["privacy"]["per_silo"]["0"]["rounds_answered"] == 2
     names = sorted(p.name.split("-job-")[0] for p in tmp_path.glob("*-job-*.json"))
     assert names == ["features0", "features1", "features2", "sensitive0"]
+
+
+def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_and_charges_each(tmp_path) -> None:
+    """Central-sensitive: the feature parties under no policy (their test predictions exact, as before), the census
+    under a lifetime budget, whose default is to answer evaluations noised: every confusion query is answered with
+    a Gaussian histogram (report noise_std = evaluation-noise, counts unlike the exact ones), charged to the census's
+    lifetime ledger first at radius sqrt(2)/2 (counts alone), once per query; the run still reports its metrics. Under
+    `evaluation = "refuse"` the run stops at its first evaluation, naming the policy."""
+    import math
+
+    from client import lifetime_ledger
+    from server.engines import simulated_node_configs
+
+    config = _config(topology="central-sensitive", rounds=2, **{"eval-every": 1})
+    policy = tmp_path / "census.toml"
+    policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\n")
+    configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path / "state"))
+    census = configs[-1]
+    assert census["state-dir"].endswith("sensitive0")
+    census["policy"] = str(policy)
+    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
+    result = run_federation(grid, config)
+    exact, exact_grid = _run(config)
+    assert result["status"]["completed"] and 0.0 <= result["final"]["accuracy"] <= 1.0
+
+    def confusion_replies(recording: RecordingGrid) -> list[tuple[msg.EvaluateReport, np.ndarray]]:
+        return [
+            (
+                msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT),
+                np.asarray(reply.content[msg.COUNTS]["counts"].numpy()),
+            )
+            for sent, reply in recording.log
+            if sent.metadata.message_type == pm.CONFUSION
+        ]
+
+    noised, plain = confusion_replies(grid), confusion_replies(exact_grid)
+    assert len(noised) == len(plain) == 2
+    for (report, counts), (exact_report, exact_counts) in zip(noised, plain, strict=True):
+        assert report.noise_std == 20.0 and exact_report.noise_std == 0.0
+        assert report.num_examples == exact_report.num_examples == int(exact_counts.sum())
+        assert not np.array_equal(counts, exact_counts) and (counts >= 0).all()
+        assert abs(int(counts.sum()) - int(exact_counts.sum())) < 10 * 20.0 * math.sqrt(counts.size)
+    ledger = lifetime_ledger.load(tmp_path / "state" / "sensitive0")
+    [(multiplier, count)] = ledger.evaluations.items()
+    assert multiplier == pytest.approx(20.0 / (math.sqrt(2.0) / 2.0)) and count == 2
+    assert len(ledger.jobs) == 1  # the SteFFLe job, admitted once
+    assert exact["final"] != result["final"]
+
+    policy.write_text('lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nevaluation = "refuse"\n')
+    configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path / "other"))  # the same job anew
+    configs[-1]["policy"] = str(policy)
+    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
+    with pytest.raises(RoundError, match=r'sensitive party 0.*evaluation = "refuse"'):
+        run_federation(grid, config)
+
+    # one noised evaluation past the lifetime budget: refused before anything is counted, nothing charged
+    policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nevaluation-noise = 0.05\n")
+    configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path / "third"))
+    configs[-1]["policy"] = str(policy)
+    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
+    with pytest.raises(RoundError, match=r"sensitive party 0.*lifetime-epsilon = 10.*refuses to evaluate"):
+        run_federation(grid, config)
+    assert lifetime_ledger.load(tmp_path / "third" / "sensitive0").evaluations == {}
