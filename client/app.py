@@ -153,15 +153,16 @@ def _model_from_arrays(message: Message, info, kind: str, hidden: int, what: str
 
 @app.query("setup")
 def setup(message: Message, context: Context) -> Message:
-    """Load (or derive) the silo's data and describe it."""
+    """Load (or derive) the silo's data and describe it, with how its policy answers evaluations."""
     msg.check_records(message.content, {msg.CONFIG}, what="setup message")
     spec = msg.read_config(message.content, msg.DataSpec, what="setup message")
     role, party_id = node_role(context, spec)
     # a spec the node refuses leaves its current setup as it was
+    evaluation = silo_policy.evaluation_mode(context)
     if role == parties.SILO:
-        info = describe(load_silo_data(context, spec))
+        info = describe(load_silo_data(context, spec), evaluation)
     else:
-        info = describe_party(load_party_data(context, spec, role, party_id), role)
+        info = describe_party(load_party_data(context, spec, role, party_id), role, evaluation)
     context.state[DATA_SPEC_KEY] = spec.to_config_record()
     privacy_state.save_run_spec(context, context.state[DATA_SPEC_KEY])
     return Message(RecordDict({msg.REPORT: info.to_config_record()}), reply_to=message)

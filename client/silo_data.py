@@ -207,17 +207,17 @@ def schema_hash(info: DatasetInfo) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def describe(silo: SiloData) -> SiloInfo:
-    """The public description a silo sends in the setup round."""
-    return _description(silo.info, silo.silo_id, "silo", len(silo.train), len(silo.test))
+def describe(silo: SiloData, evaluation: str = "exact") -> SiloInfo:
+    """The public description a silo sends in the setup round; `evaluation`: how its policy answers evaluations."""
+    return _description(silo.info, silo.silo_id, "silo", len(silo.train), len(silo.test), evaluation)
 
 
-def describe_party(party, role: str) -> SiloInfo:
+def describe_party(party, role: str, evaluation: str = "exact") -> SiloInfo:
     """The public description a feature or sensitive party sends in the setup round (its id among its role's)."""
-    return _description(party.info, party.party_id, role, len(party.train_ids), len(party.test_ids))
+    return _description(party.info, party.party_id, role, len(party.train_ids), len(party.test_ids), evaluation)
 
 
-def _description(info: DatasetInfo, node_id: int, role: str, n_train: int, n_test: int) -> SiloInfo:
+def _description(info: DatasetInfo, node_id: int, role: str, n_train: int, n_test: int, evaluation: str) -> SiloInfo:
     return SiloInfo(
         silo_id=node_id,
         role=role,
@@ -230,4 +230,5 @@ def _description(info: DatasetInfo, node_id: int, role: str, n_train: int, n_tes
         schema_hash=schema_hash(info),
         label_names=tuple(info.label_names),
         group_names=tuple(info.group_names),
+        evaluation=evaluation,
     )

@@ -225,6 +225,10 @@ class SiloInfo(_Schema):
     schema_hash: str = Field(min_length=1, description="hash of feature/label/group names: silos must agree")
     label_names: tuple[str, ...]
     group_names: tuple[str, ...]
+    evaluation: Literal["exact", "noised", "refuse"] = Field(
+        description="how the node answers evaluations, as its operator's policy says (client.silo_policy): the server "
+        "stops a run at setup that would ask a node for an evaluation it refuses",
+    )
 
     @model_validator(mode="after")
     def _names_match_counts(self) -> SiloInfo:

@@ -103,6 +103,8 @@ def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = N
     if set(nodes) - answered:
         raise RoundError(f"setup round: no reply from nodes {sorted(set(nodes) - answered)}")
     _check_roles(config, entries)
+    if config.spec.federated_evaluation:
+        _check_evaluations(entries)
     ordered = sorted(entries, key=lambda e: e.info.silo_id)
     return Federation(
         silos=tuple(e for e in ordered if e.info.role != "sensitive"),
@@ -136,6 +138,26 @@ def _check_roles(config: RunConfig, entries: list[SiloEntry]) -> None:
             f"and {want['sensitive']} sensitive parties, but {got['features']} feature parties, {got['sensitive']} "
             f"sensitive parties and {got['silo']} silos answered; start each node with its role (node config 'role' "
             "and the party's data-path)"
+        )
+
+
+def _check_evaluations(entries: list[SiloEntry]) -> None:
+    """Every run evaluates (every `eval-every` rounds and after the last): a node whose operator's policy refuses the
+    evaluation it would be asked for stops the run here, before anything private is released, not at its first
+    evaluation after rounds of training. A feature party answers only exactly (its test predictions have no noised
+    form); a silo and a sensitive party answer exactly or noised."""
+    refusing = []
+    for entry in entries:
+        mode = entry.info.evaluation
+        if mode == "refuse" or (entry.info.role == "features" and mode != "exact"):
+            refusing.append(f"{entry.name} (evaluation = {mode!r})")
+    if refusing:
+        raise RoundError(
+            f"setup round: {', '.join(refusing)} would refuse the run's evaluations, as its operator's policy says; "
+            "a run evaluates every eval-every rounds and after the last. A silo or a sensitive party answers "
+            'evaluations with evaluation = "noised" or "exact"; a feature party only with "exact" (its test '
+            "predictions have no noised form yet). Its operator changes the policy's `evaluation`, or the run goes "
+            "without that node"
         )
 
 

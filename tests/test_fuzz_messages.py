@@ -349,6 +349,7 @@ def test_silo_info_names_must_match_its_counts() -> None:
         schema_hash="h",
         label_names=("a", "b"),
         group_names=("g",),
+        evaluation="exact",
     )
     msg.SiloInfo(**info)
     for key, value in [("num_labels", 100_000), ("num_groups", 7)]:

@@ -127,6 +127,7 @@ def federation() -> Federation:
             schema_hash="abc",
             label_names=("0", "1"),
             group_names=("a", "b"),
+            evaluation="exact",
         )
         silos.append(SiloEntry(node_id=node, info=info))
     return Federation(silos=tuple(silos))

@@ -227,3 +227,32 @@ def test_silofl_run_on_ray_under_a_silo_policy_meets_the_same_ledgers(tmp_path: 
     capsys.readouterr()
     assert main([*again, "--seed", "3", "--out", str(tmp_path / "three")]) == 1
     assert "refuses the job before releasing anything" in capsys.readouterr().err
+
+
+def test_a_silo_that_refuses_evaluations_stops_the_run_at_setup(tmp_path: Path, capsys) -> None:
+    """Every run evaluates (every eval-every rounds and after the last): silos whose policy says
+    `evaluation = "refuse"` stop it at the setup round, naming them, before any job is admitted or any round
+    released, not after the training at the first evaluation."""
+    from server.cli import main
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('lifetime-epsilon = 3.0\nlifetime-delta = 1e-6\nevaluation = "refuse"\n')
+    state = tmp_path / "state"
+    argv = [
+        "run",
+        "dp-fedsgd",
+        "--rounds",
+        "2",
+        "--silos",
+        "2",
+        "--silo-policy",
+        str(policy),
+        "--silo-state",
+        str(state),
+    ]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "setup round: silo 0 (node" in err and "(evaluation = 'refuse')" in err and "silo 1 (node" in err
+    for folder in ("silo0", "silo1"):
+        assert lifetime_ledger.load(state / folder).jobs == {}
+        assert not list((state / folder).glob("silo*-job-*.json"))

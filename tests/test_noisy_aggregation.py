@@ -37,6 +37,7 @@ def _strategy(lam: float, radius: float = 10.0) -> NoisyAggregation:
             schema_hash="h",
             label_names=("0", "1"),
             group_names=("a", "b"),
+            evaluation="exact",
         )
         silos.append(SiloEntry(node_id=10 + i, info=info))
     instruction = msg.TrainInstruction.for_algorithm(

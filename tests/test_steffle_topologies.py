@@ -415,7 +415,7 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     under a lifetime budget, whose default is to answer evaluations noised: every confusion query is answered with
     a Gaussian histogram (report noise_std = evaluation-noise, counts unlike the exact ones), charged to the census's
     lifetime ledger first at radius sqrt(2)/2 (counts alone), once per query; the run still reports its metrics. Under
-    `evaluation = "refuse"` the run stops at its first evaluation, naming the policy."""
+    `evaluation = "refuse"`, or with feature parties that would answer noised, the run stops at setup, naming them."""
     import math
 
     from client import lifetime_ledger
@@ -456,12 +456,23 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     assert len(ledger.jobs) == 1  # the SteFFLe job, admitted once
     assert exact["final"] != result["final"]
 
+    # a node that would refuse the run's evaluations (every run evaluates) stops it at setup, before any release:
+    # the census under evaluation = "refuse"; feature parties whose budget makes them answer noised (no noised form
+    # for their test predictions yet)
     policy.write_text('lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nevaluation = "refuse"\n')
     configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path / "other"))  # the same job anew
     configs[-1]["policy"] = str(policy)
     grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
-    with pytest.raises(RoundError, match=r'sensitive party 0.*evaluation = "refuse"'):
+    with pytest.raises(RoundError, match=r"setup round: sensitive party 0 \(node \d+\) \(evaluation = 'refuse'\)"):
         run_federation(grid, config)
+    assert [m.metadata.message_type for m, _ in grid.log] == ["query.setup"] * config.num_nodes
+    banks = tmp_path / "banks.toml"
+    banks.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nalgorithms = [\"steffle\"]\n")
+    configs = simulated_node_configs(config, policy=str(banks), state_dir=str(tmp_path / "banks"))
+    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
+    with pytest.raises(RoundError, match=r"features party 0 .*'noised'.*features party 2 .*feature party only with"):
+        run_federation(grid, config)
+    assert [m.metadata.message_type for m, _ in grid.log] == ["query.setup"] * config.num_nodes
 
     # one noised evaluation past the lifetime budget: refused before anything is counted, nothing charged
     policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nevaluation-noise = 0.05\n")

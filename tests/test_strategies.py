@@ -36,6 +36,7 @@ def _federation(sizes=(100, 300)) -> Federation:
             schema_hash="abc",
             label_names=("0", "1"),
             group_names=("a", "b"),
+            evaluation="exact",
         )
         silos.append(SiloEntry(node_id=10 + i, info=info))
     return Federation(silos=tuple(silos))

@@ -101,6 +101,9 @@ class Algorithm:
     #: DP-FedSGD noises a silo's whole records; SteFFLe noises only the sensitive attribute, which is all a sensitive
     #: party holds but not all a silo holds (its loss gradient is in the clear).
     noised_for: tuple[str, ...] = ()
+    #: Whether the run asks the nodes for evaluations (confusion counts of their test splits); FedSC evaluates its
+    #: encoder on the server's own probe data instead. The server checks at setup that every node answers them.
+    federated_evaluation: bool = True
     #: The privacy report: what the mechanism is (text or config -> text) and what it does not cover.
     mechanism: str | Callable[[Any], str] = "none"
     not_covered: str = EXACT_EVALUATION

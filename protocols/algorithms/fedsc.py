@@ -67,6 +67,7 @@ SSL_ENTRY: dict[str, Any] = {
     "fairness_metrics": False,
     "progress_metrics": SSL_PROGRESS,
     "plots": ("fedsc",),
+    "federated_evaluation": False,  # the encoder is evaluated on the server's own probe data
 }
 
 
