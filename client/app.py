@@ -292,14 +292,7 @@ def evaluate(message: Message, context: Context) -> Message:
         generator = noised_evaluation.generator(context, silo_id=silo.silo_id, server_round=instr.server_round)
         counts, loss_sum = noised_evaluation.noised_release(counts, losses, policy, generator)
         noise_std = policy.evaluation_noise
-    report = msg.EvaluateReport(
-        silo_id=silo.silo_id,
-        server_round=instr.server_round,
-        num_examples=len(y),
-        loss_sum=loss_sum,
-        noise_std=noise_std,
-    )
-    content = RecordDict({msg.COUNTS: msg.arrays_record({"counts": counts}), msg.REPORT: report.to_metric_record()})
+    content = msg.evaluation_content(silo.silo_id, instr.server_round, len(y), counts, loss_sum, noise_std)
     return Message(content, reply_to=message)
 
 
@@ -324,14 +317,16 @@ def _feature_train(message: Message, context: Context) -> Message:
 
 
 def _party_evaluation_allowed(context: Context, what: str) -> None:
-    """A feature party answers evaluations (its test records' ids, labels and predictions) only exactly, and only if
-    its policy says so: that answer has no noised form yet, so ``noised`` refuses, like ``refuse``."""
+    """A feature party sends its test records' ids, labels and predictions (for the sensitive parties to count by
+    group) only if its policy answers evaluations exactly; noised, it answers only the grouped evaluation (counts by
+    the sensitive parties' randomized groups), which the server asks of it once its setup said so."""
     mode = silo_policy.evaluation_mode(context)
     if mode != "exact":
         raise msg.MessageError(
-            f"{what}: this party's policy answers evaluations {mode!r}; a feature party's evaluation (its test "
-            "records' predictions, which the sensitive parties count by group) has no noised form yet, so it refuses "
-            '(evaluation = "exact" answers it exactly)'
+            f"{what}: this party's policy answers evaluations {mode!r}, and this message asks for its test records' "
+            'predictions one by one, which it sends only under evaluation = "exact"; a noised evaluation counts them '
+            "by the sensitive parties' randomized groups (the server sends those when the setup says evaluation = "
+            '"noised")'
         )
 
 
@@ -362,9 +357,47 @@ class _NoisedConfusion:
         return noised_evaluation.noised_counts(counts, self.policy, generator)
 
 
+class _NoisedFeatureEvaluation:
+    """A feature party's noised grouped evaluation (`client.noised_evaluation.noised_release`: counts and clipped
+    loss), charged to its lifetime ledger before it is computed."""
+
+    def __init__(self, context: Context, party_id: int, who: str) -> None:
+        self.context, self.party_id, self.who = context, party_id, who
+        self.policy = silo_policy.node_policy(context)
+        self.std = self.policy.evaluation_noise
+
+    def charge(self, server_round: int) -> None:
+        from client import noised_evaluation
+
+        noised_evaluation.charge(self.context, self.policy, server_round=server_round, who=self.who)
+
+    def release(self, counts: np.ndarray, losses: np.ndarray, server_round: int) -> tuple[np.ndarray, float]:
+        from client import noised_evaluation
+
+        generator = noised_evaluation.generator(self.context, silo_id=self.party_id, server_round=server_round)
+        return noised_evaluation.noised_release(counts, losses, self.policy, generator)
+
+
+def _grouped_feature_evaluate(message: Message, context: Context, party, what: str) -> Message:
+    """An evaluate message carrying the sensitive parties' randomized groups: the party's counts by (source, group,
+    label, prediction), exact or noised as its policy says."""
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG, parties.ROWS, parties.GROUPED}, what=what)
+    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    mode = silo_policy.evaluation_mode(context)
+    if mode == "refuse":
+        raise msg.MessageError(f'{what}: this party\'s policy answers no evaluations (evaluation = "refuse")')
+    noised = _NoisedFeatureEvaluation(context, party.party_id, what) if mode == "noised" else None
+    with _single_thread():
+        model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
+        content = _party_module().grouped_evaluate(model, party, message, instr, noised)
+    return Message(content, reply_to=message)
+
+
 def _feature_evaluate(message: Message, context: Context) -> Message:
     party = _party(context, parties.FEATURES)
     what = f"evaluate message to feature party {party.party_id}"
+    if parties.ROWS in message.content:
+        return _grouped_feature_evaluate(message, context, party, what)
     _party_evaluation_allowed(context, what)
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
@@ -418,6 +451,39 @@ def sensitive(message: Message, context: Context) -> Message:
     """A sensitive party's step of a round: its noised sums over the requested ids it holds."""
     _party_for(context, parties.SENSITIVE, parties.SENSITIVE_QUERY)
     return _sensitive_answer("sensitive", parties.SENSITIVE_QUERY, message, context)
+
+
+@app.query("testgroups")
+def test_groups(message: Message, context: Context) -> Message:
+    """A sensitive party's permanent randomized response of its test records' groups (for the feature parties'
+    noised evaluation), charged to its lifetime ledger once per secret and eps, before it is computed."""
+    from client import lifetime_ledger, noised_evaluation, privacy_state
+    from protocols.randomized_response import noise_parameter, secret_fingerprint
+
+    party = _party_for(context, parties.SENSITIVE, parties.TEST_GROUPS)
+    what = f"test groups query to sensitive party {party.party_id}"
+    if silo_policy.evaluation_mode(context) == "refuse":
+        raise msg.MessageError(f'{what}: this party\'s policy answers no evaluations (evaluation = "refuse")')
+    policy = silo_policy.node_policy(context)
+    epsilon, k = policy.evaluation_groups_epsilon, party.info.num_groups
+    secret = noised_evaluation.response_secret(context, party_id=party.party_id)
+    directory = privacy_state.state_dir(context)
+    if directory is None and policy.has_budget:
+        raise msg.MessageError(
+            f"{what}: its policy has a budget, and charges the randomized response of its test groups to its lifetime "
+            f"ledger, which needs a state folder (node config '{privacy_state.STATE_DIR_KEY}'); it has none, so it "
+            "refuses"
+        )
+    if directory is not None:
+        lifetime_ledger.charge_randomized_response(
+            directory,
+            policy,
+            fingerprint=secret_fingerprint(secret, epsilon, k),
+            noise_parameter=noise_parameter(epsilon, k),
+            groups=k,
+            who=what,
+        )
+    return Message(_party_module().test_groups(party, message, secret, epsilon), reply_to=message)
 
 
 @app.query("confusion")

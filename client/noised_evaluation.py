@@ -88,6 +88,45 @@ def noised_counts(counts: np.ndarray, policy: SiloPolicy, generator: torch.Gener
     return np.clip(np.rint(noised), 0, None).astype(np.int64).reshape(counts.shape)
 
 
+#: The secret of a sensitive party's permanent randomized response (`protocols.randomized_response`), in its state
+#: folder: created once (32 bytes from the OS, owner-only), never sent.
+RESPONSE_SECRET_FILE = "randomized-response.key"
+_PROCESS_SECRETS: dict[int, bytes] = {}
+
+
+def response_secret(context: Context, *, party_id: int) -> bytes:
+    """The key of the party's permanent randomized response: derived from the run in simulation (reproducible, as
+    every simulated draw), else the secret in its state folder (created on first use), else (no folder, so no ledger
+    either) one per process."""
+    import hashlib
+    import os
+
+    if randomness.is_deterministic(context):
+        return hashlib.sha256(f"silofl-randomized-response|{int(context.run_id)}|{party_id}".encode()).digest()
+    directory = privacy_state.state_dir(context)
+    if directory is None:
+        return _PROCESS_SECRETS.setdefault(party_id, os.urandom(32))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / RESPONSE_SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.write(fd, os.urandom(32))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    secret = path.read_bytes()
+    if len(secret) != 32:
+        raise msg.MessageError(
+            f"{path} holds {len(secret)} bytes, not the 32 of the party's randomized-response secret; restore it "
+            "(a new secret would draw its test records' groups again, a new release)"
+        )
+    return secret
+
+
 def generator(context: Context, *, silo_id: int, server_round: int) -> torch.Generator:
     """The evaluation's noise: seeded by the run in simulation, OS entropy when deployed (`client.randomness`)."""
     return randomness.torch_generator(

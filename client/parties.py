@@ -1,14 +1,18 @@
 """What every feature or sensitive party answers, whatever the algorithm (protocols/parties.py lists the messages).
 
 * feature party: ``query.records`` (:func:`records`: the ids and labels of its training records, the ids of its test
-  records) and ``evaluate`` (:func:`feature_evaluate`: predictions on its test records, its summed loss);
-* sensitive party: ``query.coverage`` (:func:`coverage`: how many of each feature party's ids it holds) and
-  ``query.confusion`` (:func:`confusion`: the (group, label, prediction) counts of the test records it holds).
+  records) and ``evaluate`` (:func:`feature_evaluate`: predictions on its test records, its summed loss; or, given
+  the sensitive parties' randomized groups, :func:`grouped_evaluate`: its counts by (source, group, label,
+  prediction), exact or noised);
+* sensitive party: ``query.coverage`` (:func:`coverage`: how many of each feature party's ids it holds),
+  ``query.confusion`` (:func:`confusion`: the (group, label, prediction) counts of the test records it holds, exact
+  or noised) and ``query.testgroups`` (:func:`test_groups`: the permanent randomized response of its test records'
+  groups).
 
-The fairness metrics need s, which only sensitive parties hold: the feature parties send test predictions (id, yhat,
-y) and the sensitive parties return the counts, exact as a silo's evaluation counts are today (they describe the
-held-out test split, not the training records the DP guarantee covers; see the run's privacy report). Ids, labels
-and predictions are non-sensitive in this model.
+The fairness metrics need s, which only sensitive parties hold. Exactly: the feature parties send test predictions
+(id, yhat, y) and the sensitive parties count them by group. Under a feature party's ``evaluation = "noised"``
+nothing per record leaves a party: the sensitive parties send randomized groups, the feature parties noised counts
+(`strategies.party_evaluation` on the server's side).
 """
 
 from __future__ import annotations
@@ -80,6 +84,87 @@ def feature_evaluate(model: torch.nn.Module, party: FeaturePartyData, instr: msg
     )
 
 
+class NoisedEvaluation(Protocol):
+    """How a feature party whose policy answers evaluations noised releases its grouped counts and loss."""
+
+    std: float
+
+    def charge(self, server_round: int) -> None:
+        """Charge the release to the party's lifetime ledger (before anything is computed; MessageError: refused)."""
+
+    def release(self, counts: np.ndarray, losses: np.ndarray, server_round: int) -> tuple[np.ndarray, float]:
+        """The noised counts (int64, >= 0) and loss sum (>= 0)."""
+
+
+def grouped_evaluate(
+    model: torch.nn.Module,
+    party: FeaturePartyData,
+    message: Message,
+    instr: msg.EvaluateInstruction,
+    noised: NoisedEvaluation | None = None,
+) -> RecordDict:
+    """Counts of the party's test records by (source, randomized group, label, prediction), the randomized groups
+    those the sensitive parties answered (`protocols.randomized_response`), sent in the message's rows, and the summed
+    loss: exact, or `noised` (charged once the message is validated, before anything is computed). Every test record
+    of the party must have exactly one row; rows of other records are ignored. No per-record value leaves the party."""
+    from protocols.models import loss_fn
+
+    what = f"evaluate message to feature party {party.party_id}"
+    grouped = msg.read_config(message.content, msg.GroupedEvaluation, record=pm.GROUPED, what=what)
+    rows = pm.read_columns(message.content, pm.ROWS, ("ids", "groups", "sources"), max_rows=MAX_ROWS, what=what)
+    pm.check_ids(rows["ids"], what)
+    info = party.info
+    for name, bound in (("groups", info.num_groups), ("sources", grouped.sources)):
+        values = rows[name]
+        if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
+            raise msg.MessageError(f"{what}: '{pm.ROWS}.{name}' must be in 0..{bound - 1}")
+    order = np.argsort(rows["ids"], kind="stable")
+    position = np.searchsorted(rows["ids"][order], party.test_ids)
+    found = position < len(order)
+    found[found] = rows["ids"][order[position[found]]] == party.test_ids[found]
+    if not found.all():
+        raise msg.MessageError(
+            f"{what}: {int((~found).sum())} of its {len(found)} test records have no row (id, randomized group); "
+            "every test record must be counted under the group its sensitive party answered"
+        )
+    if noised is not None:
+        noised.charge(instr.server_round)
+    picked = order[position]
+    x = torch.from_numpy(party.test.features)
+    y = torch.from_numpy(party.test.labels)
+    with torch.no_grad():
+        logits = model(x)
+        losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").numpy().astype(np.float64)
+        loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
+        predictions = logits.argmax(dim=1).numpy()
+    L = info.num_labels
+    cells = ((rows["sources"][picked] * info.num_groups + rows["groups"][picked]) * L + party.test.labels) * L
+    shape = (grouped.sources, info.num_groups, L, L)
+    counts = np.bincount(cells + predictions, minlength=int(np.prod(shape))).astype(np.int64).reshape(shape)
+    noise_std = 0.0
+    if noised is not None:
+        counts, loss_sum = noised.release(counts, losses, instr.server_round)
+        noise_std = noised.std
+    return msg.evaluation_content(party.party_id, instr.server_round, len(y), counts, loss_sum, noise_std)
+
+
+def test_groups(party: SensitivePartyData, message: Message, secret: bytes, epsilon: float) -> RecordDict:
+    """The randomized response of the group of every test record this party holds (ids, groups), permanent for
+    `secret` and `epsilon` (`protocols.randomized_response`); the caller charged it first."""
+    from protocols.randomized_response import permanent_groups
+
+    what = f"test groups query to sensitive party {party.party_id}"
+    msg.check_records(message.content, {msg.CONFIG}, what=what)
+    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    groups = permanent_groups(secret, party.test_ids, party.test_groups, epsilon, party.info.num_groups)
+    report = msg.TestGroupsReport(
+        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(groups), epsilon=epsilon
+    )
+    return RecordDict(
+        {pm.ROWS: pm.int_record(ids=party.test_ids, groups=groups), msg.REPORT: report.to_config_record()}
+    )
+
+
 class NoisedCounts(Protocol):
     """How a sensitive party whose policy answers evaluations noised releases its confusion counts."""
 
@@ -127,7 +212,7 @@ def role_error(role: str, kind: str, node: str) -> msg.MessageError:
     """A message a node of `role` does not answer (the server sent it to the wrong party)."""
     answers = {
         pm.FEATURES: "query.setup, query.records, train, evaluate",
-        pm.SENSITIVE: "query.setup, query.coverage, query.groups, query.sensitive, query.confusion",
+        pm.SENSITIVE: "query.setup, query.coverage, query.groups, query.sensitive, query.confusion, query.testgroups",
         pm.SILO: "the silo messages (query.setup, query.groups, query.correlation, train, evaluate)",
     }[role]
     return msg.MessageError(f"{node} has role {role!r} and does not answer {kind!r} messages; it answers {answers}")

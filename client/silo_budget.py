@@ -68,12 +68,13 @@ def node_report(directory: Path, delta: float | None = None) -> dict[str, object
             }
         )
     training = lifetime_ledger.epsilon_of(ledger.training_state(), at)
-    evaluation = lifetime_ledger.epsilon_of(ledger.evaluation_state(), at)
+    evaluation = ledger.evaluation_epsilon(at)
     spent = max(training, evaluation)
     return {
         "folder": str(directory),
         "jobs": jobs,
         "evaluations": sum(ledger.evaluations.values()),
+        "randomized_responses": len(ledger.randomized_responses),
         "evaluation_runs": ledger.evaluation_runs,
         "delta": at,
         "training_epsilon": training,
@@ -108,7 +109,8 @@ def print_report(report: dict[str, object]) -> None:
     console = Console()
     console.print(table)
     console.print(
-        f"evaluations answered noised: {report['evaluations']} (epsilon {_fmt(report['evaluation_epsilon'])}); "
+        f"evaluations answered noised: {report['evaluations']}, randomized responses of the test groups: "
+        f"{report.get('randomized_responses', 0)} (epsilon {_fmt(report['evaluation_epsilon'])}); "
         f"jobs: epsilon {_fmt(report['training_epsilon'])}; lifetime epsilon {_fmt(report['lifetime_epsilon'])} "
         f"at delta {report['delta']:g} (PLD, replace one record; jobs and evaluations of disjoint records compose in "
         f"parallel); budget {_fmt(report['budget'])}, left {_fmt(report['left'])}"

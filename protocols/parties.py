@@ -43,6 +43,10 @@ RECORDS = "query.records"
 COVERAGE = "query.coverage"
 SENSITIVE_QUERY = "query.sensitive"
 CONFUSION = "query.confusion"
+#: A sensitive party's randomized response of its test records' groups (a feature party's noised evaluation).
+TEST_GROUPS = "query.testgroups"
+#: The record of a grouped evaluate message (`protocols.messages.GroupedEvaluation`).
+GROUPED = "grouped"
 
 TRAIN_ROWS = "train-rows"
 TEST_ROWS = "test-rows"

@@ -16,6 +16,8 @@ and validated before the silo joins anything, so a mistake in it stops the silo 
     evaluation = "noised"         # "noised" | "exact" | "refuse"; default "noised" with a budget, else "exact"
     evaluation-noise = 20.0       # std of the Gaussian noise on each confusion count of a noised evaluation
     evaluation-loss-bound = 10.0  # a test record's loss is clipped to this in a noised evaluation
+    evaluation-groups-epsilon = 1.0  # a sensitive party: the eps of the randomized response of its test records'
+                                  # groups that a feature party's noised evaluation needs (charged once, permanent)
 
 A *budget* is a finite `lifetime-epsilon` or `max-epsilon-per-job`. Without one, and without a policy at all, a silo
 behaves as it did before policies existed (simulation gives the same numbers). A policy the silo cannot satisfy for a
@@ -40,6 +42,9 @@ DEFAULT_EVALUATION_NOISE = 20.0
 #: A test record's loss is clipped to this (nats) in a noised evaluation, so that one record moves the loss sum by at
 #: most this much (cross-entropy is unbounded).
 DEFAULT_EVALUATION_LOSS_BOUND = 10.0
+#: The eps of a sensitive party's randomized response of its test records' groups (`protocols.randomized_response`):
+#: with two groups the true group comes out 73 % of the time; the server's estimate of the counts stays unbiased.
+DEFAULT_EVALUATION_GROUPS_EPSILON = 1.0
 
 
 class PolicyError(ValueError):
@@ -62,6 +67,9 @@ class SiloPolicy(BaseModel):
     evaluation_noise: float = Field(default=DEFAULT_EVALUATION_NOISE, alias="evaluation-noise", gt=0, le=1e6)
     evaluation_loss_bound: float = Field(
         default=DEFAULT_EVALUATION_LOSS_BOUND, alias="evaluation-loss-bound", gt=0, le=1e6
+    )
+    evaluation_groups_epsilon: float = Field(
+        default=DEFAULT_EVALUATION_GROUPS_EPSILON, alias="evaluation-groups-epsilon", gt=0, le=20
     )
 
     @field_validator("algorithms")

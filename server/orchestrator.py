@@ -144,20 +144,18 @@ def _check_roles(config: RunConfig, entries: list[SiloEntry]) -> None:
 def _check_evaluations(entries: list[SiloEntry]) -> None:
     """Every run evaluates (every `eval-every` rounds and after the last): a node whose operator's policy refuses the
     evaluation it would be asked for stops the run here, before anything private is released, not at its first
-    evaluation after rounds of training. A feature party answers only exactly (its test predictions have no noised
-    form); a silo and a sensitive party answer exactly or noised."""
+    evaluation after rounds of training. Every node answers exactly or noised (a feature party answering noised makes
+    the evaluation go by the sensitive parties' randomized groups: `strategies.party_evaluation`)."""
     refusing = []
     for entry in entries:
         mode = entry.info.evaluation
-        if mode == "refuse" or (entry.info.role == "features" and mode != "exact"):
+        if mode == "refuse":
             refusing.append(f"{entry.name} (evaluation = {mode!r})")
     if refusing:
         raise RoundError(
             f"setup round: {', '.join(refusing)} would refuse the run's evaluations, as its operator's policy says; "
-            "a run evaluates every eval-every rounds and after the last. A silo or a sensitive party answers "
-            'evaluations with evaluation = "noised" or "exact"; a feature party only with "exact" (its test '
-            "predictions have no noised form yet). Its operator changes the policy's `evaluation`, or the run goes "
-            "without that node"
+            "a run evaluates every eval-every rounds and after the last. A node answers them with evaluation = "
+            '"noised" or "exact": its operator changes the policy\'s `evaluation`, or the run goes without that node'
         )
 
 

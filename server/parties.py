@@ -13,43 +13,13 @@ the feature parties' (id, y) sent to them once, in setup).
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
 from protocols import messages as msg
 from protocols import parties as pm
-from strategies.base import Federation, RoundError, collect_replies
-
-
-def _send(grid: Grid, federation: Federation, entries, records: dict, kind: str, timeout: float):
-    messages = [Message(RecordDict(dict(records)), e.node_id, kind, group_id=kind) for e in entries]
-    return collect_replies(federation, 0, grid.send_and_receive(messages, timeout=timeout), kind, timeout, entries)
-
-
-def feature_records(
-    grid: Grid, federation: Federation, instruction: msg.TrainInstruction, timeout: float
-) -> list[dict[str, dict[str, np.ndarray]]]:
-    """Step 1: per feature party (in id order), its train (ids, labels) and test (ids), checked against its setup."""
-    out = []
-    content = {msg.CONFIG: instruction.to_config_record()}
-    for entry, reply in _send(grid, federation, federation.silos, content, pm.RECORDS, timeout):
-        what = f"records reply from {entry.name}"
-        msg.check_records(reply.content, {pm.TRAIN_ROWS, pm.TEST_ROWS}, what=what)
-        info = entry.info
-        train = pm.read_columns(reply.content, pm.TRAIN_ROWS, ("ids", "labels"), max_rows=info.n_train, what=what)
-        test = pm.read_columns(reply.content, pm.TEST_ROWS, ("ids",), max_rows=info.n_test, what=what)
-        if len(train["ids"]) != info.n_train or len(test["ids"]) != info.n_test:
-            raise RoundError(
-                f"{what}: {len(train['ids'])} train and {len(test['ids'])} test ids, but its setup said "
-                f"{info.n_train} and {info.n_test}"
-            )
-        for split, rows in (("train", train), ("test", test)):
-            pm.check_ids(rows["ids"], f"{what} ({split})")
-        labels = train["labels"]
-        if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= info.num_labels):
-            raise RoundError(f"{what}: training labels outside 0..{info.num_labels - 1}")
-        out.append({"train": train, "test": test})
-    return out
+from strategies.base import Federation, RoundError
+from strategies.party_evaluation import feature_records, send_to
 
 
 def check_coverage(
@@ -62,7 +32,7 @@ def check_coverage(
         owner = np.concatenate([np.full(len(r[split]["ids"]), j, dtype=np.int64) for j, r in enumerate(records)])
         content[record] = pm.int_record(ids=ids, owner=owner)
     held = {"train": np.zeros(len(records), dtype=np.int64), "test": np.zeros(len(records), dtype=np.int64)}
-    for entry, reply in _send(grid, federation, federation.sensitive, content, pm.COVERAGE, timeout):
+    for entry, reply in send_to(grid, federation, federation.sensitive, content, pm.COVERAGE, timeout):
         what = f"coverage reply from {entry.name}"
         msg.check_records(reply.content, {msg.COUNTS}, what=what)
         counts = msg.check_arrays(

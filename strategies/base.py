@@ -429,9 +429,11 @@ class SiloflStrategy(Strategy):
             self._message(records, instruction, msg.EVALUATE, e.node_id, server_round) for e in self.federation.silos
         ]
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        info = self.federation.info
-        shape = (info.num_groups, info.num_labels, info.num_labels)
+    def summed_evaluations(
+        self, server_round: int, replies: Iterable[Message], shape: tuple[int, ...]
+    ) -> tuple[np.ndarray, float, int, dict[int, float]]:
+        """The evaluate replies' counts (each of `shape`, checked: exact ones sum to num-examples, noised ones lie
+        within their noise), summed; their loss sums and num-examples summed; each node's noise std."""
         total = np.zeros(shape, dtype=np.int64)
         loss_sum, n = 0.0, 0
         noise: dict[int, float] = {}
@@ -448,6 +450,12 @@ class SiloflStrategy(Strategy):
             total += c
             loss_sum += report.loss_sum
             n += report.num_examples
+        return total, loss_sum, n, noise
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        info = self.federation.info
+        shape = (info.num_groups, info.num_labels, info.num_labels)
+        total, loss_sum, n, noise = self.summed_evaluations(server_round, replies, shape)
         self._eval_counts = total
         self.evaluation_noise = noise  # set only once every reply passed its checks: a refused round changes nothing
         return evaluation_metrics(total, loss_sum, n)

@@ -46,6 +46,7 @@ from strategies.base import (
     weighted_sum,
 )
 from strategies.noisy_aggregation import NoisyAggregation
+from strategies.party_evaluation import debiased_counts, feature_records, grouped_messages, randomized_groups
 
 
 class PartiesNoisyAggregation(NoisyAggregation):
@@ -56,6 +57,8 @@ class PartiesNoisyAggregation(NoisyAggregation):
         self._grid: Grid | None = None
         self._sensitive_reports: dict[int, msg.TrainReport] = {}
         self._num_params = sum(int(np.prod(shape)) for _, shape in self.param_spec)
+        self._test_ids: list[np.ndarray] | None = None
+        self._group_epsilons: list[float] = []
 
     # -- step 1: the feature parties ---------------------------------------------------------------------------------
     def configure_train(
@@ -157,13 +160,40 @@ class PartiesNoisyAggregation(NoisyAggregation):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._grid = grid
-        return super().configure_evaluate(server_round, arrays, config, grid)
+        if not self.grouped_evaluation:
+            return super().configure_evaluate(server_round, arrays, config, grid)
+        instruction = self.eval_instruction.model_copy(update={"server_round": server_round})
+        if self._test_ids is None:  # asked once per run (also a resumed one): the ids are not private here
+            records = feature_records(grid, self.federation, instruction, self.timeout)
+            self._test_ids = [r["test"]["ids"] for r in records]
+        rows, self._group_epsilons = randomized_groups(grid, self.federation, instruction, self.timeout)
+        return grouped_messages(
+            self.federation, self._test_ids, rows, arrays, instruction.to_config_record(), server_round
+        )
+
+    @property
+    def grouped_evaluation(self) -> bool:
+        """Whether a feature party answers evaluations noised (its setup said so): then every feature party counts
+        its test records by the sensitive parties' randomized groups (`strategies.party_evaluation`)."""
+        return any(e.info.evaluation == "noised" for e in self.federation.silos)
+
+    def _aggregate_grouped(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
+        """The feature parties' counts by (source, randomized group, label, prediction), summed and debiased."""
+        info = self.federation.info
+        shape = (len(self.federation.sensitive), info.num_groups, info.num_labels, info.num_labels)
+        total, loss_sum, n, noise = self.summed_evaluations(server_round, replies, shape)
+        estimated = debiased_counts(total, self._group_epsilons)
+        self._eval_counts = estimated
+        self.evaluation_noise = noise  # set only once every reply passed its checks
+        return evaluation_metrics(estimated, loss_sum, n)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The feature parties' predictions, counted by group at the sensitive parties; every test record counted
-        once."""
+        once. With a feature party answering noised: their counts by randomized group, debiased."""
         if self._grid is None:
             raise RoundError("aggregate_evaluate called before configure_evaluate")
+        if self.grouped_evaluation:
+            return self._aggregate_grouped(server_round, replies)
         info = self.federation.info
         columns, loss_sum, n = [], 0.0, 0
         for entry, reply in self._collect(server_round, replies, "evaluate"):

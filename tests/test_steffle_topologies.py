@@ -415,7 +415,7 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     under a lifetime budget, whose default is to answer evaluations noised: every confusion query is answered with
     a Gaussian histogram (report noise_std = evaluation-noise, counts unlike the exact ones), charged to the census's
     lifetime ledger first at radius sqrt(2)/2 (counts alone), once per query; the run still reports its metrics. Under
-    `evaluation = "refuse"`, or with feature parties that would answer noised, the run stops at setup, naming them."""
+    `evaluation = "refuse"` the run stops at setup, naming it."""
     import math
 
     from client import lifetime_ledger
@@ -456,9 +456,7 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     assert len(ledger.jobs) == 1  # the SteFFLe job, admitted once
     assert exact["final"] != result["final"]
 
-    # a node that would refuse the run's evaluations (every run evaluates) stops it at setup, before any release:
-    # the census under evaluation = "refuse"; feature parties whose budget makes them answer noised (no noised form
-    # for their test predictions yet)
+    # a node that would refuse the run's evaluations (every run evaluates) stops it at setup, before any release
     policy.write_text('lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nevaluation = "refuse"\n')
     configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path / "other"))  # the same job anew
     configs[-1]["policy"] = str(policy)
@@ -466,13 +464,7 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     with pytest.raises(RoundError, match=r"setup round: sensitive party 0 \(node \d+\) \(evaluation = 'refuse'\)"):
         run_federation(grid, config)
     assert [m.metadata.message_type for m, _ in grid.log] == ["query.setup"] * config.num_nodes
-    banks = tmp_path / "banks.toml"
-    banks.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nalgorithms = [\"steffle\"]\n")
-    configs = simulated_node_configs(config, policy=str(banks), state_dir=str(tmp_path / "banks"))
-    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
-    with pytest.raises(RoundError, match=r"features party 0 .*'noised'.*features party 2 .*feature party only with"):
-        run_federation(grid, config)
-    assert [m.metadata.message_type for m, _ in grid.log] == ["query.setup"] * config.num_nodes
+    assert lifetime_ledger.load(tmp_path / "other" / "sensitive0").jobs == {}  # nothing admitted, nothing released
 
     # one noised evaluation past the lifetime budget: refused before anything is counted, nothing charged
     policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\nevaluation-noise = 0.05\n")
@@ -482,3 +474,103 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     with pytest.raises(RoundError, match=r"sensitive party 0.*lifetime-epsilon = 10.*refuses to evaluate"):
         run_federation(grid, config)
     assert lifetime_ledger.load(tmp_path / "third" / "sensitive0").evaluations == {}
+
+
+def test_feature_parties_answering_noised_evaluate_by_the_censuss_randomized_groups(tmp_path) -> None:
+    """Central-sensitive, the banks answering evaluations noised (their policy; SteFFLe sends a bank's own gradients
+    in the clear, so no budget), the census under a lifetime budget: no per-record value leaves a party. The census
+    answers the randomized response of its test records' groups, the same at every evaluation (permanent: a keyed
+    hash of the id) and charged to its lifetime ledger once, also across two runs on its folder;
+    each bank answers a Gaussian histogram by (source, randomized group, label, prediction) and its clipped loss,
+    charged per evaluation; the server's metrics come from the debiased sum, near the exact run's; the exact
+    evaluation leaves the privacy report's not_covered."""
+    import math
+
+    from client import lifetime_ledger
+    from server.engines import simulated_node_configs
+
+    config = _config(topology="central-sensitive", rounds=2, **{"eval-every": 1})
+    banks, census_policy = tmp_path / "banks.toml", tmp_path / "census.toml"
+    banks.write_text('evaluation = "noised"\n')  # SteFFLe releases a bank's own gradients in the clear: no budget
+    census_policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\n")
+    state = tmp_path / "state"
+    configs = simulated_node_configs(config, policy=str(banks), state_dir=str(state))
+    configs[-1]["policy"] = str(census_policy)
+    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
+    result = run_federation(grid, config)
+    exact, _ = _run(config)
+    assert result["status"]["completed"]
+    kinds = [m.metadata.message_type for m, _ in grid.log]
+    assert pm.CONFUSION not in kinds and kinds.count(pm.TEST_GROUPS) == 2
+    groups = [
+        np.asarray(reply.content[pm.ROWS]["groups"].numpy())
+        for sent, reply in grid.log
+        if sent.metadata.message_type == pm.TEST_GROUPS
+    ]
+    assert np.array_equal(groups[0], groups[1])  # permanent
+    for sent, reply in grid.log:
+        if sent.metadata.message_type == msg.EVALUATE:
+            assert set(reply.content.keys()) == {msg.COUNTS, msg.REPORT}  # no rows (ids, labels, predictions)
+            assert msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT).noise_std == 20.0
+    census = lifetime_ledger.load(state / "sensitive0")
+    assert len(census.randomized_responses) == 1 and census.evaluations == {}
+    [(p, k)] = census.randomized_responses.values()
+    assert k == 2 and p == pytest.approx(2 / (math.e + 1))
+    for bank in ("features0", "features1", "features2"):
+        assert sum(lifetime_ledger.load(state / bank).evaluations.values()) == 2
+    assert abs(result["final"]["accuracy"] - exact["final"]["accuracy"]) < 0.05
+    assert "federated evaluation" not in result["privacy"]["not_covered"]
+    assert result["privacy"]["evaluation"] == {"0": 20.0, "1": 20.0, "2": 20.0}
+    second = run_federation(
+        RecordingGrid(client_app, config.num_nodes, node_configs=configs),
+        RunConfig.parse({**config.to_run_config(), "seed": 1}),
+    )
+    assert second["status"]["completed"]
+    assert len(lifetime_ledger.load(state / "sensitive0").randomized_responses) == 1  # the same answers: no new charge
+
+
+def test_forged_grouped_evaluations_and_repeated_test_group_queries(tmp_path) -> None:
+    """A server forging the grouped evaluation: a bank answering noised refuses rows that miss one of its test
+    records, repeat an id, or name a source or group out of range, and refuses to send its predictions one by one;
+    the census answers a repeated test-groups query, whatever round it names, with the same groups and no new
+    charge."""
+    from client import lifetime_ledger
+    from server.engines import simulated_node_configs
+
+    config = _config(topology="central-sensitive", rounds=1)
+    banks, census_policy = tmp_path / "banks.toml", tmp_path / "census.toml"
+    banks.write_text('evaluation = "noised"\n')
+    census_policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\n")
+    configs = simulated_node_configs(config, policy=str(banks), state_dir=str(tmp_path / "state"))
+    configs[-1]["policy"] = str(census_policy)
+    grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
+    assert run_federation(grid, config)["status"]["completed"]
+    evaluate = next(m for m, _ in grid.log if m.metadata.message_type == msg.EVALUATE)
+    bank = grid.context(evaluate.metadata.dst_node_id)
+    rows = {name: np.asarray(evaluate.content[pm.ROWS][name].numpy()) for name in ("ids", "groups", "sources")}
+
+    def forged(**changes: np.ndarray) -> str:
+        content = RecordDict(dict(evaluate.content.items()))
+        content[pm.ROWS] = pm.int_record(**{**rows, **changes})
+        reply = deliver(client_app, Message(content, 7, msg.EVALUATE), bank)
+        assert reply.has_error()
+        return reply.error.reason
+
+    assert "have no row" in forged(**{k: v[1:] for k, v in rows.items()})
+    repeated = rows["ids"].copy()
+    repeated[1] = repeated[0]
+    assert "appears twice" in forged(ids=repeated)
+    assert "'rows.sources' must be in 0..0" in forged(sources=rows["sources"] + 1)
+    assert "'rows.groups' must be in 0..1" in forged(groups=rows["groups"] + 2)
+    one_by_one = RecordDict({msg.MODEL: evaluate.content[msg.MODEL], msg.CONFIG: evaluate.content[msg.CONFIG]})
+    reply = deliver(client_app, Message(one_by_one, 7, msg.EVALUATE), bank)
+    assert reply.has_error() and "one by one" in reply.error.reason
+
+    query = next(m for m, _ in grid.log if m.metadata.message_type == pm.TEST_GROUPS)
+    census = grid.context(query.metadata.dst_node_id)
+    first = next(r for m, r in grid.log if m is query)
+    for server_round in (1, 5, 99):
+        content = RecordDict({msg.CONFIG: msg.EvaluateInstruction(server_round=server_round).to_config_record()})
+        reply = deliver(client_app, Message(content, 7, pm.TEST_GROUPS), census)
+        assert np.array_equal(reply.content[pm.ROWS]["groups"].numpy(), first.content[pm.ROWS]["groups"].numpy())
+    assert len(lifetime_ledger.load(tmp_path / "state" / "sensitive0").randomized_responses) == 1

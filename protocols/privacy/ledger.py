@@ -294,6 +294,39 @@ def composed_epsilon(state: State, delta: float, relation: str) -> float:
     return _pld_epsilon(tuple(state), delta, relation)
 
 
+#: The PLD grid of a composition with randomized responses and no Gaussian release (dp-accounting's default).
+RESPONSE_GRID = 1e-4
+
+
+def composed_epsilon_with_responses(
+    state: State, responses: tuple[tuple[float, int], ...], delta: float, relation: str
+) -> float:
+    """:func:`composed_epsilon` of ``state`` composed with randomized responses, each ``(noise parameter, buckets)``
+    as dp-accounting's ``RandomizedResponseDpEvent`` (a sensitive party's permanent randomized response of its test
+    records' groups, `protocols.randomized_response`), under ``relation``, which must be ``replace_one`` (the library
+    defines the response's PLD for replacing a record only)."""
+    check_delta(delta)
+    check_relation(relation)
+    if not responses:
+        return _pld_epsilon(tuple(state), delta, relation)
+    if relation != "replace_one":
+        raise ValueError(f"randomized responses compose under replace_one only, not {relation!r}")
+    if state and _non_private(tuple(state)):
+        return math.inf
+    grid = _grid(tuple(state)) if state else RESPONSE_GRID
+    distribution = _pld_prefix(tuple(state), grid, relation)
+    for noise, buckets in responses:
+        distribution = distribution.compose(
+            pld_lib.from_randomized_response(
+                noise_parameter=noise,
+                num_buckets=buckets,
+                value_discretization_interval=grid,
+                neighboring_relation=library_relation(relation),
+            )
+        )
+    return float(distribution.get_epsilon_for_delta(delta))
+
+
 @functools.lru_cache(maxsize=64)
 def _pld_prefix(prefix: State, grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
     """``identity . e_1 ... e_k`` for the entries of ``prefix``, in order, on ``grid`` (see :func:`_pld_epsilon`)."""
