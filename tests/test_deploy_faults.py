@@ -137,6 +137,7 @@ def test_deploy_up_policy_reaches_every_node_and_a_bad_one_starts_nothing(tmp_pa
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
     assert main(["deploy", "up", "--dir", str(tmp_path / "fed"), "--silos", "2", "--policy", str(policy)]) == 0
+    assert 'algorithm="dp-fedsgd" epsilon=1.0' in capsys.readouterr().out  # what a budgeted federation answers
     assert [name for name, _ in started] == ["superlink", "silo_0", "silo_1"]
     for _, command in started[1:]:
         assert _parse_node_config(command)["policy"] == str(policy.resolve())

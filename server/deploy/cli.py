@@ -90,6 +90,12 @@ def up_command(args: argparse.Namespace) -> int:
     print(f"state (kept across restarts): database {database}; each node's state-dir {dep.state}/NAME")
     print("submit a run from the project folder:")
     print(f"  {dep.submit_command(str(Path(dep.dir) / 'out'))}")
+    if args.policy is not None:
+        print(
+            f"  under {args.policy} the nodes answer what it allows: with a budget only noised algorithms (add e.g. "
+            'algorithm="dp-fedsgd" epsilon=1.0 to --run-config; `silofl silo budget --state-dir '
+            f"{dep.state}` shows what they spent)"
+        )
     print(f"after a process died: silofl deploy restart --dir {dep.dir}, then resubmit with resume=true")
     print(f"stop: silofl deploy down --dir {dep.dir}")
     return 0
