@@ -23,7 +23,6 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -244,6 +243,23 @@ def _handler(instr: msg.TrainInstruction, kind: str, what: str, role: str = part
     return handler
 
 
+def _evaluation_mode(context: Context, what: str) -> str:
+    """How the node answers evaluations (its policy): ``exact`` or ``noised``; MessageError under ``refuse``."""
+    mode = silo_policy.evaluation_mode(context)
+    if mode == "refuse":
+        raise msg.MessageError(f'{what}: this node\'s policy answers no evaluations (evaluation = "refuse")')
+    return mode
+
+
+def _noised(context: Context, mode: str, node_id: int, who: str, **kwargs: float):
+    """The node's :class:`client.noised_evaluation.NoisedRelease` under ``noised``, else None (exact)."""
+    if mode != "noised":
+        return None
+    from client.noised_evaluation import NoisedRelease
+
+    return NoisedRelease(context, silo_policy.node_policy(context), node_id=node_id, who=who, **kwargs)
+
+
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     """Confusion counts by (sensitive group, label, prediction) and the summed loss on the local test split.
@@ -254,7 +270,7 @@ def evaluate(message: Message, context: Context) -> Message:
     is computed: `client.noised_evaluation`) or ``refuse``.
     """
     from protocols.fairness_metrics import confusion_counts
-    from protocols.models import loss_fn
+    from protocols.models import test_outputs
 
     if _role(context) == parties.FEATURES:
         return _feature_evaluate(message, context)
@@ -262,24 +278,13 @@ def evaluate(message: Message, context: Context) -> Message:
     what = f"evaluate message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
-    mode = silo_policy.evaluation_mode(context)
-    if mode == "refuse":
-        raise msg.MessageError(f'{what}: this silo\'s policy answers no evaluations (evaluation = "refuse")')
+    noised = _noised(context, _evaluation_mode(context, what), silo.silo_id, f"silo {silo.silo_id}")
     model = _model_from_message(message, silo, instr.model, instr.hidden, what)
-    if mode == "noised":  # charged before anything of the test split is computed
-        from client import noised_evaluation
-
-        policy = silo_policy.node_policy(context)
-        noised_evaluation.charge(context, policy, server_round=instr.server_round, who=f"silo {silo.silo_id}")
+    if noised is not None:  # charged before anything of the test split is computed
+        noised.charge(instr.server_round)
     with _single_thread():
-        x = torch.from_numpy(silo.test.nonsensitive.features)
-        y = torch.from_numpy(silo.test.nonsensitive.labels)
-        with torch.no_grad():
-            logits = model(x)
-            if mode == "noised":
-                losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").numpy().astype(np.float64)
-            loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
-            predictions = logits.argmax(dim=1).numpy()
+        test = silo.test.nonsensitive
+        predictions, loss_sum, losses = test_outputs(model, test.features, test.labels)
     counts = confusion_counts(
         silo.test.sensitive.groups,
         silo.test.nonsensitive.labels,
@@ -288,11 +293,10 @@ def evaluate(message: Message, context: Context) -> Message:
         silo.info.num_labels,
     )
     noise_std = 0.0
-    if mode == "noised":
-        generator = noised_evaluation.generator(context, silo_id=silo.silo_id, server_round=instr.server_round)
-        counts, loss_sum = noised_evaluation.noised_release(counts, losses, policy, generator)
-        noise_std = policy.evaluation_noise
-    content = msg.evaluation_content(silo.silo_id, instr.server_round, len(y), counts, loss_sum, noise_std)
+    if noised is not None:
+        counts, loss_sum = noised.counts_and_loss(counts, losses, instr.server_round)
+        noise_std = noised.std
+    content = msg.evaluation_content(silo.silo_id, instr.server_round, len(test.labels), counts, loss_sum, noise_std)
     return Message(content, reply_to=message)
 
 
@@ -330,63 +334,12 @@ def _party_evaluation_allowed(context: Context, what: str) -> None:
         )
 
 
-class _NoisedConfusion:
-    """A sensitive party's noised confusion counts (`client.noised_evaluation.noised_counts`), charged to its lifetime
-    ledger before they are computed."""
-
-    def __init__(self, context: Context, party_id: int, who: str) -> None:
-        self.context, self.party_id, self.who = context, party_id, who
-        self.policy = silo_policy.node_policy(context)
-        self.std = self.policy.evaluation_noise
-
-    def charge(self, server_round: int) -> None:
-        from client import noised_evaluation
-
-        noised_evaluation.charge(
-            self.context,
-            self.policy,
-            server_round=server_round,
-            who=self.who,
-            radius=noised_evaluation.COUNTS_RADIUS,
-        )
-
-    def release(self, counts: np.ndarray, server_round: int) -> np.ndarray:
-        from client import noised_evaluation
-
-        generator = noised_evaluation.generator(self.context, silo_id=self.party_id, server_round=server_round)
-        return noised_evaluation.noised_counts(counts, self.policy, generator)
-
-
-class _NoisedFeatureEvaluation:
-    """A feature party's noised grouped evaluation (`client.noised_evaluation.noised_release`: counts and clipped
-    loss), charged to its lifetime ledger before it is computed."""
-
-    def __init__(self, context: Context, party_id: int, who: str) -> None:
-        self.context, self.party_id, self.who = context, party_id, who
-        self.policy = silo_policy.node_policy(context)
-        self.std = self.policy.evaluation_noise
-
-    def charge(self, server_round: int) -> None:
-        from client import noised_evaluation
-
-        noised_evaluation.charge(self.context, self.policy, server_round=server_round, who=self.who)
-
-    def release(self, counts: np.ndarray, losses: np.ndarray, server_round: int) -> tuple[np.ndarray, float]:
-        from client import noised_evaluation
-
-        generator = noised_evaluation.generator(self.context, silo_id=self.party_id, server_round=server_round)
-        return noised_evaluation.noised_release(counts, losses, self.policy, generator)
-
-
 def _grouped_feature_evaluate(message: Message, context: Context, party, what: str) -> Message:
     """An evaluate message carrying the sensitive parties' randomized groups: the party's counts by (source, group,
     label, prediction), exact or noised as its policy says."""
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG, parties.ROWS, parties.GROUPED}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
-    mode = silo_policy.evaluation_mode(context)
-    if mode == "refuse":
-        raise msg.MessageError(f'{what}: this party\'s policy answers no evaluations (evaluation = "refuse")')
-    noised = _NoisedFeatureEvaluation(context, party.party_id, what) if mode == "noised" else None
+    noised = _noised(context, _evaluation_mode(context, what), party.party_id, what)
     with _single_thread():
         model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
         content = _party_module().grouped_evaluate(model, party, message, instr, noised)
@@ -457,32 +410,15 @@ def sensitive(message: Message, context: Context) -> Message:
 def test_groups(message: Message, context: Context) -> Message:
     """A sensitive party's permanent randomized response of its test records' groups (for the feature parties'
     noised evaluation), charged to its lifetime ledger once per secret and eps, before it is computed."""
-    from client import lifetime_ledger, noised_evaluation, privacy_state
-    from protocols.randomized_response import noise_parameter, secret_fingerprint
+    from client import noised_evaluation
 
     party = _party_for(context, parties.SENSITIVE, parties.TEST_GROUPS)
     what = f"test groups query to sensitive party {party.party_id}"
-    if silo_policy.evaluation_mode(context) == "refuse":
-        raise msg.MessageError(f'{what}: this party\'s policy answers no evaluations (evaluation = "refuse")')
+    _evaluation_mode(context, what)
     policy = silo_policy.node_policy(context)
-    epsilon, k = policy.evaluation_groups_epsilon, party.info.num_groups
+    epsilon = policy.evaluation_groups_epsilon
     secret = noised_evaluation.response_secret(context, party_id=party.party_id)
-    directory = privacy_state.state_dir(context)
-    if directory is None and policy.has_budget:
-        raise msg.MessageError(
-            f"{what}: its policy has a budget, and charges the randomized response of its test groups to its lifetime "
-            f"ledger, which needs a state folder (node config '{privacy_state.STATE_DIR_KEY}'); it has none, so it "
-            "refuses"
-        )
-    if directory is not None:
-        lifetime_ledger.charge_randomized_response(
-            directory,
-            policy,
-            fingerprint=secret_fingerprint(secret, epsilon, k),
-            noise_parameter=noise_parameter(epsilon, k),
-            groups=k,
-            who=what,
-        )
+    noised_evaluation.charge_groups_response(context, policy, secret=secret, groups=party.info.num_groups, who=what)
     return Message(_party_module().test_groups(party, message, secret, epsilon), reply_to=message)
 
 
@@ -492,8 +428,7 @@ def confusion(message: Message, context: Context) -> Message:
     policy's ``evaluation = "noised"`` a Gaussian histogram charged to its lifetime ledger first."""
     party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
     what = f"confusion query to sensitive party {party.party_id}"
-    mode = silo_policy.evaluation_mode(context)
-    if mode == "refuse":
-        raise msg.MessageError(f'{what}: this party\'s policy answers no evaluations (evaluation = "refuse")')
-    noised = _NoisedConfusion(context, party.party_id, what) if mode == "noised" else None
+    from client.noised_evaluation import COUNTS_RADIUS
+
+    noised = _noised(context, _evaluation_mode(context, what), party.party_id, what, radius=COUNTS_RADIUS)
     return Message(_party_module().confusion(party, message, noised), reply_to=message)

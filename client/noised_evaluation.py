@@ -22,6 +22,7 @@ predictions the feature parties made by the sensitive groups it holds, the same 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,17 +45,23 @@ def evaluation_multiplier(policy: SiloPolicy, radius: float = EVALUATION_RADIUS)
     return policy.evaluation_noise / radius
 
 
+def _ledger_folder(context: Context, who: str, what: str) -> Path:
+    """The node's state folder, where its lifetime ledger is (MessageError naming `what` needs it, if none)."""
+    directory = privacy_state.state_dir(context)
+    if directory is None:
+        raise msg.MessageError(
+            f"{who}: its policy charges {what} to its lifetime ledger, which needs a state folder (node config "
+            f"'{privacy_state.STATE_DIR_KEY}'); it has none, so it refuses"
+        )
+    return directory
+
+
 def charge(
     context: Context, policy: SiloPolicy, *, server_round: int, who: str, radius: float = EVALUATION_RADIUS
 ) -> None:
     """Charge one noised evaluation to the node's lifetime ledger, before it is computed (MessageError: refused);
     `radius`: :data:`EVALUATION_RADIUS` for counts and loss, :data:`COUNTS_RADIUS` for counts alone."""
-    directory = privacy_state.state_dir(context)
-    if directory is None:
-        raise msg.MessageError(
-            f"{who}: its policy answers evaluations noised, and charges each to its lifetime ledger, which needs a "
-            f"state folder (node config '{privacy_state.STATE_DIR_KEY}'); it has none, so it refuses to evaluate"
-        )
+    directory = _ledger_folder(context, who, "each noised evaluation")
     lifetime_ledger.charge_evaluation(
         directory,
         policy,
@@ -125,6 +132,48 @@ def response_secret(context: Context, *, party_id: int) -> bytes:
             "(a new secret would draw its test records' groups again, a new release)"
         )
     return secret
+
+
+def charge_groups_response(context: Context, policy: SiloPolicy, *, secret: bytes, groups: int, who: str) -> None:
+    """Charge a sensitive party's permanent randomized response of its test groups (at the policy's
+    `evaluation-groups-epsilon`, over `groups` groups) to its lifetime ledger, once per secret and eps, before it is
+    computed (MessageError: refused). A node without a budget and without a state folder keeps no ledger."""
+    from protocols.randomized_response import noise_parameter, secret_fingerprint
+
+    if privacy_state.state_dir(context) is None and not policy.has_budget:
+        return
+    epsilon = policy.evaluation_groups_epsilon
+    lifetime_ledger.charge_randomized_response(
+        _ledger_folder(context, who, "the randomized response of its test groups"),
+        policy,
+        fingerprint=secret_fingerprint(secret, epsilon, groups),
+        noise_parameter=noise_parameter(epsilon, groups),
+        groups=groups,
+        who=who,
+    )
+
+
+class NoisedRelease:
+    """One node's noised evaluation under its policy: :meth:`charge` before anything is computed, then the noised
+    counts (with the clipped loss, :meth:`counts_and_loss`; alone, :meth:`counts`)."""
+
+    def __init__(
+        self, context: Context, policy: SiloPolicy, *, node_id: int, who: str, radius: float = EVALUATION_RADIUS
+    ) -> None:
+        self.context, self.policy, self.node_id, self.who, self.radius = context, policy, node_id, who, radius
+        self.std = policy.evaluation_noise
+
+    def charge(self, server_round: int) -> None:
+        charge(self.context, self.policy, server_round=server_round, who=self.who, radius=self.radius)
+
+    def counts_and_loss(self, counts: np.ndarray, losses: np.ndarray, server_round: int) -> tuple[np.ndarray, float]:
+        return noised_release(counts, losses, self.policy, self._generator(server_round))
+
+    def counts(self, counts: np.ndarray, server_round: int) -> np.ndarray:
+        return noised_counts(counts, self.policy, self._generator(server_round))
+
+    def _generator(self, server_round: int) -> torch.Generator:
+        return generator(self.context, silo_id=self.node_id, server_round=server_round)
 
 
 def generator(context: Context, *, silo_id: int, server_round: int) -> torch.Generator:

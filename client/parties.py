@@ -17,7 +17,7 @@ nothing per record leaves a party: the sensitive parties send randomized groups,
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from client.data.topology import FeaturePartyData, SensitivePartyData
 from protocols import messages as msg
 from protocols import parties as pm
 from protocols.fairness_metrics import confusion_counts
+
+if TYPE_CHECKING:
+    from client.noised_evaluation import NoisedRelease
 
 MAX_ROWS = 10_000_000
 MAX_PARTIES = 1000
@@ -65,16 +68,15 @@ def coverage(party: SensitivePartyData, message: Message) -> RecordDict:
 
 def feature_evaluate(model: torch.nn.Module, party: FeaturePartyData, instr: msg.EvaluateInstruction) -> RecordDict:
     """Predictions on the party's test records (id, y, yhat) and the summed loss; the sensitive parties count them."""
-    from protocols.models import loss_fn
+    from protocols.models import test_outputs
 
-    x = torch.from_numpy(party.test.features)
-    y = torch.from_numpy(party.test.labels)
-    with torch.no_grad():
-        logits = model(x)
-        loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
-        predictions = logits.argmax(dim=1).numpy()
+    predictions, loss_sum, _ = test_outputs(model, party.test.features, party.test.labels)
     report = msg.EvaluateReport(
-        silo_id=party.party_id, server_round=instr.server_round, num_examples=len(y), loss_sum=loss_sum, noise_std=0.0
+        silo_id=party.party_id,
+        server_round=instr.server_round,
+        num_examples=len(party.test_ids),
+        loss_sum=loss_sum,
+        noise_std=0.0,
     )
     return RecordDict(
         {
@@ -84,30 +86,18 @@ def feature_evaluate(model: torch.nn.Module, party: FeaturePartyData, instr: msg
     )
 
 
-class NoisedEvaluation(Protocol):
-    """How a feature party whose policy answers evaluations noised releases its grouped counts and loss."""
-
-    std: float
-
-    def charge(self, server_round: int) -> None:
-        """Charge the release to the party's lifetime ledger (before anything is computed; MessageError: refused)."""
-
-    def release(self, counts: np.ndarray, losses: np.ndarray, server_round: int) -> tuple[np.ndarray, float]:
-        """The noised counts (int64, >= 0) and loss sum (>= 0)."""
-
-
 def grouped_evaluate(
     model: torch.nn.Module,
     party: FeaturePartyData,
     message: Message,
     instr: msg.EvaluateInstruction,
-    noised: NoisedEvaluation | None = None,
+    noised: NoisedRelease | None = None,
 ) -> RecordDict:
     """Counts of the party's test records by (source, randomized group, label, prediction), the randomized groups
     those the sensitive parties answered (`protocols.randomized_response`), sent in the message's rows, and the summed
     loss: exact, or `noised` (charged once the message is validated, before anything is computed). Every test record
     of the party must have exactly one row; rows of other records are ignored. No per-record value leaves the party."""
-    from protocols.models import loss_fn
+    from protocols.models import test_outputs
 
     what = f"evaluate message to feature party {party.party_id}"
     grouped = msg.read_config(message.content, msg.GroupedEvaluation, record=pm.GROUPED, what=what)
@@ -118,34 +108,24 @@ def grouped_evaluate(
         values = rows[name]
         if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
             raise msg.MessageError(f"{what}: '{pm.ROWS}.{name}' must be in 0..{bound - 1}")
-    order = np.argsort(rows["ids"], kind="stable")
-    position = np.searchsorted(rows["ids"][order], party.test_ids)
-    found = position < len(order)
-    found[found] = rows["ids"][order[position[found]]] == party.test_ids[found]
-    if not found.all():
+    picked = pm.locate(rows["ids"], party.test_ids)
+    if (picked < 0).any():
         raise msg.MessageError(
-            f"{what}: {int((~found).sum())} of its {len(found)} test records have no row (id, randomized group); "
+            f"{what}: {int((picked < 0).sum())} of its {len(picked)} test records have no row (id, randomized group); "
             "every test record must be counted under the group its sensitive party answered"
         )
     if noised is not None:
         noised.charge(instr.server_round)
-    picked = order[position]
-    x = torch.from_numpy(party.test.features)
-    y = torch.from_numpy(party.test.labels)
-    with torch.no_grad():
-        logits = model(x)
-        losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").numpy().astype(np.float64)
-        loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
-        predictions = logits.argmax(dim=1).numpy()
+    predictions, loss_sum, losses = test_outputs(model, party.test.features, party.test.labels)
     L = info.num_labels
     cells = ((rows["sources"][picked] * info.num_groups + rows["groups"][picked]) * L + party.test.labels) * L
     shape = (grouped.sources, info.num_groups, L, L)
     counts = np.bincount(cells + predictions, minlength=int(np.prod(shape))).astype(np.int64).reshape(shape)
     noise_std = 0.0
     if noised is not None:
-        counts, loss_sum = noised.release(counts, losses, instr.server_round)
+        counts, loss_sum = noised.counts_and_loss(counts, losses, instr.server_round)
         noise_std = noised.std
-    return msg.evaluation_content(party.party_id, instr.server_round, len(y), counts, loss_sum, noise_std)
+    return msg.evaluation_content(party.party_id, instr.server_round, len(party.test_ids), counts, loss_sum, noise_std)
 
 
 def test_groups(party: SensitivePartyData, message: Message, secret: bytes, epsilon: float) -> RecordDict:
@@ -165,19 +145,7 @@ def test_groups(party: SensitivePartyData, message: Message, secret: bytes, epsi
     )
 
 
-class NoisedCounts(Protocol):
-    """How a sensitive party whose policy answers evaluations noised releases its confusion counts."""
-
-    std: float
-
-    def charge(self, server_round: int) -> None:
-        """Charge the release to the party's lifetime ledger (before anything is computed; MessageError: refused)."""
-
-    def release(self, counts: np.ndarray, server_round: int) -> np.ndarray:
-        """The noised counts (int64, >= 0)."""
-
-
-def confusion(party: SensitivePartyData, message: Message, noised: NoisedCounts | None = None) -> RecordDict:
+def confusion(party: SensitivePartyData, message: Message, noised: NoisedRelease | None = None) -> RecordDict:
     """Counts by (group, label, prediction) of the requested test ids this party holds (num-examples: how many);
     exact, or `noised` (charged once the query is validated, before the counts are computed)."""
     what = f"confusion query to sensitive party {party.party_id}"
@@ -192,12 +160,12 @@ def confusion(party: SensitivePartyData, message: Message, noised: NoisedCounts 
             raise msg.MessageError(f"{what}: '{pm.ROWS}.{name}' must be in 0..{info.num_labels - 1}")
     if noised is not None:
         noised.charge(instr.server_round)
-    order = np.argsort(party.test_ids, kind="stable")
-    held = np.flatnonzero(np.isin(rows["ids"], party.test_ids))
-    groups = party.test_groups[order[np.searchsorted(party.test_ids[order], rows["ids"][held])]]
+    index = pm.locate(party.test_ids, rows["ids"])
+    held = np.flatnonzero(index >= 0)
+    groups = party.test_groups[index[held]]
     counts = confusion_counts(groups, rows["labels"][held], rows["predictions"][held], info.num_groups, info.num_labels)
     if noised is not None:
-        counts = noised.release(counts, instr.server_round)
+        counts = noised.counts(counts, instr.server_round)
     report = msg.EvaluateReport(
         silo_id=party.party_id,
         server_round=instr.server_round,

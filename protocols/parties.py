@@ -98,6 +98,15 @@ def int_record(**columns: np.ndarray) -> ArrayRecord:
     return arrays_record({name: np.asarray(value, dtype=np.int64) for name, value in columns.items()})
 
 
+def locate(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """For each of `wanted`, its index in `ids` (unique record ids), or -1 where `ids` does not hold it."""
+    if not len(ids):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    where = np.minimum(np.searchsorted(ids[order], wanted), len(ids) - 1)
+    return np.where(ids[order[where]] == wanted, order[where], -1).astype(np.int64)
+
+
 def check_ids(ids: np.ndarray, what: str) -> None:
     """Record ids are >= 0 and each appears once."""
     if ids.size and int(ids.min()) < 0:

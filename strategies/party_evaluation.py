@@ -112,19 +112,15 @@ def grouped_messages(
 ) -> list[Message]:
     """Step 2: to each feature party, the model and the randomized groups of its own test records (RoundError if
     one of them is held by no sensitive party)."""
-    order = np.argsort(rows["ids"], kind="stable")
     grouped = msg.GroupedEvaluation(sources=len(federation.sensitive)).to_config_record()
     messages = []
     for entry, ids in zip(federation.silos, test_ids, strict=True):
-        position = np.searchsorted(rows["ids"][order], ids)
-        found = position < len(order)
-        found[found] = rows["ids"][order[position[found]]] == ids[found]
-        if not found.all():
+        picked = pm.locate(rows["ids"], ids)
+        if (picked < 0).any():
             raise RoundError(
-                f"round {server_round}: {int((~found).sum())} test records of {entry.name} have no randomized group "
-                "from a sensitive party"
+                f"round {server_round}: {int((picked < 0).sum())} test records of {entry.name} have no randomized "
+                "group from a sensitive party"
             )
-        picked = order[position]
         content: dict[str, Any] = {
             msg.MODEL: arrays,
             msg.CONFIG: instruction,
