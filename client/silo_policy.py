@@ -24,11 +24,15 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flwr.app import Context
 
 from protocols import messages as msg
 from protocols.silo_policy import PERMISSIVE, PolicyError, SiloPolicy, load_policy
+
+if TYPE_CHECKING:
+    from client.lifetime_ledger import JobRecord
 
 POLICY_KEY = "policy"
 BUDGET_KEY = "epsilon-budget"
@@ -155,7 +159,6 @@ def admit(
     the node's lifetime ledger (refused past `lifetime-epsilon`). A node without a lifetime budget and without a
     state folder keeps no lifetime ledger."""
     from client import lifetime_ledger, privacy_state
-    from protocols import algorithms
     from protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE
 
     policy = node_policy(context)
@@ -181,19 +184,33 @@ def admit(
             "lifetime-epsilon, so it refuses (ask for a finite epsilon, or the operator sets max-epsilon-per-job to "
             "have such jobs calibrated for it)"
         )
-    job = privacy_state.job_record(context)
-    spec = algorithms.get(instr.algorithm)
-    record = lifetime_ledger.JobRecord(
-        key=job["key"],
-        algorithm=spec.name,
-        role=job["role"],
-        node=int(job["node"]),
-        epsilon=float(budget),
-        delta=float(instr.delta),
-        covers_all_data=job["role"] in spec.noised_for,
-        events=mechanism.replace_one_events(calibrated.multiplier, tuple(calibrated.setup_multipliers)),
+    events = mechanism.replace_one_events(calibrated.multiplier, tuple(calibrated.setup_multipliers))
+    record = _lifetime_record(
+        context, instr, epsilon=float(budget), delta=float(instr.delta), events=events, noised=True
     )
     lifetime_ledger.admit_job(directory, record, policy, who=who)
+
+
+def _lifetime_record(
+    context: Context, instr: msg.TrainInstruction, *, epsilon: float, delta: float, events: tuple, noised: bool
+) -> JobRecord:
+    """The node's open job as the lifetime ledger keeps it; a `noised` one covers all the node's data when every
+    release of its algorithm is noised for the node's role (`Algorithm.noised_for`)."""
+    from client import lifetime_ledger, privacy_state
+    from protocols import algorithms
+
+    job = privacy_state.job_record(context)
+    spec = algorithms.get(instr.algorithm)
+    return lifetime_ledger.JobRecord(
+        key=str(job["key"]),
+        algorithm=spec.name,
+        role=str(job["role"]),
+        node=int(job["node"]),
+        epsilon=epsilon,
+        delta=delta,
+        covers_all_data=noised and job["role"] in spec.noised_for,
+        events=events,
+    )
 
 
 def record_unnoised(context: Context, instr: msg.TrainInstruction, what: str) -> None:
@@ -202,23 +219,12 @@ def record_unnoised(context: Context, instr: msg.TrainInstruction, what: str) ->
     counts everything the node ever released. Once per job and process; nothing without a state folder. (A lifetime
     budget refuses such jobs before they are computed: `check_job`, and DP-mu2-FL's trusted check.)"""
     from client import lifetime_ledger, privacy_state
-    from protocols import algorithms
 
     directory = privacy_state.state_dir(context)
     job_record = context.state[privacy_state.JOB_KEY]
     if directory is None or privacy_state.STATE_KEY in context.state or "lifetime" in job_record:
         return
-    job = privacy_state.job_record(context)
-    spec = algorithms.get(instr.algorithm)
-    record = lifetime_ledger.JobRecord(
-        key=str(job["key"]),
-        algorithm=spec.name,
-        role=str(job["role"]),
-        node=int(job["node"]),
-        epsilon=math.inf,
-        delta=float(getattr(instr, "delta", 0.0) or 0.0),
-        covers_all_data=False,
-        events=((0.0, 1.0, 1),),
-    )
+    delta = float(getattr(instr, "delta", 0.0) or 0.0)
+    record = _lifetime_record(context, instr, epsilon=math.inf, delta=delta, events=((0.0, 1.0, 1),), noised=False)
     lifetime_ledger.admit_job(directory, record, node_policy(context), who=what)
     job_record["lifetime"] = 1
