@@ -250,6 +250,63 @@ def test_supernode_main_refuses_what_its_clientapp_worker_cannot_do() -> None:
     assert rt._flag_value(["--port", "9"], "--isolation") is None
 
 
+def test_exit_code_is_the_unwinding_exits_when_flowers_cleanup_raises_again() -> None:
+    """Flower 1.39's SuperNode exits by a SystemExit from a signal handler; its cleanup may raise while it unwinds."""
+
+    def raised(make):
+        try:
+            make()
+        except BaseException as exc:
+            return exc
+        raise AssertionError("nothing raised")
+
+    def cleanup_fails_during(code):
+        try:
+            raise SystemExit(code)
+        finally:
+            raise RuntimeError("Heartbeat sender is not running.")
+
+    assert rt.exit_code(None) == 0 and rt.exit_code(2) == 2
+    assert rt.exit_code(SystemExit(0)) == 0 and rt.exit_code(SystemExit(3)) == 3
+    assert rt.exit_code(SystemExit("--flag: bad")) == 1
+    assert rt.exit_code(raised(lambda: cleanup_fails_during(0))) == 0
+    assert rt.exit_code(raised(lambda: cleanup_fails_during(1))) == 1
+    assert rt.exit_code(RuntimeError("a bug")) == 1
+    assert rt.exit_code(KeyboardInterrupt()) == 130
+
+
+def test_run_and_exit_ends_the_process_even_if_a_thread_would_hold_it(tmp_path) -> None:
+    """A process whose main ended must end: here a non-daemon thread that never ends would keep the interpreter's
+    finalization waiting forever (the SuperNodes of the CI at 9672847 lived on 90 s after their last traceback)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(rt.__file__).resolve().parents[1]
+
+    def run(body: str) -> subprocess.CompletedProcess[str]:
+        script = tmp_path / "main.py"
+        script.write_text("from client.supernode_runtime import run_and_exit\n" + body + "run_and_exit(main)\n")
+        env = {"PYTHONPATH": str(root)}
+        return subprocess.run(
+            [sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    done = run(
+        "import threading\n"
+        "def main():\n"
+        "    threading.Thread(target=threading.Event().wait).start()\n"
+        "    try:\n"
+        "        raise SystemExit(0)\n"
+        "    finally:\n"
+        "        raise RuntimeError('Heartbeat sender is not running.')\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeError: Heartbeat sender is not running. (raised by Flower while it was exiting)" in done.stderr
+    done = run("def main():\n    raise ValueError('x')\n")
+    assert done.returncode == 1 and "Traceback" in done.stderr and "ValueError: x" in done.stderr
+
+
 def test_worker_command_follows_the_supernodes_runtime_api() -> None:
     command = rt._worker_command({"runtime_api_address": "0.0.0.0:9094", "runtime_certificates": None})
     assert command[1:4] == ["-m", "client.supernode_runtime", "clientapp"] and "--per-message" not in command
