@@ -565,10 +565,19 @@ def _worker_command(kwargs: dict[str, Any], per_message: bool = False) -> list[s
     return _clientapp_command(address, certificates, os.getpid(), *(["--per-message"] if per_message else []))
 
 
+def dump_stacks_on_signal() -> None:
+    """On SIGUSR1, print every thread's Python stack to stderr (the node's log) and go on: how an operator, or a
+    failed deployment test, sees where a SuperNode or its ClientApp worker waits (`kill -USR1 PID`)."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def supernode_main(argv: Sequence[str], clientapp_process: str = "long-lived") -> None:
     """Run Flower's `flower-supernode` with `argv` in this process, polls replaced, in Flower's process isolation
     mode next to this module's ClientApp worker (long-lived, or dispatching a fresh process per message)."""
     check_flower()
+    dump_stacks_on_signal()
     if clientapp_process not in CLIENTAPP_PROCESS_MODES:
         raise SystemExit(
             f"--clientapp-process {clientapp_process!r}: choose one of {', '.join(CLIENTAPP_PROCESS_MODES)}"
@@ -780,6 +789,7 @@ def serve_clientapps(
 
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)  # SIGINT to this process when the SuperNode is gone
+    dump_stacks_on_signal()
     shorten_object_pulls()
     for name in () if per_message else preload:  # paid now, while idle, instead of by the first message
         with contextlib.suppress(ImportError):

@@ -388,9 +388,19 @@ def _known_jobs(dep: local.Deployment) -> set[Path]:
 
 
 def _logs(dep: local.Deployment, chars: int = 2000) -> str:
-    """The end of every process's log (what a failed check prints: CI keeps nothing else)."""
+    """The end of every process's log (what a failed check prints: CI keeps nothing else), after every live
+    SuperNode and ClientApp worker has printed its threads' stacks there (SIGUSR1: `dump_stacks_on_signal`)."""
     now = local.Deployment.load(Path(dep.dir))
-    return "".join(f"\n--- {p.name} (alive: {local._alive(p)}):\n{local._log_since(p)[-chars:]}" for p in now.processes)
+    nodes = [p for p in now.processes if p.name != "superlink"]
+    for pid in [p.pid for p in nodes if local._alive(p)] + local._descendants(nodes):
+        with contextlib.suppress(OSError):  # only silofl's runtime processes handle the signal (others would die)
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"client.supernode_runtime" in command and b"--single-task" not in command:
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    return "".join(
+        f"\n--- {p.name} (alive: {local._alive(p)}):\n{local._log_since(p)[-chars * 3 :]}" for p in now.processes
+    )
 
 
 def _result(out: Path, output: str, dep: local.Deployment | None = None) -> dict:

@@ -494,3 +494,22 @@ def test_bounded_object_pulls_give_up_on_objects_that_never_come() -> None:
 
     with bounded_object_pulls(0.2), pytest.raises(ObjectPullError):
         inflatable_utils.pull_objects(["abc"], pull_object_fn=never)
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on() -> None:
+    """How a failed deployment test (tests/test_deploy_faults.py `_logs`) or an operator sees where a node waits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(rt.__file__).resolve().parents[1]
+    code = "from client.supernode_runtime import dump_stacks_on_signal as d\nd()\nimport time\ntime.sleep(4)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    os.kill(proc.pid, signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err  # the signal did not end it
+    assert "most recent call first" in err and "<module>" in err
