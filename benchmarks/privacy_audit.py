@@ -1127,7 +1127,8 @@ def _forged_replies(ms, folder: Path) -> dict[str, tuple[str, Callable[[bool], M
         node = ms.Node(ms.sensitive_party(data), folder / f"party-{forged}")
         node.setup()
         ids, labels = np.arange(20, dtype=np.int64), data.train.nonsensitive.labels
-        values = {**common, "batch_size": 64, "keep_rate": 1.0}
+        # the rows protocol: the server relays the feature parties' J_F
+        values = {**common, "batch_size": 64, "keep_rate": 1.0, "share_rows": "sampled"}
         answered(node.send(msg.GROUPS, ms.party_groups(ids, labels, **values), 0))
         jacobians = np.zeros((20, 2, 5), np.float32)
         jacobians[0, 0] = huge if forged else BOUND

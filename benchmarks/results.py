@@ -604,6 +604,19 @@ def steffle_section(result: SweepResult, doc_dir: Path) -> list[str]:
 TOPOLOGY_SWEEP = ("steffle_adult_topologies", "adult", "dp")
 TOPOLOGY_HEADING = "## SteFFLe with separate sensitive parties: silos, divided, central-sensitive"
 MU2_HEADING = "## DP-mu2-FL: the paper's Tables 1 and 2 (MNIST)"
+#: The sealed-records sweep (issue 31, the spec's "Revision"): the parties' default against silos.
+SEALED_SWEEP = ("steffle_adult_sealed", "adult", "dp")
+SEALED_HEADING = "## SteFFLe with separate sensitive parties, sealed records (the default)"
+SEALED_INTRO = (
+    "The parties' default since issue 31 (`share-rows sealed`, the second version of "
+    "../shared/specs/steffle-hybrid.md): at setup each feature party sends each sensitive party the (pseudonym, "
+    "features, label) of the records whose sensitive attribute it holds, encrypted end to end (the server relays "
+    "bytes it cannot read); each round a sensitive party computes F and J_F from the broadcast model on its own secret "
+    "Poisson sample at the silos' rate q = m / (n / N), and sends noised means: the silos' amplified mechanism. The "
+    "server sees the model, W, means, counts and sealed bytes, no record id, feature, label, output or Jacobian "
+    "(SECURITY.md: what each party learns over a run). Same base as the previous section (3 parties, 40 epochs, batch "
+    "256); bytes and time per round of every mode: `benchmarks/steffle_parties.py` (benchmarks/README.md)."
+)
 
 
 def noise_on_h(folder: Path) -> float | None:
@@ -624,13 +637,18 @@ def noise_on_h(folder: Path) -> float | None:
             sum((p["n_train"] / n * p["noise_multiplier"] / (p["sampling_rate"] * p["n_train"])) ** 2 for p in per)
         )
     features = (result.get("federation") or {}).get("silos") or []
-    rows = (
-        sum(f["n_train"] for f in features)
-        if config.get("share-rows") == "all"
-        else int(config["batch-size"]) * len(features)
-    )
+    n = sum(f["n_train"] for f in features)
+    if share_rows(config) == "sealed":  # each party's mean over its sample at q, weighted n_c / n: noise / (q n)
+        return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (per[0]["sampling_rate"] * n)
+    rows = n if config.get("share-rows") == "all" else int(config["batch-size"]) * len(features)
     keep = float(config.get("keep-rate", 1.0))
     return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (keep * rows)
+
+
+def share_rows(config: Mapping[str, Any]) -> str:
+    """How a run's parties shared their records: its config's `share-rows` (runs before issue 31 recorded
+    "sampled" or "all"; the default since is "sealed")."""
+    return str(config.get("share-rows") or "sealed")
 
 
 def _section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plots.RunRecord], RunFiles, str]:
@@ -656,36 +674,48 @@ def sweep_state_text(folder: Path, sweep_file: Path, found: int, incomplete: int
     return state
 
 
-def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
-    """Markdown of the topology comparison: its figure, and per (epsilon, curve, lambda) the error, violation, the
-    noise each topology puts on h and the seconds per round (each mean ± sd over seeds)."""
-    name, dataset, fairness = TOPOLOGY_SWEEP
+TOPOLOGY_INTRO = (
+    "The same SteFFLe mechanism with the sensitive attributes at separate parties (`--topology`, "
+    "../shared/specs/steffle-hybrid.md): `silos` (each silo holds both divisions), `divided` (each silo's "
+    "sensitive division on a node of its own) and `central-sensitive` (one census-style party holding every "
+    "record's sensitive attribute, 3 feature parties). A separate sensitive party knows which records the "
+    "feature parties sampled, so it claims amplification only from its own secret coins (`keep-rate` q_s): with "
+    "`share-rows sampled` it gets the rows of the feature parties' samples (3 x 256 per round) and its noise "
+    "multiplier is that of T un-amplified (q_s = 1) or q_s-subsampled Gaussian releases over those rows; with "
+    "`share-rows all` it gets every record's row each round and keeps each with its coin at q_s = 3 m / n, "
+    "which restores the silos' amplification at n rows per round (bytes and seconds: "
+    "`benchmarks/steffle_parties.py`, benchmarks/README.md). Since issue 31 the default is sealed records "
+    "(the next section); these runs pin the first version's `share-rows`."
+)
+
+
+def topology_section(
+    sweeps: Path,
+    sweep_files: Path,
+    figures: Path,
+    doc_dir: Path,
+    *,
+    sweep: tuple[str, str, str] = TOPOLOGY_SWEEP,
+    heading: str = TOPOLOGY_HEADING,
+    intro: str = TOPOLOGY_INTRO,
+    only: str = "topologies",
+) -> tuple[list[str], RunFiles]:
+    """Markdown of a topology comparison (`sweep`: the first version's, or with `share-rows sealed`): its figure,
+    and per (epsilon, curve, lambda) the error, violation, the noise each topology puts on h and the seconds per
+    round (each mean ± sd over seeds)."""
+    name, dataset, fairness = sweep
     folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
     command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
-    lines = [
-        TOPOLOGY_HEADING,
-        "",
-        "The same SteFFLe mechanism with the sensitive attributes at separate parties (`--topology`, "
-        "../shared/specs/steffle-hybrid.md): `silos` (each silo holds both divisions), `divided` (each silo's "
-        "sensitive division on a node of its own) and `central-sensitive` (one census-style party holding every "
-        "record's sensitive attribute, 3 feature parties). A separate sensitive party knows which records the "
-        "feature parties sampled, so it claims amplification only from its own secret coins (`keep-rate` q_s): with "
-        "`share-rows sampled` it gets the rows of the feature parties' samples (3 x 256 per round) and its noise "
-        "multiplier is that of T un-amplified (q_s = 1) or q_s-subsampled Gaussian releases over those rows; with "
-        "`share-rows all` it gets every record's row each round and keeps each with its coin at q_s = 3 m / n, "
-        "which restores the silos' amplification at n rows per round (bytes and seconds: "
-        "`benchmarks/steffle_parties.py`, benchmarks/README.md).",
-        "",
-    ]
+    lines = [heading, "", intro, ""]
     if not folder.is_dir():
         return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
     metric = plots.FAIRNESS_METRIC[fairness]
     records, files, state = _section_runs(folder, sweep_file, metric)
-    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only topologies", "```", ""]
+    lines += ["Commands:", "", "```bash", command, f"python benchmarks/results.py --only {only}", "```", ""]
     lines += [f"Runs: {state}. Grid: {_grid_text(records)}.", ""]
     if not records:
         return lines, files
-    drawn = [(f"topologies-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
+    drawn = [(f"{only}-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
     for path in plots.save_figures(drawn, figures, ("png",)):
         lines += [f"![SteFFLe topologies: fairness violation vs test error]({_rel(path, doc_dir)})", ""]
     for _, fig in drawn:
@@ -703,7 +733,9 @@ def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Pa
     ]
     groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
     for r in records:
-        groups[(r.epsilon, r.method, _fmt(r.get("keep-rate")), plots._float(r.get("lambda")))].append(r)
+        sealed = str(r.get("topology") or "silos") != "silos" and share_rows(r.config) == "sealed"
+        keep = "sealed" if sealed else _fmt(r.get("keep-rate"))
+        groups[(r.epsilon, r.method, keep, plots._float(r.get("lambda")))].append(r)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
     curves: dict[tuple, list[tuple[Point, float | None]]] = defaultdict(list)  # (eps, method, q_s) -> points
     for (eps, method, keep, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
@@ -726,6 +758,20 @@ def topology_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Pa
         )
     lines += ["", *_topology_summary(curves), *_same_seed_text(records, metric)]
     return [*lines, ""], files
+
+
+def sealed_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
+    """Markdown of the sealed-records comparison (the parties' default): :func:`topology_section` of its sweep."""
+    return topology_section(
+        sweeps,
+        sweep_files,
+        figures,
+        doc_dir,
+        sweep=SEALED_SWEEP,
+        heading=SEALED_HEADING,
+        intro=SEALED_INTRO,
+        only="sealed",
+    )
 
 
 def _topology_summary(curves: Mapping[tuple, list[tuple[Point, float | None]]]) -> list[str]:
@@ -1517,6 +1563,8 @@ def build_document(
     body = steffle_part(results, sweeps, sweep_files, doc_dir)
     topology_lines, topology_files = topology_section(sweeps, sweep_files, figures, doc_dir)
     body += topology_lines
+    sealed_lines, sealed_files = sealed_section(sweeps, sweep_files, figures, doc_dir)
+    body += sealed_lines
     silos_lines, silos_files = silos_section(sweeps, sweep_files, figures, doc_dir)
     body += silos_lines
     race = _race_module()
@@ -1526,6 +1574,7 @@ def build_document(
     fedsc_lines, fedsc_files = fedsc_section(sweeps, fedsc_runs, figures, doc_dir, sweep_files)
     files = {r.name: r.files for r in results}
     files[TOPOLOGY_SWEEP[0]] = topology_files
+    files[SEALED_SWEEP[0]] = sealed_files
     files[SILOS_SWEEP[0]] = silos_files
     files.update(race_files)
     files["mu2"] = mu2_files
@@ -1545,6 +1594,7 @@ def sweeps_read(only: str | None) -> list[str]:
         "tran-gap": [gap.MAIN_SWEEP, gap.GAP_SWEEP],
         "steffle": [*steffle, gap.GAP_SWEEP],
         "topologies": [TOPOLOGY_SWEEP[0]],
+        "sealed": [SEALED_SWEEP[0]],
         "silos": [SILOS_SWEEP[0]],
         "race": race,
     }
@@ -1569,7 +1619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "tran-gap", "topologies", "silos", "race", "parkinsons"],
+        choices=["steffle", "tran-gap", "topologies", "sealed", "silos", "race", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     parser.add_argument(
@@ -1653,6 +1703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         race = _race_module()
         make, heading = {
             "topologies": (topology_section, TOPOLOGY_HEADING),
+            "sealed": (sealed_section, SEALED_HEADING),
             "silos": (silos_section, SILOS_HEADING),
             "race": (race.race_section, race.RACE_HEADING),
         }[args.only]
@@ -1669,7 +1720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {files.runs} runs; the header's counts "
             "are those of the last full regeneration.",
         ]
-        out.write_text(replace_section(out.read_text(), heading, section, MU2_HEADING))
+        before = SILOS_HEADING if args.only == "sealed" else MU2_HEADING  # build_document's order
+        out.write_text(replace_section(out.read_text(), heading, section, before))
         print(f"wrote the section '{heading[3:]}' of {out} ({files.runs} runs)")
         return 0
     text, results = build_document(

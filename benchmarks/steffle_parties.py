@@ -6,18 +6,20 @@ Every variant is the same SteFFLe run (epsilon 1, lambda 1, demographic parity, 
 through the real ServerApp, strategies and ClientApp on the in-process engine; only the topology differs:
 
 * ``silos``: each silo holds both divisions (one exchange per round);
-* ``central-sensitive``: N feature parties and one census-style sensitive party (two exchanges per round through the
-  server: the feature parties' rows (id, y, F(x_i), J_F(x_i)) of their Poisson sample go to the sensitive party);
-* ``divided``: each silo's divisions on two nodes, rows of the sample only (``share-rows = sampled``);
-* ``divided, all rows``: the sensitive parties sample with their own coins at q_s = m / n_j from every row
-  (``share-rows = all``): the silos' mechanism, at n_j rows per party per round.
+* ``central-sensitive``, ``divided`` (the default, ``share-rows = sealed``): N feature parties and one census-style
+  sensitive party, or each silo's divisions on two nodes; the records sealed to the sensitive parties once at setup,
+  then each round the model to every party and means back (two exchanges per round);
+* ``central, rows sampled`` (``share-rows = sampled``, the first version): the feature parties' rows
+  (id, y, F(x_i), J_F(x_i)) of their Poisson sample go through the server to the sensitive party each round;
+* ``divided, all rows`` (``share-rows = all``): every row each round, the sensitive parties sampling at
+  q_s = m / n_j: the silos' mechanism, at n_j rows per party per round.
 
 Seconds per round: the median of the rounds' wall times (result.json `rounds[].seconds`; evaluation only after the
 last round), on the plain in-process engine. Bytes per round: the size of every message the server sends and every
-reply it receives, as Flower serializes them for gRPC (`flwr.common.serde.message_to_proto(...).ByteSize()`),
-summed over a round's messages (setup and the one-off group counts excluded), from a separate run of
-`--byte-rounds` rounds (serializing costs time of its own). The variants alternate, `--repeats` times, so machine
-noise hits all alike; the figure kept is each variant's lowest median.
+reply it receives, as Flower serializes them for gRPC (`flwr.common.serde.message_to_proto(...).ByteSize()`), summed
+over a round's messages (setup excluded: the one-off kB of setup, the sealed record exchange included, are their own
+column), from a separate run of `--byte-rounds` rounds (serializing costs time of its own). The variants alternate,
+`--repeats` times, so machine noise hits all alike; the figure kept is each variant's lowest median.
 """
 
 from __future__ import annotations
@@ -38,7 +40,15 @@ from protocols.config import RunConfig
 from server.inprocess_grid import InProcessGrid
 from server.orchestrator import run_federation
 
-SETUP_KINDS = {"query.setup", "query.groups", "query.records", "query.coverage"}
+SETUP_KINDS = {
+    "query.setup",
+    "query.groups",
+    "query.records",
+    "query.coverage",
+    "query.holdings",
+    "query.seal",
+    "query.unseal",
+}
 
 
 class ByteCountingGrid(InProcessGrid):
@@ -48,11 +58,15 @@ class ByteCountingGrid(InProcessGrid):
         super().__init__(*args, **kwargs)
         self.sent = 0
         self.received = 0
+        self.setup = 0
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
         replies = list(super().send_and_receive(messages, timeout=timeout))
-        if not any(m.metadata.message_type in SETUP_KINDS for m in messages):
+        size = sum(_size(m) for m in messages) + sum(_size(r) for r in replies)
+        if any(m.metadata.message_type in SETUP_KINDS for m in messages):
+            self.setup += size
+        else:
             self.sent += sum(_size(m) for m in messages)
             self.received += sum(_size(r) for r in replies)
         return replies
@@ -68,6 +82,7 @@ def _variants(silos: int, batch: int, n_train: int) -> dict[str, dict]:
         "silos": {},
         "central-sensitive": {"topology": "central-sensitive"},
         "divided": {"topology": "divided"},
+        "central, rows sampled": {"topology": "central-sensitive", "share-rows": "sampled"},
         "divided, all rows": {"topology": "divided", "share-rows": "all", "keep-rate": batch / per_silo},
     }
 
@@ -78,11 +93,11 @@ def _seconds(config: RunConfig) -> float:
     return statistics.median(r["seconds"] for r in rounds[1:-1])
 
 
-def _bytes(config: RunConfig) -> tuple[float, float]:
-    """(bytes sent, bytes received) per round by the server."""
+def _bytes(config: RunConfig) -> tuple[float, float, float]:
+    """(bytes sent, bytes received) per round by the server, and the bytes of setup (both ways, once)."""
     grid = ByteCountingGrid(client_app, config.num_nodes)
     rounds = len(run_federation(grid, config)["rounds"])
-    return grid.sent / rounds, grid.received / rounds
+    return grid.sent / rounds, grid.received / rounds, grid.setup
 
 
 def main() -> None:
@@ -118,17 +133,20 @@ def main() -> None:
         name: _bytes(RunConfig.parse({**common, **extra, "rounds": args.byte_rounds, "eval-every": args.byte_rounds}))
         for name, extra in variants.items()
     }
-    base_seconds, (base_sent, base_received) = seconds["silos"], sizes["silos"]
+    base_seconds, (base_sent, base_received, _) = seconds["silos"], sizes["silos"]
     print(
         f"SteFFLe on {args.dataset}: {args.silos} silos or feature parties, {n_train} training records, batch "
         f"{args.batch_size}, eps 1, lambda 1; {args.rounds} rounds, best median of {args.repeats}, in-process engine"
     )
-    header = f"{'topology':<20}{'ms/round':>10}{'x silos':>9}{'kB sent':>11}{'kB received':>13}{'x silos':>9}"
+    header = (
+        f"{'topology':<23}{'ms/round':>10}{'x silos':>9}{'kB sent':>11}{'kB received':>13}{'x silos':>9}"
+        f"{'kB setup':>11}"
+    )
     print(header)
-    for name, (sent, received) in sizes.items():
+    for name, (sent, received, setup) in sizes.items():
         print(
-            f"{name:<20}{seconds[name] * 1000:>10.2f}{seconds[name] / base_seconds:>9.2f}{sent / 1000:>11.1f}"
-            f"{received / 1000:>13.1f}{(sent + received) / (base_sent + base_received):>9.2f}"
+            f"{name:<23}{seconds[name] * 1000:>10.2f}{seconds[name] / base_seconds:>9.2f}{sent / 1000:>11.1f}"
+            f"{received / 1000:>13.1f}{(sent + received) / (base_sent + base_received):>9.2f}{setup / 1000:>11.1f}"
         )
 
 

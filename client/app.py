@@ -306,9 +306,11 @@ def evaluate(message: Message, context: Context) -> Message:
 def _feature_train(message: Message, context: Context) -> Message:
     party = _party(context, parties.FEATURES)
     what = f"train message to feature party {party.party_id}"
-    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_instruction(message.content, what=what)
     round_fn = _handler(instr, msg.TRAIN, what, parties.FEATURES)
+    # the records beyond the model that the algorithm's feature party reads with this instruction (e.g. W)
+    extra = getattr(round_fn, "records_for", lambda _instr: frozenset())(instr)
+    msg.check_records(message.content, {msg.MODEL, msg.CONFIG, *extra}, what=what)
 
     def compute() -> RecordDict:
         with _single_thread():
@@ -424,11 +426,69 @@ def test_groups(message: Message, context: Context) -> Message:
 
 @app.query("confusion")
 def confusion(message: Message, context: Context) -> Message:
-    """A sensitive party's confusion counts of the test predictions the feature parties made: exact, or under its
-    policy's ``evaluation = "noised"`` a Gaussian histogram charged to its lifetime ledger first."""
+    """A sensitive party's confusion counts of the test predictions the feature parties made (or, with sealed
+    records, of the test records it received, predicted by the model the message carries): exact, or under its
+    policy's ``evaluation = "noised"`` (or a sealing feature party's) a Gaussian histogram charged to its lifetime
+    ledger first."""
     party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
     what = f"confusion query to sensitive party {party.party_id}"
     from client.noised_evaluation import COUNTS_RADIUS
 
-    noised = _noised(context, _evaluation_mode(context, what), party.party_id, what, radius=COUNTS_RADIUS)
-    return Message(_party_module().confusion(party, message, noised), reply_to=message)
+    mode = _evaluation_mode(context, what)
+    if msg.MODEL not in message.content:
+        noised = _noised(context, mode, party.party_id, what, radius=COUNTS_RADIUS)
+        return Message(_party_module().confusion(party, message, noised), reply_to=message)
+    from client import party_exchange
+
+    msg.check_records(message.content, {msg.CONFIG, msg.MODEL}, what=what)
+    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    records = party_exchange.stored(context, what)
+    if records.noised_evaluation:
+        mode = "noised"
+    noised = _noised(context, mode, party.party_id, what, radius=COUNTS_RADIUS)
+    model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
+    return Message(_party_module().confusion_sealed(model, party, records, instr, noised), reply_to=message)
+
+
+@app.query("loss")
+def loss(message: Message, context: Context) -> Message:
+    """A feature party's summed test loss with sealed records (the sensitive parties count its predictions): exact,
+    or under its policy's ``evaluation = "noised"`` clipped and noised, charged to its lifetime ledger first."""
+    from client.noised_evaluation import LOSS_RADIUS
+
+    party = _party_for(context, parties.FEATURES, parties.LOSS_QUERY)
+    what = f"loss query to feature party {party.party_id}"
+    msg.check_records(message.content, {msg.CONFIG, msg.MODEL}, what=what)
+    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
+    noised = _noised(context, _evaluation_mode(context, what), party.party_id, what, radius=LOSS_RADIUS)
+    model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
+    return Message(_party_module().feature_loss(model, party, instr, noised), reply_to=message)
+
+
+@app.query("holdings")
+def holdings(message: Message, context: Context) -> Message:
+    """A sensitive party's record pseudonyms, sealed to each feature party (setup, share-rows sealed)."""
+    from client import party_exchange
+
+    party = _party_for(context, parties.SENSITIVE, parties.HOLDINGS_QUERY)
+    return Message(party_exchange.holdings(context, party, message), reply_to=message)
+
+
+@app.query("seal")
+def seal(message: Message, context: Context) -> Message:
+    """A feature party's records, sealed to the sensitive parties holding them (setup, share-rows sealed)."""
+    from client import party_exchange
+
+    party = _party_for(context, parties.FEATURES, parties.SEAL_QUERY)
+    what = f"seal query to feature party {party.party_id}"
+    content = party_exchange.seal(context, party, message, _evaluation_mode(context, what))
+    return Message(content, reply_to=message)
+
+
+@app.query("unseal")
+def unseal(message: Message, context: Context) -> Message:
+    """A sensitive party opens and keeps the feature parties' sealed records (setup, share-rows sealed)."""
+    from client import party_exchange
+
+    party = _party_for(context, parties.SENSITIVE, parties.UNSEAL_QUERY)
+    return Message(party_exchange.receive(context, party, message), reply_to=message)

@@ -36,6 +36,9 @@ from protocols.silo_policy import SiloPolicy
 EVALUATION_RADIUS = math.sqrt(3.0) / 2.0
 #: The same for counts alone (a sensitive party's confusion counts: no loss), one cell down and one up.
 COUNTS_RADIUS = math.sqrt(2.0) / 2.0
+#: The same for a loss sum alone (a feature party's test loss with sealed records: its clipped loss over B moves by
+#: at most 1).
+LOSS_RADIUS = 0.5
 #: The random stream of a noised evaluation (`client.randomness`; distinct from the training streams).
 EVALUATION_STREAM = 7
 
@@ -93,6 +96,15 @@ def noised_counts(counts: np.ndarray, policy: SiloPolicy, generator: torch.Gener
     noise = torch.randn(counts.size, generator=generator, dtype=torch.float64).numpy() * policy.evaluation_noise
     noised = counts.astype(np.float64).ravel() + noise
     return np.clip(np.rint(noised), 0, None).astype(np.int64).reshape(counts.shape)
+
+
+def noised_loss(losses: np.ndarray, policy: SiloPolicy, generator: torch.Generator) -> float:
+    """The loss sum B (sum_i min(loss_i, B) / B + N(0, s^2)), clipped at 0: a feature party's test loss alone (one
+    record moves the clipped sum over B by at most 1, radius :data:`LOSS_RADIUS`)."""
+    bound = policy.evaluation_loss_bound
+    clipped = np.where(np.isfinite(losses), np.clip(losses, 0.0, bound), bound)
+    noise = float(torch.randn(1, generator=generator, dtype=torch.float64)[0]) * policy.evaluation_noise
+    return max(bound * (float(clipped.sum()) / bound + noise), 0.0)
 
 
 #: The secret of a sensitive party's permanent randomized response (`protocols.randomized_response`), in its state
@@ -171,6 +183,9 @@ class NoisedRelease:
 
     def counts(self, counts: np.ndarray, server_round: int) -> np.ndarray:
         return noised_counts(counts, self.policy, self._generator(server_round))
+
+    def loss(self, losses: np.ndarray, server_round: int) -> float:
+        return noised_loss(losses, self.policy, self._generator(server_round))
 
     def _generator(self, server_round: int) -> torch.Generator:
         return generator(self.context, silo_id=self.node_id, server_round=server_round)

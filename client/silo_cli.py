@@ -2,7 +2,8 @@
 
     silofl silo start --data DIR --superlink HOST:PORT [--root-certificates CA.crt --auth-key silo_k.key | --insecure]
         [--role silo|features|sensitive] [--epsilon-budget E] [--state-dir DIR] [--allow-trusted-server]
-        [--deterministic-noise] [--clientapp-port N] [--runtime long-lived|per-message|flower] [--dry-run]
+        [--deterministic-noise] [--clientapp-port N] [--runtime long-lived|per-message|flower] [--party-keys FILE]
+        [--dry-run]
 
 It loads the data folder (written by `silofl data split`) once, so that a bad folder fails here with the file named
 instead of at the first message of a run, prints the exact SuperNode command and replaces itself with it
@@ -31,7 +32,9 @@ authentication) must be asked for explicitly and excludes both.
 The node config carries the settings the ClientApp reads: `data-path` and `role` (:mod:`client.silo_data`: `node_role`
 reads `role`, default ``silo``, so it is only written for a feature or sensitive party), `epsilon-budget` and
 `state-dir` (:mod:`client.privacy_state`: the folder where the silo keeps its ledger and answers across restarts,
-docs/FAULTS.md), `allow-trusted-server` (:mod:`client.rounds.mu2fl`), `deterministic-noise` (:mod:`client.randomness`).
+docs/FAULTS.md), `allow-trusted-server` (:mod:`client.rounds.mu2fl`), `deterministic-noise` (:mod:`client.randomness`),
+and for a feature or sensitive party `party-keys` (its key file from `silofl deploy certs`, `<name>.party.json`: the
+sealed record exchange of `share-rows sealed`, :mod:`client.party_exchange`; checked here: it must be this role's).
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ def node_config_string(
     allow_trusted_server: bool = False,
     role: str | None = None,
     policy: Path | None = None,
+    party_keys: Path | None = None,
 ) -> str:
     """The `--node-config` value: `data-path='...'` (absolute), `role='features'` or `role='sensitive'` for a party
     (nothing for a silo, the ClientApp's default, so a silo's node config is what it was before parties), and the
@@ -150,6 +154,8 @@ def node_config_string(
         parts.append(f"state-dir={_literal_path(state_dir, '--state-dir')}")
     if policy is not None:
         parts.append(f"policy={_literal_path(policy, '--policy')}")
+    if party_keys is not None:
+        parts.append(f"party-keys={_literal_path(party_keys, '--party-keys')}")
     if allow_trusted_server:
         parts.append("allow-trusted-server=true")
     if deterministic_noise:
@@ -250,9 +256,33 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
             allow_trusted_server=getattr(args, "allow_trusted_server", False),
             role=role,
             policy=policy,
+            party_keys=_checked_party_keys(getattr(args, "party_keys", None), role),
         ),
     ]
     return command
+
+
+def _checked_party_keys(path: Path | None, role: str) -> Path | None:
+    """`--party-keys`: a party's own key file (`protocols.party_keys`), loaded now so that a wrong file fails here."""
+    if path is None:
+        return None
+    if role not in ("features", "sensitive"):
+        raise SiloStartError(
+            f"--party-keys is for a feature or sensitive party's node; this node is a {role}: drop --party-keys"
+        )
+    from protocols.party_keys import PartyKeyError, PartyKeys
+
+    file = _existing_file(path, "--party-keys", "this party's key file, e.g. features_0.party.json")
+    try:
+        keys = PartyKeys.load(file)
+    except PartyKeyError as exc:
+        raise SiloStartError(f"--party-keys: {exc}") from None
+    if not keys.name.startswith(f"{role}-"):
+        raise SiloStartError(
+            f"--party-keys {file} is the key file of {keys.name}, but this node is a {role} party: give it its own "
+            f"file ({role}_<k>.party.json from `silofl deploy certs`)"
+        )
+    return file
 
 
 def state_folder(data: Path, given: Path | None) -> Path:
@@ -413,6 +443,13 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
         help="long-lived (default): Flower's SuperNode with short polls and one long-lived ClientApp process; "
         "per-message: short polls, a fresh ClientApp process per message; flower: Flower's stock SuperNode "
         "(rounds of seconds)",
+    )
+    start.add_argument(
+        "--party-keys",
+        type=Path,
+        metavar="FILE",
+        help="a feature or sensitive party's key file (<name>.party.json from silofl deploy certs --topology ...): "
+        "its parties' sealed record exchange (share-rows sealed); never give it to the server",
     )
     start.add_argument("--dry-run", action="store_true", help="validate and print the command, do not start it")
     start.set_defaults(func=silo_start_command)

@@ -324,6 +324,14 @@ class CorrelationReport(_Schema):
     noise_std: float = Field(ge=0.0, description="sigma of the Gaussian noise on every entry")
 
 
+class ExchangeSetup(_Schema):
+    """Server -> party, the sealed record exchange of separate parties (`protocols.parties`, `share-rows sealed`):
+    the federation's shape, whose boxes a party makes and expects."""
+
+    feature_parties: int = Field(ge=1, le=1000)
+    sensitive_parties: int = Field(ge=1, le=1000)
+
+
 class EvaluateInstruction(_Schema):
     """Server -> silo: evaluate this model on the silo's local test split."""
 

@@ -299,12 +299,15 @@ class TopologyOptions(OptionGroup):
         description="topology general: deal the ids to the sensitive parties by this feature column (categorical: "
         "one value per party, round robin; numeric: equal-frequency bins) instead of at random",
     )
-    share_rows: Literal["sampled", "all"] = Field(
-        default="sampled",
-        description="which records' (id, y, F, J_F) a feature party sends each round: those of its Poisson sample "
-        "(the sensitive parties cannot amplify by it: keep-rate is their only sampling), or all of them (the "
-        "sensitive parties' secret coins at keep-rate do all the sampling: keep-rate = batch-size / n_j is the silos' "
-        "amplified mechanism, at n_j rows per round)",
+    share_rows: Literal["sealed", "sampled", "all"] = Field(
+        default="sealed",
+        description="how the feature parties' records reach the sensitive parties. sealed: once, at setup, "
+        "encrypted end to end and joined by pseudonym (the server relays bytes it cannot read); each round a "
+        "sensitive party computes on its own secret Poisson sample at the silos' rate (the silos' amplified "
+        "mechanism) and the server sees the model and noised sums only. sampled: each round the (id, y, F, J_F) "
+        "of the feature parties' Poisson sample, through the server (the sensitive parties cannot amplify by it: "
+        "keep-rate is their only sampling). all: each round every record's row (keep-rate = batch-size / n_j gives "
+        "the silos' amplification, at n_j rows per round)",
         json_schema_extra=SILO,
     )
     keep_rate: float = Field(

@@ -54,6 +54,7 @@ def run_job(
     from client.app import app as client_app
     from server.app import make_server_app
 
+    node_configs = with_party_secret(config, node_configs)
     results: list[dict[str, Any]] = []
     server_app = make_server_app(config, sink=results.append, engine=engine, progress=progress)
     if engine == "inprocess":
@@ -84,6 +85,23 @@ def run_job(
     if not results:
         raise RuntimeError(f"the {engine} engine finished without a result; see the log above for the ServerApp error")
     return results[0]
+
+
+def with_party_secret(
+    config: RunConfig, node_configs: Sequence[Mapping[str, str | int | float | bool]] | None
+) -> Sequence[Mapping[str, str | int | float | bool]] | None:
+    """`node_configs` with the run's party secret added to every node's (a fresh random one per run), when the run's
+    parties exchange sealed records: each simulated party derives its keys from it (`protocols.party_keys`
+    `simulated_keys`). It goes to the ClientApps' node configs only, never to the ServerApp."""
+    if not config.sensitive_nodes or getattr(config, "share_rows", "") != "sealed":
+        return node_configs
+    import secrets
+
+    from protocols.party_keys import PARTY_SECRET_KEY
+
+    secret = secrets.token_bytes(32).hex()
+    base = node_configs if node_configs is not None else [{} for _ in range(config.num_nodes)]
+    return [{**dict(c), PARTY_SECRET_KEY: secret} for c in base]
 
 
 def _with_node_configs(client_app: Any, node_configs: Sequence[Mapping[str, Any]]) -> Any:

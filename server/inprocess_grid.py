@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import secrets
 import threading
 import traceback
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from protocols.party_keys import PARTY_SECRET_KEY
 
 #: Flower's error code for an exception raised inside a ClientApp.
 CLIENT_APP_RAISED_EXCEPTION = 0
@@ -65,9 +68,12 @@ class InProcessGrid(Grid):
             raise ValueError(f"got {len(configs)} node configs for {num_silos} silos")
         self._run_id = run_id
         self._contexts: dict[int, Context] = {}
+        # the simulated parties' shared secret, from which each derives its keys for the sealed record exchange
+        # (`protocols.party_keys.simulated_keys`): in their node configs only, never the ServerApp's
+        party_secret = {PARTY_SECRET_KEY: secrets.token_bytes(32).hex()}
         for partition_id, extra in enumerate(configs):
             node_id = 1000 + partition_id  # stable ids, distinct from the SuperLink's
-            node_config = {"partition-id": partition_id, "num-partitions": num_silos, **extra}
+            node_config = {"partition-id": partition_id, "num-partitions": num_silos, **party_secret, **extra}
             self._contexts[node_id] = self._fresh_context(node_id, node_config)
         self._replies: dict[str, Message] = {}
         self._copy = copy_messages
@@ -106,15 +112,18 @@ class InProcessGrid(Grid):
 
     def silo_states(self) -> dict[int, dict[str, object]]:
         """What each simulated silo without a `state-dir` holds in `context.state` (its ledger, calibration, ...),
-        by partition id, for the server's checkpoint (:mod:`server.checkpoint`); the data spec is left out.
+        by partition id, for the server's checkpoint (:mod:`server.checkpoint`); the data spec and a sensitive party's
+        sealed records (exchanged again when the run resumes) are left out.
 
         In simulation the server and the silos are one process and die together: a snapshot of both after the same
         round is a consistent state of the whole federation, from which a restarted process continues. The records
         are referenced, not copied: silofl replaces a state record, it never changes one in place."""
+        from client.party_exchange import SEALED_KEY
         from client.privacy_state import DATA_SPEC_KEY, STATE_DIR_KEY
 
+        skip = (DATA_SPEC_KEY, SEALED_KEY)  # the sealed records: received again when a run resumes
         return {
-            int(ctx.node_config["partition-id"]): {k: v for k, v in ctx.state.items() if k != DATA_SPEC_KEY}
+            int(ctx.node_config["partition-id"]): {k: v for k, v in ctx.state.items() if k not in skip}
             for ctx in self._contexts.values()
             if not ctx.node_config.get(STATE_DIR_KEY)
         }

@@ -274,6 +274,11 @@ def run_federation(
         if resumed.silo_states and restore is not None:
             restore(resumed.silo_states)
     counts = None
+    if federation.sensitive:
+        from server import parties
+
+        if parties.sealed(config):  # every start: a sensitive party keeps the records for the run only
+            parties.sealed_exchange(grid, federation, config.round_timeout)
     if msg.GROUPS in config.spec.silo:
         # On resume the silos are not asked again: they spent budget on their counts once (the sum is public).
         counts = resumed.group_counts if resumed is not None else None

@@ -58,6 +58,7 @@ class PartiesNoisyAggregation(NoisyAggregation):
         self._sensitive_reports: dict[int, msg.TrainReport] = {}
         self._num_params = sum(int(np.prod(shape)) for _, shape in self.param_spec)
         self._test_ids: list[np.ndarray] | None = None
+        self._eval_arrays: ArrayRecord | None = None
         self._group_epsilons: list[float] = []
 
     # -- step 1: the feature parties ---------------------------------------------------------------------------------
@@ -67,10 +68,23 @@ class PartiesNoisyAggregation(NoisyAggregation):
         self._grid = grid  # step 2 of the round is sent from aggregate_train
         return super().configure_train(server_round, arrays, config, grid)
 
+    @property
+    def sealed(self) -> bool:
+        """Whether the parties exchanged their records sealed at setup (`share-rows sealed`): the rounds then carry
+        the model, W and noised sums only."""
+        return self.instruction.share_rows == "sealed"
+
     def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        if self.sealed:  # a feature party computes the s-independent part of the W-gradient itself
+            return super().train_records(server_round, arrays)
         return {msg.MODEL: arrays}  # W and the prior go to the sensitive parties only
 
     def read_update(self, entry: SiloEntry, reply: Message, what: str) -> dict[str, Arrays]:
+        if self.sealed:
+            msg.check_records(reply.content, {msg.UPDATE, pm.W_BASE, msg.REPORT}, what=what)
+            update = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, what=what)
+            w_base = msg.check_arrays(reply.content, pm.W_BASE, [("w", tuple(self.w.shape))], what=what)
+            return {msg.UPDATE: update, pm.W_BASE: w_base}
         msg.check_records(reply.content, {msg.UPDATE, pm.ROWS, pm.OUTPUTS, msg.REPORT}, what=what)
         info = entry.info
         rows = pm.read_columns(reply.content, pm.ROWS, ("ids", "labels"), max_rows=info.n_train, what=what)
@@ -85,6 +99,8 @@ class PartiesNoisyAggregation(NoisyAggregation):
 
     # -- steps 2 and 3 -----------------------------------------------------------------------------------------------
     def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        if self.sealed:
+            return self._combine_sealed(server_round, current, updates)
         from client.algorithms.steffle import w_gradient_base
         from client.algorithms.steffle_parties import combine_sensitive_sums
 
@@ -112,6 +128,36 @@ class PartiesNoisyAggregation(NoisyAggregation):
             offset += size
         return self.sgda_step(server_round, current, g, h, w_base.numpy() + h_w.numpy())
 
+    def _combine_sealed(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        """g and the s-independent W part: the feature parties' means weighted n_j / n (as silos'); h: the sensitive
+        parties' noised means weighted n_c / n, n_c the records each received (they sum to n)."""
+        g = {name: weighted_sum(self.weights, updates, msg.UPDATE, name) for name in current}
+        if self.lam == 0:
+            return self.sgda_step(server_round, current, g, None, None)
+        w_base = weighted_sum(self.weights, updates, pm.W_BASE, "w")
+        content = {
+            msg.MODEL: msg.arrays_record(
+                {name: np.asarray(value, dtype=np.float32) for name, value in current.items()}
+            ),
+            msg.FAIRNESS: msg.arrays_record({"w": self.w.astype(np.float32), "prior": self.prior}),
+        }
+        replies = self._sensitive_replies(server_round, content)
+        n = sum(entry.info.n_train for entry in self.federation.silos)
+        received = sum(report.num_examples for _, _, report in replies)
+        if received != n:
+            raise RoundError(
+                f"round {server_round}: the sensitive parties answered for {received} records, but the feature "
+                f"parties hold {n}; each record counts at the one sensitive party that received it"
+            )
+        theta = sum(fair["theta"].astype(np.float64) * (report.num_examples / n) for _, fair, report in replies)
+        h_w = sum(fair["w"].astype(np.float64) * (report.num_examples / n) for _, fair, report in replies)
+        h, offset = {}, 0
+        for name, shape in self.param_spec:
+            size = int(np.prod(shape))
+            h[name] = theta[offset : offset + size].reshape(shape)
+            offset += size
+        return self.sgda_step(server_round, current, g, h, w_base + h_w)
+
     @property
     def prior_labels(self) -> int:
         return self.federation.info.num_labels
@@ -120,14 +166,25 @@ class PartiesNoisyAggregation(NoisyAggregation):
         self, server_round: int, ids: np.ndarray, labels: np.ndarray, outputs: np.ndarray, jacobians: np.ndarray
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Step 2: every sensitive party's noised sums (float64 tensors), in party-id order; their reports kept."""
-        if self._grid is None:
-            raise RoundError("aggregate_train called before configure_train")
         content = {
             msg.FAIRNESS: msg.arrays_record({"w": self.w.astype(np.float32), "prior": self.prior}),
             pm.ROWS: pm.int_record(ids=ids, labels=labels),
             pm.OUTPUTS: msg.arrays_record({"outputs": outputs, "jacobians": jacobians}),
-            msg.CONFIG: self.train_instruction(server_round),
         }
+        return [
+            (torch.from_numpy(fair["theta"]).double(), torch.from_numpy(fair["w"]).double())
+            for _, fair, _ in self._sensitive_replies(server_round, content)
+        ]
+
+    def _sensitive_replies(
+        self, server_round: int, content: dict[str, ArrayRecord]
+    ) -> list[tuple[SiloEntry, dict[str, np.ndarray], msg.TrainReport]]:
+        """`content` + the train instruction to every sensitive party; each reply's checked arrays (theta, w) and
+        report, in party-id order; the reports kept for the privacy block. With rows (not sealed) a party reports
+        its declared records; with sealed records, the records it received (at most those it declared)."""
+        if self._grid is None:
+            raise RoundError("aggregate_train called before configure_train")
+        content = {**content, msg.CONFIG: self.train_instruction(server_round)}
         federation = self.federation
         messages = [
             Message(RecordDict(dict(content)), e.node_id, pm.SENSITIVE_QUERY, group_id=str(server_round))
@@ -136,7 +193,7 @@ class PartiesNoisyAggregation(NoisyAggregation):
         replies = self._grid.send_and_receive(messages, timeout=self.timeout)
         kind = pm.SENSITIVE_QUERY
         spec = [("theta", (self._num_params,)), ("w", tuple(self.w.shape))]
-        sums, reports = [], {}
+        out, reports = [], {}
         for entry, reply in collect_replies(
             federation, server_round, replies, kind, self.timeout, federation.sensitive
         ):
@@ -144,12 +201,17 @@ class PartiesNoisyAggregation(NoisyAggregation):
             msg.check_records(reply.content, {msg.FAIR_UPDATE, msg.REPORT}, what=what)
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
-            self._check_count(report.num_examples, entry.info.n_train, entry, what)
-            fair = msg.check_arrays(reply.content, msg.FAIR_UPDATE, spec, what=what)
-            sums.append((torch.from_numpy(fair["theta"]).double(), torch.from_numpy(fair["w"]).double()))
+            if not self.sealed:
+                self._check_count(report.num_examples, entry.info.n_train, entry, what)
+            elif report.num_examples > entry.info.n_train:
+                raise RoundError(
+                    f"{what}: the reply claims {report.num_examples} records, but {entry.name} declared "
+                    f"{entry.info.n_train} in the setup round"
+                )
+            out.append((entry, msg.check_arrays(reply.content, msg.FAIR_UPDATE, spec, what=what), report))
             reports[entry.info.silo_id] = report
         self._sensitive_reports = reports
-        return sums
+        return out
 
     def privacy_reports(self, updates: list[SiloUpdate]) -> dict[int, msg.TrainReport]:
         """The sensitive parties' reports (the feature parties release nothing that depends on s)."""
@@ -160,6 +222,18 @@ class PartiesNoisyAggregation(NoisyAggregation):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._grid = grid
+        if self.sealed:  # the model to every party: feature parties sum their loss, sensitive ones count
+            self._eval_arrays = arrays
+            instruction = self.eval_instruction.model_copy(update={"server_round": server_round}).to_config_record()
+            return [
+                Message(
+                    RecordDict({msg.MODEL: arrays, msg.CONFIG: instruction}),
+                    e.node_id,
+                    pm.LOSS_QUERY,
+                    group_id=f"eval-{server_round}",
+                )
+                for e in self.federation.silos
+            ]
         if not self.grouped_evaluation:
             return super().configure_evaluate(server_round, arrays, config, grid)
         instruction = self.eval_instruction.model_copy(update={"server_round": server_round})
@@ -174,8 +248,9 @@ class PartiesNoisyAggregation(NoisyAggregation):
     @property
     def grouped_evaluation(self) -> bool:
         """Whether a feature party answers evaluations noised (its setup said so): then every feature party counts
-        its test records by the sensitive parties' randomized groups (`strategies.party_evaluation`)."""
-        return any(e.info.evaluation == "noised" for e in self.federation.silos)
+        its test records by the sensitive parties' randomized groups (`strategies.party_evaluation`). Not with
+        sealed records: the sensitive parties count them, noised if a feature party's policy says so."""
+        return not self.sealed and any(e.info.evaluation == "noised" for e in self.federation.silos)
 
     def _aggregate_grouped(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         """The feature parties' counts by (source, randomized group, label, prediction), summed and debiased."""
@@ -194,7 +269,8 @@ class PartiesNoisyAggregation(NoisyAggregation):
             raise RoundError("aggregate_evaluate called before configure_evaluate")
         if self.grouped_evaluation:
             return self._aggregate_grouped(server_round, replies)
-        info = self.federation.info
+        if self.sealed:
+            return self._aggregate_sealed(server_round, replies)
         columns, loss_sum, n = [], 0.0, 0
         for entry, reply in self._collect(server_round, replies, "evaluate"):
             what = f"evaluate reply from {entry.name} in round {server_round}"
@@ -211,8 +287,31 @@ class PartiesNoisyAggregation(NoisyAggregation):
             loss_sum += report.loss_sum
             n += report.num_examples
         rows = {key: np.concatenate([c[key] for c in columns]) for key in ("ids", "labels", "predictions")}
+        return self._counted(server_round, {pm.ROWS: pm.int_record(**rows)}, loss_sum, n)
+
+    def _aggregate_sealed(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
+        """The feature parties' summed test losses (exact or noised), then the sensitive parties' counts of the test
+        records they received, predicted by the same model."""
+        loss_sum, n, noise = 0.0, 0, {}
+        for entry, reply in self._collect(server_round, replies, pm.LOSS_QUERY):
+            what = f"loss reply from {entry.name} in round {server_round}"
+            msg.check_records(reply.content, {msg.REPORT}, what=what)
+            report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT, what=what)
+            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
+            self._check_count(report.num_examples, entry.info.n_test, entry, what, split="test")
+            loss_sum += report.loss_sum
+            n += report.num_examples
+            noise[entry.info.silo_id] = report.noise_std
+        metrics = self._counted(server_round, {msg.MODEL: self._eval_arrays}, loss_sum, n)
+        self.evaluation_noise = noise  # the loss's; the counts' noise is logged by _counted
+        return metrics
+
+    def _counted(self, server_round: int, records: dict[str, ArrayRecord], loss_sum: float, n: int) -> MetricRecord:
+        """`records` (the predictions, or the model) + the evaluation instruction to every sensitive party; their
+        (group, label, prediction) counts summed, every one of the n test records counted once; the metrics."""
+        info = self.federation.info
         instruction = self.eval_instruction.model_copy(update={"server_round": server_round}).to_config_record()
-        content = {pm.ROWS: pm.int_record(**rows), msg.CONFIG: instruction}
+        content = {**records, msg.CONFIG: instruction}
         messages = [
             Message(RecordDict(dict(content)), e.node_id, pm.CONFUSION, group_id=f"eval-{server_round}")
             for e in self.federation.sensitive

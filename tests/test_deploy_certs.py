@@ -153,6 +153,36 @@ def test_parties_get_key_pairs_named_after_their_data_folders(tmp_path: Path) ->
         paths.key_pair("silo_0")
 
 
+def test_parties_get_party_key_files_of_one_generation(tmp_path: Path) -> None:
+    """A party key file per party (0600), all with one pseudonym key and one directory, each opening what another
+    seals to it; silos get none; a lost file is remade with all the others (one generation)."""
+    from protocols import party_keys as pk
+
+    paths = make_certs(tmp_path, 2, hosts=(), topology="central-sensitive")
+    assert [p.name for p in paths.party_keys] == [
+        "features_0.party.json",
+        "features_1.party.json",
+        "sensitive_0.party.json",
+    ]
+    keys = {name: pk.PartyKeys.load(file) for name, file in zip(paths.names, paths.party_keys, strict=True)}
+    for file in paths.party_keys:
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
+    assert [k.name for k in keys.values()] == ["features-0", "features-1", "sensitive-0"]
+    assert (
+        len({k.pseudonym_key for k in keys.values()}) == 1
+        and len({tuple(k.directory.items()) for k in keys.values()}) == 1
+    )
+    box = pk.seal(keys["features_1"], "sensitive-0", "records", "run:1", b"rows")
+    assert pk.open_sealed(keys["sensitive_0"], "features-1", "records", "run:1", box) == b"rows"
+    assert make_certs(tmp_path / "silos", 2, hosts=()).party_keys == ()
+    paths.party_keys[0].unlink()
+    again = ensure_certs(tmp_path, 2, topology="central-sensitive")
+    remade = {name: pk.PartyKeys.load(file) for name, file in zip(again.names, again.party_keys, strict=True)}
+    assert (
+        remade["sensitive_0"].pseudonym_key == remade["features_0"].pseudonym_key != keys["sensitive_0"].pseudonym_key
+    )
+
+
 def test_ensure_certs_adds_missing_key_pairs_under_the_existing_ca(tmp_path: Path) -> None:
     """`deploy up` in a folder first used for silos: the CA and the silos' keys stay, the parties' keys are added."""
     silos = make_certs(tmp_path, 2, hosts=())

@@ -220,6 +220,37 @@ def test_silo_start_puts_a_party_folders_role_in_the_node_config(party_root: Pat
     assert (silo_cli.SILO_FORMAT, silo_cli.PARTY_FORMAT) == (silo_store.FORMAT, party_store.FORMAT)
 
 
+def test_silo_start_passes_a_partys_own_key_file_and_refuses_another(
+    party_root: Path, silo_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """`--party-keys` (the sealed record exchange): the party's own file reaches its node config; a file of the other
+    role, a broken one or one given to a silo is refused before anything starts, naming the fix."""
+    from server.deploy.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs", 3, hosts=(), topology="central-sensitive")
+    base = ["--superlink", "127.0.0.1:9092", "--insecure", "--dry-run"]
+    own = certs.party_key_file("sensitive_0")
+    args = _silo_args(["--data", str(party_root / "sensitive_0"), *base, "--party-keys", str(own)])
+    assert args.func(args) == 0
+    assert _node_config(capsys.readouterr().out)["party-keys"] == str(own.resolve())
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for data, keys, says in (
+        (
+            party_root / "sensitive_0",
+            certs.party_key_file("features_0"),
+            "is the key file of features-0, but this node",
+        ),
+        (party_root / "features_0", bad, "'format' must be"),
+        (silo_dir, own, "--party-keys is for a feature or sensitive party's node"),
+        (party_root / "features_0", tmp_path / "missing.json", "no such file"),
+    ):
+        args = _silo_args(["--data", str(data), *base, "--party-keys", str(keys)])
+        assert args.func(args) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and says in captured.err, captured.err
+
+
 @pytest.mark.parametrize(
     ("folder", "role", "holds"),
     [
@@ -289,8 +320,9 @@ def test_submit_command_names_the_topology() -> None:
 @pytest.mark.slow
 def test_census_and_three_feature_parties_run_steffle(tmp_path: Path) -> None:
     """One sensitive party (a census bureau holding every record's group) and three feature parties (banks), each
-    a SuperNode with its own registered key, TLS; a 3-round SteFFLe run submitted with the run config `deploy up`
-    prints; result.json names the four parties, and the census party spent at most its epsilon."""
+    a SuperNode with its own registered key and party key file, TLS; a 3-round SteFFLe run (sealed records, the
+    default) submitted with the run config `deploy up` prints; result.json names the four parties, and the census
+    party spent at most its epsilon."""
     root, out = tmp_path / "census", tmp_path / "out"
     with local.running(root, 3, topology="central-sensitive") as dep:
         assert [p.name for p in dep.processes] == ["superlink", "features_0", "features_1", "features_2", "sensitive_0"]
@@ -299,6 +331,7 @@ def test_census_and_three_feature_parties_run_steffle(tmp_path: Path) -> None:
         for name, line in first_lines.items():  # the command `silofl silo start` built for each node
             assert f"--auth-supernode-private-key {Path(dep.certs) / name}.key" in line
             assert f"role='{name.partition('_')[0]}'" in line
+            assert f"party-keys='{Path(dep.certs) / name}.party.json'" in line  # its own key file (sealed records)
         run_config = (
             f"{dep.layout.run_config()} rounds=3 epochs=0 epsilon=1.0 lambda=1.0 eval-every=3 "
             f'round-timeout=300 out-dir="{out}"'
@@ -317,6 +350,7 @@ def test_census_and_three_feature_parties_run_steffle(tmp_path: Path) -> None:
     privacy = result["privacy"]
     assert privacy["epsilon_target"] == 1.0 and 0 < privacy["epsilon_spent"] <= 1.0
     assert list(privacy["per_silo"]) == ["0"]  # the census party's ledger; the banks add no noise
+    assert "sealed" in privacy["parties"]  # the default: records sealed at setup, only noised sums through the server
     assert 0 < privacy["per_silo"]["0"]["epsilon_spent"] <= 1.0
     assert privacy["per_silo"]["0"]["rounds_answered"] == 3
     # 3 noisy steps at epsilon 1 from a zero model: 0.51 - 0.77 over 22 seeds on the in-process engine

@@ -341,6 +341,7 @@ def _compose_run(
     # The containers run as uid 49999: they must read the private keys and the data folders, which are written
     # readable by their owner only.
     private = [certs / "superlink.key", *(certs / f"{name}.key" for name in nodes), *data.rglob("*")]
+    private += list(certs.glob("*.party.json"))  # the parties' key files (sealed record exchange)
     for path in private:
         if os.geteuid() == 0:
             os.chown(path, APP_UID, -1)

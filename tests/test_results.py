@@ -397,6 +397,12 @@ def test_noise_on_h_is_the_noise_std_on_the_servers_fairness_gradient(tmp_path: 
     assert results.noise_on_h(every) == pytest.approx(50 * 2 / (0.5 * 2000))  # rows: every record
     off = _topology_result(tmp_path / "o", {"lambda": 0.0}, {"0": silo}, 1)
     assert results.noise_on_h(off) is None
+    # sealed records: the census's mean over its own sample at q = m / (n / N) = 0.1, over n = 2000 records; the same
+    # noise as two silos of 1000 at q = 0.1 with the census's sigma (here one party: sigma C / (q n))
+    sealed_census = {"noise_multiplier": 10.0, "sampling_rate": 0.1, "n_train": 2000}
+    sealed = _topology_result(tmp_path / "z", {"topology": "central-sensitive"}, {"0": sealed_census}, 2)
+    assert results.noise_on_h(sealed) == pytest.approx(10 * 2 / (0.1 * 2000))
+    assert results.share_rows({"topology": "central-sensitive"}) == "sealed"  # the default, when not recorded
 
 
 def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tmp_path: Path):

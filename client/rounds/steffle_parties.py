@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from client import randomness
+from client import party_exchange, randomness
 from client.algorithms import steffle_parties as algo
 from client.data.topology import FeaturePartyData, SensitivePartyData
 from client.round_privacy import RoundPrivacy, digest
@@ -41,25 +41,34 @@ from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 MAX_ROWS = 10_000_000
 
 
-def mechanism(instr: msg.TrainInstruction) -> Mechanism:
+def mechanism(instr: msg.TrainInstruction, rate: float | None = None) -> Mechanism:
     """The sensitive party's run under the replace-one relation on s: the one-off histogram (`counts-share` of the
     budget), then T steps of two releases (the clipped theta sum, radius C; the W sum, whose radii follow from the
-    group prior, bound at its first round) amplified by its own secret coins at q_s only (q_s = 1: un-amplified)."""
+    group prior, bound at its first round) amplified by its own secret coins at `rate` only: q_s (keep-rate; 1:
+    un-amplified) for rows the feature parties sent, or with sealed records the rate of its own Poisson sample of
+    them (`SealedRecords.sampling_rate`, the silos' q)."""
     return Mechanism(
         relation="replace_one",
         sampling="poisson",
-        sampling_rate=instr.keep_rate,
+        sampling_rate=instr.keep_rate if rate is None else rate,
         steps=instr.total_rounds,
         releases=(Release("theta", radius=instr.clip), Release("w", radius=None)),
         setup=(SetupRelease(GROUP_COUNTS, share=instr.counts_share, radius=histogram_sensitivity("replace_one")),),
     )
 
 
-def open_privacy(context: Context, party: SensitivePartyData, instr: msg.TrainInstruction) -> RoundPrivacy:
-    """The party's bound, calibrated mechanism for this run."""
+def open_privacy(
+    context: Context, party: SensitivePartyData, instr: msg.TrainInstruction, rate: float | None = None
+) -> RoundPrivacy:
+    """The party's bound, calibrated mechanism for this run (`rate`: its sampling rate with sealed records)."""
     return RoundPrivacy(
-        context, instr, mechanism(instr), who=f"sensitive party {party.party_id}", node_id=party.party_id
+        context, instr, mechanism(instr, rate), who=f"sensitive party {party.party_id}", node_id=party.party_id
     )
+
+
+def sealed(instr: msg.TrainInstruction) -> bool:
+    """Whether the run's parties exchanged their records sealed at setup (`share-rows sealed`)."""
+    return instr.share_rows == "sealed"
 
 
 def _keys(party_id: int, instr: msg.TrainInstruction, server_round: int) -> dict[str, int]:
@@ -83,6 +92,18 @@ def _prior(content: RecordDict, info, instr: msg.TrainInstruction, what: str) ->
     return prior, torch.from_numpy(fair["w"]), digest(fair["prior"])
 
 
+def _feature_report(party: FeaturePartyData, instr: msg.TrainInstruction, rate: float) -> msg.TrainReport:
+    """A feature party's round report: its public size and sampling rate; no noise, no budget spent."""
+    return msg.TrainReport(
+        silo_id=party.party_id,
+        server_round=instr.server_round,
+        num_examples=len(party.train_ids),
+        epsilon_spent=math.inf,
+        noise_multiplier=0.0,
+        sampling_rate=rate,
+    )
+
+
 def _labels_in_range(labels: np.ndarray, num_labels: int, what: str) -> None:
     if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= num_labels):
         raise msg.MessageError(f"{what}: labels must be in 0..{num_labels - 1}")
@@ -93,7 +114,9 @@ def feature_train(
 ) -> RecordDict:
     """Step 1 (Algorithm 1, line 7 at a feature party): the mean loss gradient over a Poisson sample at q_f = m / n_j,
     and the (id, y) and (F(x_i), J_F(x_i)) of the sampled records (or of all its records, `share-rows = all`). Reads
-    no sensitive value; adds no noise."""
+    no sensitive value; adds no noise. With sealed records: :func:`feature_train_sealed`."""
+    if sealed(instr):
+        return feature_train_sealed(model, party, instr, context, message)
     rate = min(1.0, instr.batch_size / len(party.train_ids))
     rng = randomness.numpy_rng(context, stream=randomness.SAMPLING, **_keys(party.party_id, instr, instr.server_round))
     grad_sum, sampled, rows = algo.feature_party_step(
@@ -107,14 +130,7 @@ def feature_train(
     )
     g = grad_sum / max(sampled, 1)  # the mean over the sample: the silo mode's g_j (zeros for an empty sample)
     spec = parameter_spec(model)
-    report = msg.TrainReport(
-        silo_id=party.party_id,
-        server_round=instr.server_round,
-        num_examples=len(party.train_ids),
-        epsilon_spent=math.inf,
-        noise_multiplier=0.0,
-        sampling_rate=rate,
-    )
+    report = _feature_report(party, instr, rate)
     return RecordDict(
         {
             msg.UPDATE: msg.arrays_record(_named(g, spec)),
@@ -130,21 +146,55 @@ def feature_train(
     )
 
 
+feature_train.records_for = lambda instr: frozenset({msg.FAIRNESS}) if sealed(instr) else frozenset()  # type: ignore[attr-defined]
+
+
+def feature_train_sealed(
+    model: torch.nn.Module, party: FeaturePartyData, instr: msg.TrainInstruction, context: Context, message: Message
+) -> RecordDict:
+    """A feature party's round with sealed records: a silo's non-sensitive division (`client.algorithms.steffle`
+    `nonsensitive_step`): on its Poisson sample at q = m / n_j, the mean loss gradient g_j and the mean
+    s-independent part of the W-gradient, -2 W (.) F_i. No row leaves it; it reads no sensitive value."""
+    from client.algorithms.steffle import nonsensitive_step
+
+    what = f"train message to feature party {party.party_id} in round {instr.server_round}"
+    msg.check_records(message.content, {msg.CONFIG, msg.MODEL, msg.FAIRNESS}, what=what)
+    prior, w, _ = _prior(message.content, party.info, instr, what)
+    rate = min(1.0, instr.batch_size / len(party.train_ids))
+    rng = randomness.numpy_rng(context, stream=randomness.SAMPLING, **_keys(party.party_id, instr, instr.server_round))
+    g, w_base = nonsensitive_step(model, party.train, w=w, prior=prior, rate=rate, rng=rng)
+    report = _feature_report(party, instr, rate)
+    return RecordDict(
+        {
+            msg.UPDATE: msg.arrays_record(_named(g, parameter_spec(model))),
+            pm.W_BASE: msg.arrays_record({"w": w_base.detach().numpy().astype(np.float32)}),
+            msg.REPORT: report.to_metric_record(),
+        }
+    )
+
+
 def group_counts(
     party: SensitivePartyData, instr: msg.TrainInstruction, context: Context, message: Message
 ) -> RecordDict:
     """The (group, label) counts of the requested training ids this party holds (labels from the feature parties,
     sent once in setup); a Gaussian histogram of radius sqrt(2)/2 unless the run is non-private (as a silo's)."""
     what = f"groups message to sensitive party {party.party_id}"
-    msg.check_records(message.content, {msg.CONFIG, pm.TRAIN_ROWS}, what=what)
     info = party.info
-    rows = pm.read_columns(message.content, pm.TRAIN_ROWS, ("ids", "labels"), max_rows=MAX_ROWS, what=what)
-    pm.check_ids(rows["ids"], what)
-    _labels_in_range(rows["labels"], info.num_labels, what)
-    positions, groups = algo.SensitiveParty(*party.sorted_train).lookup(rows["ids"])
     counts = np.zeros((info.num_groups, info.num_labels), dtype=np.float64)
-    np.add.at(counts, (groups, rows["labels"][positions]), 1.0)
-    privacy = open_privacy(context, party, instr)
+    rate = None
+    if sealed(instr):  # the labels of the records it received
+        msg.check_records(message.content, {msg.CONFIG}, what=what)
+        records = party_exchange.stored(context, what)
+        rate = records.sampling_rate(instr.batch_size)
+        np.add.at(counts, (records.train_groups.groups, records.train.labels), 1.0)
+    else:
+        msg.check_records(message.content, {msg.CONFIG, pm.TRAIN_ROWS}, what=what)
+        rows = pm.read_columns(message.content, pm.TRAIN_ROWS, ("ids", "labels"), max_rows=MAX_ROWS, what=what)
+        pm.check_ids(rows["ids"], what)
+        _labels_in_range(rows["labels"], info.num_labels, what)
+        positions, groups = algo.SensitiveParty(*party.sorted_train).lookup(rows["ids"])
+        np.add.at(counts, (groups, rows["labels"][positions]), 1.0)
+    privacy = open_privacy(context, party, instr, rate)
     spent = math.inf
     if privacy.private:
         spent = privacy.charge_setup()
@@ -161,7 +211,10 @@ def sensitive_round(
 ) -> RecordDict:
     """Step 2 (Algorithm 1, line 8 at a sensitive party; Appendix F): the noised sums of the clipped d psi / d theta
     and of the s-dependent d psi / d W over the requested ids it holds, each kept with its secret coin at q_s. The
-    reply has the same shape and noise whether it held none, some or all of the ids (the paper's dummy noise)."""
+    reply has the same shape and noise whether it held none, some or all of the ids (the paper's dummy noise).
+    With sealed records: :func:`sensitive_round_sealed`."""
+    if sealed(instr):
+        return sensitive_round_sealed(party, instr, context, message)
     what = f"sensitive query to sensitive party {party.party_id} in round {instr.server_round}"
     msg.check_records(message.content, {msg.CONFIG, msg.FAIRNESS, pm.ROWS, pm.OUTPUTS}, what=what)
     info = party.info
@@ -201,6 +254,47 @@ def sensitive_round(
     )
     report = privacy.report(num_examples=len(party.train_ids), sampling_rate=instr.keep_rate, spent=spent)
     fair = {"theta": theta.numpy().astype(np.float32), "w": w_sum.numpy().astype(np.float32)}
+    return RecordDict({msg.FAIR_UPDATE: msg.arrays_record(fair), msg.REPORT: report.to_metric_record()})
+
+
+def sensitive_round_sealed(
+    party: SensitivePartyData, instr: msg.TrainInstruction, context: Context, message: Message
+) -> RecordDict:
+    """A sensitive party's round with sealed records: a silo's sensitive division (`client.algorithms.steffle`
+    `fairness_gradients`) over the records it received: its own secret Poisson sample at the silos' rate q, F and
+    J_F computed here from the broadcast model, per-record clipped d psi / d theta and the s-dependent W-gradient,
+    noised, divided by q n_c. Charged BEFORE anything is computed (a party over its budget refuses). The mechanism
+    is the silos' amplified one: nobody else knows the sample."""
+    from client.algorithms.steffle import fairness_gradients
+    from client.app import _model_from_arrays
+
+    what = f"sensitive query to sensitive party {party.party_id} in round {instr.server_round}"
+    msg.check_records(message.content, {msg.CONFIG, msg.FAIRNESS, msg.MODEL}, what=what)
+    info = party.info
+    prior, w, prior_digest = _prior(message.content, info, instr, what)
+    records = party_exchange.stored(context, what)
+    rate = records.sampling_rate(instr.batch_size)
+    privacy = open_privacy(context, party, instr, rate)
+    privacy.bind("prior", prior_digest)
+    spent = math.inf
+    if privacy.private:
+        spent = privacy.charge()  # before anything is computed or released
+    model = _model_from_arrays(message, info, instr.model, getattr(instr, "hidden", 64), what)
+    h_theta, h_w = fairness_gradients(
+        model,
+        records.train,
+        records.train_groups,
+        w=w,
+        prior=prior,
+        rate=rate,
+        clip=instr.clip,
+        noise_multiplier=privacy.noise_multiplier,
+        rng=privacy.rng(randomness.SENSITIVE_SAMPLING),
+        generator=privacy.generator(randomness.NOISE),
+        w_noise=w_noise_of(instr.w_noise),
+    )
+    report = privacy.report(num_examples=len(records.train), sampling_rate=rate, spent=spent)
+    fair = {"theta": h_theta.detach().numpy().astype(np.float32), "w": h_w.detach().numpy().astype(np.float32)}
     return RecordDict({msg.FAIR_UPDATE: msg.arrays_record(fair), msg.REPORT: report.to_metric_record()})
 
 

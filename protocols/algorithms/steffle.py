@@ -40,6 +40,19 @@ PARTIES_REPORT = (
 )
 
 
+SEALED_REPORT = (
+    "separate parties with sealed records (share-rows sealed; ../shared/specs/steffle-hybrid.md, Revision): at setup "
+    "each feature party sends each sensitive party the (pseudonym, features, label) of the records whose sensitive "
+    "attribute that party holds, encrypted end to end (X25519 + AES-GCM; pseudonyms: a keyed hash the server does not "
+    "hold); each sensitive party owns its ledger and budget and samples the records it received with its own secret "
+    "coins at the silos' rate q = m / (n / N), so it claims the silos' amplification. The server sees the model, W, "
+    "the feature parties' mean loss gradients and s-independent W parts, the sensitive parties' noised means, sealed "
+    "bytes and public counts (records per party, coverage): no record id, feature, label, output or Jacobian. A "
+    "sensitive party learns the features and labels of the records whose attribute it holds. The guarantee covers "
+    "the sensitive attributes only"
+)
+
+
 def label(config: Mapping[str, Any]) -> str:
     """The papers' names: DP-FERMI / FERMI for one silo, SteFFLe otherwise."""
     epsilon = config.get("epsilon", math.inf)
@@ -83,10 +96,24 @@ PARTIES_MECHANISM = (
 )
 
 
+SEALED_MECHANISM = (
+    "privacy of the sensitive attributes (replace-one relation), topology {topology}, sealed records. Each sensitive "
+    "party: a Gaussian histogram of the (group, label) counts of the records it received (radius sqrt(2)/2, spending "
+    "counts-share of epsilon), then every round, on its own secret Poisson sample of them at the silos' rate q = m / "
+    "(n / N), per-sample theta-gradients of psi (F and J_F computed by it from the broadcast model) clipped to C and "
+    "the s-dependent W-gradients (radius 2/sqrt(rho); with w-noise per-group, or auto, each group's row at its own "
+    "radius), both noised at one multiplier sigma (two releases, one composed mechanism, amplified by q; PLD): a "
+    "silo's sensitive division. The feature parties add no noise: their mean loss gradients and s-independent W parts "
+    "over their own samples do not depend on s"
+)
+
+
 def mechanism(config: Any) -> str:
     """What the silos (or the sensitive parties) release, and how it is noised."""
     if config.topology == "silos":
         return SILOS_MECHANISM.format(**SAMPLERS[config.sampling])
+    if config.share_rows == "sealed":
+        return SEALED_MECHANISM.format(topology=config.topology)
     rows = "every record" if config.share_rows == "all" else "their Poisson sample q_f = m/n_j"
     return PARTIES_MECHANISM.format(topology=config.topology, keep_rate=config.keep_rate, rows=rows)
 
@@ -103,7 +130,8 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
 
     out: dict[str, Any] = {"relation": RELATION, **sampling_report(config, history, rounds)}
     if config.topology != "silos":
-        out["parties"] = PARTIES_REPORT.format(keep_rate=config.keep_rate)
+        sealed = config.share_rows == "sealed"
+        out["parties"] = SEALED_REPORT if sealed else PARTIES_REPORT.format(keep_rate=config.keep_rate)
         out["per_silo_role"] = "sensitive parties (the feature parties add no noise and spend no budget)"
         return out
     if not config.private or not history.server_state:
@@ -176,6 +204,11 @@ def check(config: Any) -> None:
         raise ValueError(
             "'group-weight balanced' is implemented for topology 'silos' only (the sensitive parties compute the "
             "papers' ERMI); drop the key or use topology silos"
+        )
+    if config.topology != "silos" and config.share_rows == "sealed" and config.keep_rate != 1.0:
+        raise ValueError(
+            "'keep-rate' (q_s) thins the rows the feature parties send each round; with share-rows sealed a "
+            "sensitive party samples the records it received at the silos' rate itself: drop the key"
         )
     if config.topology == "silos" and config.keep_rate != 1.0:
         raise ValueError(

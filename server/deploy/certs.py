@@ -19,6 +19,11 @@ What Flower 1.39 expects (read from its source, `flwr/supernode/cli/flower_super
   `--auth-list-public-keys` flag. Flower 1.39 refuses that flag (keys are registered at runtime with
   `flwr supernode register`); the file is kept as the operator's list of keys to register.
 
+For separate parties (a topology other than silos) also one **party key file** per party, `<name>.party.json`
+(`protocols.party_keys`: its X25519 key, the parties' shared pseudonym key and every party's public key), for the
+sealed record exchange (`share-rows sealed`). The parties' files are made together (one pseudonym key, one
+directory) and go to their parties only: never to the SuperLink's host, whose server must not read the records.
+
 `cryptography` is imported inside the functions: this module is reachable from the `silofl` command line, and a
 deployed ClientApp's import path must stay light.
 """
@@ -32,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_HOSTS", "CertError", "CertPaths", "ensure_certs", "make_certs"]
+__all__ = ["DEFAULT_HOSTS", "CertError", "CertPaths", "ensure_certs", "ensure_party_keys", "make_certs", "party_name"]
 
 DEFAULT_HOSTS: tuple[str, ...] = ("superlink",)
 """Extra names on the SuperLink certificate by default: the compose service name."""
@@ -60,6 +65,8 @@ class CertPaths:
     silo_public_keys: tuple[Path, ...]
     public_keys_csv: Path
     names: tuple[str, ...] = ()
+    #: The parties' key files (`protocols.party_keys`), in the order of `names`; none for silos.
+    party_keys: tuple[Path, ...] = ()
 
     @classmethod
     def layout(
@@ -79,6 +86,7 @@ class CertPaths:
             silo_public_keys=tuple(out / f"{name}.pub" for name in names),
             public_keys_csv=out / "supernode_public_keys.csv",
             names=names,
+            party_keys=() if topology == "silos" else tuple(out / f"{name}.party.json" for name in names),
         )
 
     def key_pair(self, name: str) -> tuple[Path, Path]:
@@ -97,7 +105,14 @@ class CertPaths:
             *self.silo_keys,
             *self.silo_public_keys,
             self.public_keys_csv,
+            *self.party_keys,
         )
+
+    def party_key_file(self, name: str) -> Path | None:
+        """The party key file of node `name` (None for a silo)."""
+        if not self.party_keys:
+            return None
+        return self.party_keys[self.names.index(name)]
 
 
 def _write(path: Path, data: bytes, *, private: bool) -> None:
@@ -232,7 +247,25 @@ def make_certs(
     _write(paths.superlink_cert, link_cert.public_bytes(pem), private=False)
 
     _write_key_pairs(paths, paths.names)
+    _write_party_keys(paths)
     return paths
+
+
+def party_name(node_name: str) -> str:
+    """The party's name in the key directory (`protocols.party_keys`) of node `node_name` (features_0 -> features-0)."""
+    role, _, index = node_name.rpartition("_")
+    return f"{role}-{index}"
+
+
+def _write_party_keys(paths: CertPaths) -> None:
+    """Fresh party key files for every party of `paths` (none for silos): one generation, one directory."""
+    if not paths.party_keys:
+        return
+    from protocols.party_keys import generate
+
+    keys = generate(party_name(name) for name in paths.names)
+    for name, file in zip(paths.names, paths.party_keys, strict=True):
+        _write(file, keys[party_name(name)].to_json().encode(), private=True)
 
 
 def _write_key_pairs(paths: CertPaths, names: Sequence[str]) -> None:
@@ -271,4 +304,13 @@ def ensure_certs(out: Path, silos: int, *, topology: str = "silos", sensitive_pa
         )
     absent = [n for n in paths.names if not all(p.exists() for p in paths.key_pair(n))]
     _write_key_pairs(paths, absent)
+    return ensure_party_keys(paths)
+
+
+def ensure_party_keys(paths: CertPaths) -> CertPaths:
+    """The parties' key files of `paths`, made (all together: one generation) unless every one is there; also for
+    an insecure deployment, whose parties still seal their records from the server."""
+    if any(not p.exists() for p in paths.party_keys):
+        paths.out.mkdir(parents=True, exist_ok=True)
+        _write_party_keys(paths)
     return paths

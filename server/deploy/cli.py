@@ -61,6 +61,8 @@ def certs_command(args: argparse.Namespace) -> int:
         who = f"{name.partition('_')[0]}:".ljust(10)  # silo: / features: / sensitive:
         print(f"{who} {key} -> that site only; {pub} -> `flwr supernode register {pub.name} <connection>`")
     print(f"all public keys: {paths.public_keys_csv}")
+    for name, file in zip(paths.names, paths.party_keys, strict=False):
+        print(f"party key: {file} -> {name} only (`silofl silo start --party-keys {file.name}`; never the server's)")
     return 0
 
 

@@ -399,13 +399,14 @@ def start_supernode(
     runtime: str | None = None,
     state_dir: Path | None = None,
     policy: Path | None = None,
+    party_keys: Path | None = None,
 ) -> ProcessInfo:
     """Start one SuperNode (`silofl silo start`'s command) for `data` against `dep`'s SuperLink; not yet waited for.
 
     `role` (silo, features, sensitive) defaults to the one the folder's info.json names, as `silofl silo start`'s;
     `runtime` to the deployment's; `state_dir` (the node config's `state-dir`, where the node keeps its privacy
     ledger and journaled answers across restarts) to DIR/state/`name`; `policy` is the node's operator policy
-    (`silofl silo start --policy`).
+    (`silofl silo start --policy`); `party_keys` a party's key file (`silofl silo start --party-keys`).
     """
     from argparse import Namespace
 
@@ -429,6 +430,7 @@ def start_supernode(
         supernode_executable=str(_bin_dir() / "flower-supernode"),
         state_dir=state_dir,
         policy=policy,
+        party_keys=party_keys,
     )
     command = supernode_command(args)
     return _spawn(name, command, cwd=root / name, log=root / "logs" / f"{name}.log", port=port)
@@ -570,7 +572,7 @@ def up(
 
     Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
     """
-    from server.deploy.certs import CertError, CertPaths, ensure_certs
+    from server.deploy.certs import CertError, CertPaths, ensure_certs, ensure_party_keys
 
     if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
         raise DeployError(f"--silos must be a positive integer, got {silos!r}")
@@ -602,6 +604,7 @@ def up(
             certs = ensure_certs(certs.out, silos, topology=topology, sensitive_parties=sensitive_parties)
         except CertError as exc:
             raise DeployError(f"certificates: {exc}") from None
+    ensure_party_keys(certs)
     fleet_port, control_port = free_port(), free_port()
     state = _private_dir(root / STATE_DIR)
     dep = Deployment(
@@ -660,7 +663,10 @@ def up(
             register_supernodes(certs.silo_public_keys, Path(dep.flwr_home))
         for k, ((name, role, _), folder) in enumerate(zip(layout.nodes, folders, strict=True)):
             key = None if insecure else certs.silo_keys[k]
-            dep.processes.append(start_supernode(dep, name, folder, auth_key=key, role=role, policy=policy))
+            party_keys = certs.party_key_file(name)
+            dep.processes.append(
+                start_supernode(dep, name, folder, auth_key=key, role=role, policy=policy, party_keys=party_keys)
+            )
             dep.save()
         for proc in list(dep.processes[1:]):
             # a node of this folder's database killed less than a minute ago (e.g. by `down`'s SIGKILL) still
