@@ -21,13 +21,15 @@ from flwr.app import Context, Message, RecordDict
 
 from client import sealed_records
 from client.data.topology import FeaturePartyData, SensitivePartyData
+from client.privacy_state import SEALED_RECORDS_KEY
 from protocols import messages as msg
 from protocols import parties as pm
 from protocols import party_keys as pk
 
 PARTY_KEYS_KEY, PARTY_SECRET_KEY = pk.PARTY_KEYS_KEY, pk.PARTY_SECRET_KEY
-#: Node state: the records this sensitive party received (`sealed_records.SealedRecords` as arrays).
-SEALED_KEY = "silofl.sealed-records"
+#: Node state: the records this sensitive party received (`sealed_records.SealedRecords` as arrays); in memory only
+#: (`client.privacy_state` leaves it out of the job file).
+SEALED_KEY = SEALED_RECORDS_KEY
 
 __all__ = ["PARTY_KEYS_KEY", "PARTY_SECRET_KEY", "SEALED_KEY", "holdings", "party_keys", "receive", "seal", "stored"]
 

@@ -69,8 +69,11 @@ JOURNAL_KEY = "silofl.journal"
 ADMITTED_KEY = "silofl.admitted"
 #: The job's instruction as its first message gave it, every field but the per-round ones (:func:`bind_instruction`).
 INSTRUCTION_KEY = "silofl.instruction"
+#: A sensitive party's records of the run, sealed to it by the feature parties (`client.party_exchange`): other
+#: organisations' features and labels, kept in memory for the run only, never written to the job file.
+SEALED_RECORDS_KEY = "silofl.sealed-records"
 STATE_FORMAT = 1
-_TRANSIENT = frozenset({DATA_SPEC_KEY, JOB_KEY})
+_TRANSIENT = frozenset({DATA_SPEC_KEY, JOB_KEY, SEALED_RECORDS_KEY})
 
 
 @dataclass(frozen=True)

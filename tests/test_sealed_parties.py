@@ -6,11 +6,12 @@ the silos' amplified mechanism on its own secret sample; a forging server is ref
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from client.app import app as client_app
 from client.data.loaders import load_dataset
@@ -327,3 +328,47 @@ def test_a_csv_the_tests_never_saw_split_central_sensitive_trains_fairer_with_la
     assert finals[0.0]["accuracy"] > 0.7 and finals[4.0]["accuracy"] > 0.65
     # measured: lambda 0 accuracy 0.872, violation 0.378; lambda 4: 0.795, 0.198
     assert finals[4.0]["dp_violation"] < 0.8 * finals[0.0]["dp_violation"], finals
+
+
+def test_a_census_restarted_mid_run_stops_it_and_resume_exchanges_again_and_continues(tmp_path) -> None:
+    """The census loses its sealed records with its process (they are never written to its state-dir): the run
+    stops at its next round before anything is charged; resume=true on fresh processes runs the exchange again and
+    finishes with the uninterrupted run's numbers, every round charged once."""
+    from client import privacy_state
+    from protocols.privacy.ledger import PrivacyLedger
+    from server.app import make_server_app
+
+    base = {"rounds": 4, "eval-every": 2, "checkpoint-every": 1}
+    reference = run_job(_config(**base), progress=False)
+
+    def serve(grid, config):
+        results = []
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+        make_server_app(config, sink=results.append, progress=False)(grid, context)
+        return results[0]
+
+    states = [{privacy_state.STATE_DIR_KEY: str(tmp_path / "state" / f"node{k}")} for k in range(4)]
+    out = tmp_path / "run"
+    grid = InProcessGrid(client_app, 4, node_configs=states)
+    census = next(node for node, c in grid._contexts.items() if c.node_config["partition-id"] == 3)
+    real = grid.send_and_receive
+
+    def restart_census_before_round_3(messages, *, timeout=None):
+        messages = list(messages)
+        if any(m.metadata.message_type == pm.SENSITIVE_QUERY and m.metadata.group_id == "3" for m in messages):
+            grid._contexts[census].state = RecordDict()  # a fresh process: only its state-dir is left
+        return real(messages, timeout=timeout)
+
+    grid.send_and_receive = restart_census_before_round_3  # type: ignore[method-assign]
+    with pytest.raises(RoundError, match="holds no sealed records for this run"):
+        serve(grid, _config(**base, **{"out-dir": str(out)}))
+    fresh = InProcessGrid(client_app, 4, node_configs=states)
+    fresh.restore_silo_states = None  # type: ignore[method-assign]  # as deployed: nothing restored by the server
+    resumed = serve(fresh, _config(**base, **{"out-dir": str(out), "resume": True}))
+    assert resumed["status"]["completed"] and resumed["status"]["resumed_from"] == 2
+    assert resumed["final"] == reference["final"] and resumed["model"] == reference["model"]
+    (job,) = (tmp_path / "state" / "node3").glob("sensitive*-job-*.json")
+    saved = json.loads(job.read_text())["records"]
+    assert SEALED_KEY not in saved  # the banks' records never reach the census's disk
+    record = privacy_state.decode_record(saved[privacy_state.LEDGER_KEY])
+    assert PrivacyLedger.from_dict(dict(record)).rounds() == [0, 1, 2, 3, 4]  # the histogram, then each round once
