@@ -1,6 +1,7 @@
 """Seconds per round: the in-process engine against Ray simulation on the same run, and their ratio.
 
     python benchmarks/engines.py [--dataset adult] [--silos 3] [--rounds 30] [--algorithm dp-fedsgd]
+        [--topology silos|divided|central-sensitive] (a topology: SteFFLe with separate parties, eps 1, lambda 1)
 
 Both engines run the same ServerApp, strategy and ClientApp; the figure is the round loop's wall time divided by the
 number of rounds (`timing.seconds_per_round` of result.json: setup, Ray start-up and data loading excluded).
@@ -26,7 +27,8 @@ def main() -> None:
     parser.add_argument("--dataset", default="adult")
     parser.add_argument("--silos", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--algorithm", default="dp-fedsgd", choices=["dp-fedsgd", "fedavg"])
+    parser.add_argument("--algorithm", default="dp-fedsgd", choices=["dp-fedsgd", "fedavg", "steffle"])
+    parser.add_argument("--topology", default="silos", choices=["silos", "divided", "central-sensitive"])
     parser.add_argument("--repeats", type=int, default=3, help="in-process repeats (the best is kept)")
     args = parser.parse_args()
     values = {
@@ -37,12 +39,19 @@ def main() -> None:
         "eval-every": args.rounds,
         "data-dir": os.environ.get("SILOFL_DATA_DIR", ""),
     }
-    if args.algorithm == "dp-fedsgd":
+    if args.algorithm != "fedavg":
         values["epsilon"] = 1.0
+    if args.topology != "silos":
+        values.update({"algorithm": "steffle", "topology": args.topology})
+    if values["algorithm"] == "steffle":
+        values["lambda"] = 1.0
     config = RunConfig.parse(values)
     inproc = min((_inprocess(config) for _ in range(args.repeats)), key=lambda t: t[0])
     ray = _per_round(run_job(config, engine="ray", progress=False))
-    print(f"run: {args.algorithm} on {args.dataset}, {args.silos} silos, {args.rounds} rounds, batch 256")
+    print(
+        f"run: {values['algorithm']} on {args.dataset}, {args.silos} silos, topology {args.topology}, "
+        f"{args.rounds} rounds, batch 256"
+    )
     print(f"{'engine':<16}{'median ms/round':>18}{'mean ms/round':>16}")
     for name, (median, mean) in (("in-process", inproc), ("Ray simulation", ray)):
         print(f"{name:<16}{median * 1000:>18.2f}{mean * 1000:>16.2f}")

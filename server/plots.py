@@ -327,6 +327,8 @@ def _dataset_title(config: Mapping[str, Any]) -> str:
 def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_KEYS) -> list[tuple[str, Figure]]:
     """Fairness violation against test error, one curve per method traced by lambda; one figure per (dataset,
     fairness), panels rows = heterogeneity, columns = epsilon."""
+    from matplotlib.ticker import MaxNLocator
+
     runs = [r for r in runs if in_plot(r, "fairness") and _has(r, "error")]
     varied = varied_keys(runs)
     figures = []
@@ -381,6 +383,7 @@ def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_
                                 color=color,
                             )
                 ax.set_xlabel("test error")
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # a narrow range's 6-digit ticks overlapped
                 ax.set_ylabel(METRIC_LABELS[metric])
                 ax.set_title(f"epsilon = {_fmt(e)}, h = {_fmt(h)}", fontsize=10)
                 ax.grid(alpha=0.3)

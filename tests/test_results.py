@@ -165,8 +165,8 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # missing sections say so and name the command
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo", "steffle_parkinsons_dp"):
         assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
-    # five SteFFLe sweeps, the topology sweep, the number-of-silos sweep, the two many-valued sweeps, mu2, FedSC
-    assert text.count("Not generated yet: run `") == 11
+    # five SteFFLe sweeps, the two topology sweeps, the number-of-silos sweep, the two many-valued sweeps, mu2, FedSC
+    assert text.count("Not generated yet: run `") == 12
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
