@@ -54,7 +54,6 @@ def run_job(
     from client.app import app as client_app
     from server.app import make_server_app
 
-    node_configs = with_party_secret(config, node_configs)
     results: list[dict[str, Any]] = []
     server_app = make_server_app(config, sink=results.append, engine=engine, progress=progress)
     if engine == "inprocess":
@@ -67,6 +66,7 @@ def run_job(
         from flwr.simulation import run_simulation
 
         cpus = os.cpu_count() or 1
+        node_configs = with_party_secret(config, node_configs)  # the in-process grid makes its own
         if node_configs is not None:
             if len(node_configs) != config.num_nodes:
                 raise ValueError(f"{len(node_configs)} node configs for {config.num_nodes} nodes")
@@ -92,7 +92,8 @@ def with_party_secret(
 ) -> Sequence[Mapping[str, str | int | float | bool]] | None:
     """`node_configs` with the run's party secret added to every node's (a fresh random one per run), when the run's
     parties exchange sealed records: each simulated party derives its keys from it (`protocols.party_keys`
-    `simulated_keys`). It goes to the ClientApps' node configs only, never to the ServerApp."""
+    `simulated_keys`). It goes to the ClientApps' node configs only, never to the ServerApp. For Ray simulation: the
+    in-process engine's grid puts its own secret in its nodes' configs (`server.inprocess_grid`)."""
     if not config.sensitive_nodes or getattr(config, "share_rows", "") != "sealed":
         return node_configs
     import secrets
