@@ -64,7 +64,6 @@ def measure(data: Path, topology: str, rounds: int, tmp: Path, tag: str) -> dict
     return {
         "per_round": statistics.median(seconds),
         "setup": result["timing"]["total_seconds"] - rounds_total,
-        "share_rows": str(result["config"].get("share-rows")),
     }
 
 
@@ -91,10 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         f"SteFFLe on {args.dataset} in deployment (loopback, TLS, silofl runtime): 3 silos or 3 banks + a census, "
         f"eps 1, lambda 1, batch 256, {args.rounds} rounds, best median of {args.repeats}"
     )
-    print(f"{'federation':<20}{'share-rows':>12}{'s/round':>10}{'setup s':>10}")
+    print(f"{'federation':<20}{'s/round':>10}{'setup s':>10}")
     for topology, got in best.items():
-        rows = got["share_rows"] if topology != "silos" else "-"
-        print(f"{topology:<20}{rows:>12}{got['per_round']:>10.3f}{got['setup']:>10.1f}")
+        print(f"{topology:<20}{got['per_round']:>10.3f}{got['setup']:>10.1f}")
     print(f"ratio parties/silos {best['central-sensitive']['per_round'] / best['silos']['per_round']:.2f}")
     return 0
 

@@ -44,16 +44,18 @@ function its round calls, with the forged arrays first passed through the silo's
   nothing); ``dp-fedsgd-overflow-control``: the same with a canary whose gradient stays finite (moves by C / m).
 * ``steffle-mlp-overflow``: SteFFLe's fairness release with an MLP whose head is at the bound; replace-one of the
   attribute of a record whose theta term overflows only for s = 1.
-* ``sensitive-party-overflow``: a separate sensitive party given Jacobians (and W) at the bound; replace-one of the
-  attribute of the row whose J_F^T a overflows for s = 1.
 * ``calr-add-remove``: DP-CalR under ``calr-relation add_remove`` at q = 0.5, n = 20, add/remove a canary with its own
   Poisson coin (D1's release a mixture, :class:`CanaryCoin`), through `dp_calr` with the silo's `release_divisor` q;
   ``calr-add-remove (pre-fix divisor q n_j)``: the same on the silo's code before the fix (divisor and noise scale
   from its own count n_j), to show what the audit sees of the old flaw.
 
-The attacks it refuses (a model, W or Jacobian beyond the bound; DP-mu2-FL's domain diameter, trust or batch size
-changed mid-run; a shuffled epoch's batch size changed; query points outside K) are sent to a node through the real
-ClientApp (:func:`refusals`), and the table lists the node's own error text.
+A separate sensitive party (SteFFLe's topologies ``divided``, ``central-sensitive``, ``general``) runs the silo's
+sensitive division, `fairness_gradients`, over the records it received sealed at setup, with its own secret sample
+at the silos' rate: the mechanism of ``steffle-fairness`` and ``steffle-mlp-overflow``, which cover it.
+
+The attacks it refuses (a model beyond the bound, sent to a silo or to a sensitive party; DP-mu2-FL's domain
+diameter, trust or batch size changed mid-run; a shuffled epoch's batch size changed; query points outside K) are
+sent to a node through the real ClientApp (:func:`refusals`), and the table lists the node's own error text.
 """
 
 from __future__ import annotations
@@ -75,18 +77,18 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from scipy import special
 
-from client import randomness
+from client import party_exchange, randomness
 from client.algorithms.dp_fedsgd import noisy_gradient
 from client.algorithms.steffle import fairness_gradients, group_label_counts, w_radius_of
-from client.algorithms.steffle_parties import FeatureRows, SensitiveParty, sensitive_party_step
 from client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
 from client.rounds import fedsc as fedsc_round
 from client.rounds import mu2fl as mu2_round
 from client.rounds import steffle as steffle_round
+from client.sealed_records import SealedRecords
 from protocols import messages as msg
 from protocols import mu2
 from protocols import parties as pm
-from protocols.ermi import GroupPrior, psi_output_cotangents
+from protocols.ermi import GroupPrior
 from protocols.models import (
     build_model,
     flatten_parameters,
@@ -864,85 +866,6 @@ def steffle_attack(target: float, *, records: int = 20, clip: float = 1.0, canar
     )
 
 
-def sensitive_party_attack(target: float, *, rows: int = 20, clip: float = 1.0, hidden: int = 16) -> Mechanism:
-    """A separate sensitive party's step (`sensitive_party_step`, q_s = 1) given Jacobians and W within the bound:
-    replace the sensitive attribute of the one row whose term J_F^T a overflows for s = 1 only.
-
-    Every array passes the party's checks: W = [[0, -B], [0, -B]] (B = MAX_SERVER_VALUE), the prior (1 - 1e-3, 1e-3)
-    (the honest server's floor `protocols.ermi.PRIOR_FLOOR`; the party refuses entries below `MIN_SILO_PRIOR`) and,
-    for the canary row, J_F with rows +j and -j on every one of the P parameters (the feature parties' MLP, 16 hidden
-    units: P = 97), j <= B. Then J_F^T a = j (a_0 - a_1) (1, ..., 1) with a_0 - a_1 = 2 B^2 + 2 B / sqrt(p(s)), which
-    differs between s = 0 and s = 1 by about 3e-5 of its value; j is chosen so that ||J_F^T a||^2 crosses float32's
-    largest value between them (the builder checks that it does): finite for s = 0 (clipped to C), inf for s = 1
-    (zeroed). So a server that stays within the bound can still make a record's term overflow for one value of its
-    attribute, and the clip rule is what keeps it in its ball (its entries stay finite, so the factor C / inf = 0 that
-    the rule gave before the fix already made it 0: not a row the fix changed). The other rows: small Jacobians, soft
-    predictions. D0: the canary's s = 0, D1: s = 1. The theta release moves by C; the W release (per-group noise, each
-    row at its own bound 2 / sqrt(p(r))) by ||F|| in the units of each of the two rows.
-    """
-    rng = np.random.default_rng(23)
-    params = sum(p.numel() for p in build_model("mlp", 4, 2, hidden=hidden).parameters())
-    fair = _accepted(
-        msg.FAIRNESS,
-        {"w": np.array([[0.0, -BOUND], [0.0, -BOUND]], np.float32), "prior": np.array([1 - 1e-3, 1e-3], np.float32)},
-    )
-    prior = steffle_round.group_prior("dp", fair["prior"], 2)
-    w = torch.from_numpy(fair["w"])
-    # a_0 - a_1 for s = 0 and s = 1 (float64), and j that puts the squared norm's overflow between them
-    gaps = [2.0 * BOUND**2 + 2.0 * BOUND / math.sqrt(float(p)) for p in fair["prior"].astype(np.float64)]
-    largest = math.sqrt(float(np.finfo(np.float32).max))
-    j = largest / (math.sqrt(params) * 0.5 * (gaps[0] + gaps[1]))
-    outputs = np.vstack([rng.dirichlet([1.0, 1.0], rows - 1), [[0.5, 0.5]]]).astype(np.float32)
-    jacobians = (0.1 * rng.standard_normal((rows, 2, params))).astype(np.float32)
-    jacobians[-1, 0], jacobians[-1, 1] = j, -j
-    ids = np.arange(rows, dtype=np.int64)
-    labels = rng.integers(0, 2, rows).astype(np.int64)
-    forged = _accepted(pm.OUTPUTS, {"outputs": outputs, "jacobians": jacobians})
-    feature_rows = FeatureRows(
-        ids, torch.from_numpy(labels), torch.from_numpy(forged["outputs"]), torch.from_numpy(forged["jacobians"])
-    )
-    canary = feature_rows.select(np.array([rows - 1], dtype=np.int64))
-    for s, overflows in ((0, False), (1, True)):  # what the docstring says of the canary's term, as the party computes
-        a = psi_output_cotangents(torch.tensor([s]), w, prior, canary.labels)
-        norm = torch.linalg.vector_norm(torch.einsum("nlp,nl->np", canary.jacobians, a), dim=1)
-        if bool(torch.isinf(norm).all()) != overflows:
-            raise AssertionError(f"the canary's term for s = {s} has norm {float(norm[0]):.6g}")
-    base_groups = rng.integers(0, 2, rows - 1)
-    parties = tuple(SensitiveParty(ids.copy(), np.r_[base_groups, s].astype(np.int64)) for s in (0, 1))
-    w_noise = steffle_round.w_noise_of("auto")
-    calibration = _calibration(target, releases=2, relation="replace_one")
-    sigma = calibration.noise_multiplier
-
-    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
-        theta, w_sum = sensitive_party_step(
-            parties[world],
-            feature_rows,
-            w=w,
-            prior=prior,
-            clip=clip,
-            noise_multiplier=sigma * noise_scale,
-            keep_rate=1.0,
-            rng=np.random.default_rng(0),
-            generator=torch.Generator().manual_seed(seed),
-            w_noise=w_noise,
-        )
-        return np.concatenate([_flat(theta), _flat(w_sum)])
-
-    means = tuple(real(world, 0, 0.0) for world in (0, 1))
-    row_bounds = np.repeat(prior.w_row_bounds().reshape(-1), w.shape[-1])
-    std = np.r_[np.full(params, sigma * clip), sigma * row_bounds]
-    return Mechanism(
-        name="sensitive-party-overflow",
-        neighbours=f"replace s of a row whose J_F^T a overflows for s = 1 (J_F, W within {BOUND:g}; p(1) = 1e-3)",
-        target_epsilon=target,
-        claimed_epsilon=calibration.epsilon,
-        means=means,
-        stds=(std, std),
-        draw=_torch_draw(params, w.numel(), dtype=torch.float32),
-        real=real,
-    )
-
-
 def calr_attack(
     target: float,
     *,
@@ -1047,7 +970,6 @@ def _calr_calibration(target: float, records: int, rate: float, mu: float):
 ATTACKS: dict[str, Callable[[float], Mechanism]] = {
     "dp-fedsgd-overflow": dp_fedsgd_attack,
     "steffle-mlp-overflow": steffle_attack,
-    "sensitive-party-overflow": sensitive_party_attack,
     "calr-add-remove": calr_attack,
 }
 """The attacks the silo now answers, each as it drives the silo (each must stay within its claim)."""
@@ -1122,19 +1044,22 @@ def _forged_replies(ms, folder: Path) -> dict[str, tuple[str, Callable[[bool], M
         params["head.weight"][:] = huge if forged else BOUND
         return node.send(msg.TRAIN, ms.train("steffle", params, records={msg.FAIRNESS: fair}, server_round=1, **mlp), 1)
 
-    def party_jacobians(forged: bool) -> Message:
+    def party_model(forged: bool) -> Message:
+        # A deployed sensitive party holding the records the sealed exchange gives it (the exchange itself, and its
+        # refusal of forged or swapped boxes, are tested in tests/test_sealed_parties.py): its node state is set to
+        # what `client.party_exchange.receive` keeps, then the server's messages go through the ClientApp.
         data = ms.make_silo(20)
         node = ms.Node(ms.sensitive_party(data), folder / f"party-{forged}")
         node.setup()
-        ids, labels = np.arange(20, dtype=np.int64), data.train.nonsensitive.labels
-        # the rows protocol: the server relays the feature parties' J_F
-        values = {**common, "batch_size": 64, "keep_rate": 1.0, "share_rows": "sampled"}
-        answered(node.send(msg.GROUPS, ms.party_groups(ids, labels, **values), 0))
-        jacobians = np.zeros((20, 2, 5), np.float32)
-        jacobians[0, 0] = huge if forged else BOUND
-        jacobians[0, 1] = -jacobians[0, 0]
-        outputs = np.full((20, 2), 0.5, np.float32)
-        query = ms.sensitive_query(ids, labels, outputs, jacobians, fair, server_round=1, **values)
+        received = SealedRecords(
+            data.train.nonsensitive, data.train.sensitive, data.test.nonsensitive, data.test.sensitive, (20,)
+        )
+        node.context.state[party_exchange.SEALED_KEY] = msg.arrays_record(received.to_arrays())
+        mlp = {**common, "batch_size": 64, "model": "mlp", "hidden": 8}
+        answered(node.send(msg.GROUPS, ms.groups("steffle", **mlp), 0))
+        params = ms.tabular_model("mlp", 4, 2, hidden=8)
+        params["head.weight"][:] = huge if forged else BOUND
+        query = ms.train("steffle", params, records={msg.FAIRNESS: fair}, server_round=1, **mlp)
         return node.send(pm.SENSITIVE_QUERY, query, 1)
 
     def mu2(t: int, node: ms.Node, point: np.ndarray, previous: np.ndarray, **values) -> Message:
@@ -1187,7 +1112,10 @@ def _forged_replies(ms, folder: Path) -> dict[str, tuple[str, Callable[[bool], M
             "MLP head weights 3e38, round 1 (after the group counts)",
             steffle_model,
         ),
-        "sensitive party: Jacobians beyond the bound": ("one row's J_F = (+3e38, -3e38)", party_jacobians),
+        "sensitive party: model beyond the bound": (
+            "MLP head weights 3e38 in query.sensitive, round 1 (sealed records, after the group counts)",
+            party_model,
+        ),
         "mu2fl: domain diameter changed": (
             "D = 0.1 in round 1, D = 1e4 in round 2 (query step 1e3, within Lemma 4.2's check for 1e4)",
             mu2_changed({}, domain_diameter=1e4),

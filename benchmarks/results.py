@@ -598,24 +598,29 @@ def steffle_section(result: SweepResult, doc_dir: Path) -> list[str]:
     return lines
 
 
-# -- SteFFLe with the sensitive attributes held apart (issue 18, ../shared/specs/steffle-hybrid.md) ---------------
+# -- SteFFLe with the sensitive attributes held apart (issues 18 and 31, ../shared/specs/steffle-hybrid.md) -------
 
-#: The topology sweep: (name = sweep file stem = run folder, dataset, fairness notion).
-TOPOLOGY_SWEEP = ("steffle_adult_topologies", "adult", "dp")
+#: The first version's topology comparison (issue 18): frozen history, never regenerated (:func:`topology_history`).
+#: Its runs sent rows (id, y, F(x_i), J_F(x_i)) through the server (options `share-rows` and `keep-rate`, removed in
+#: issue 31), so neither its sweep file (benchmarks/sweeps/history/steffle_adult_topologies.toml) nor its result.json
+#: files validate against this version; they rerun at silofl commit :data:`HISTORY_COMMIT`.
 TOPOLOGY_HEADING = "## SteFFLe with separate sensitive parties: silos, divided, central-sensitive"
+#: The last silofl commit with the first version's options (the one before their removal).
+HISTORY_COMMIT = "cc0e2f6"
 MU2_HEADING = "## DP-mu2-FL: the paper's Tables 1 and 2 (MNIST)"
-#: The sealed-records sweep (issue 31, the spec's "Revision"): the parties' default against silos.
+#: The sealed-records sweep (issue 31, the spec's "Revision"): the parties' protocol against silos.
 SEALED_SWEEP = ("steffle_adult_sealed", "adult", "dp")
 SEALED_HEADING = "## SteFFLe with separate sensitive parties, sealed records (the default)"
 SEALED_INTRO = (
-    "The parties' default since issue 31 (`share-rows sealed`, the second version of "
-    "../shared/specs/steffle-hybrid.md): at setup each feature party sends each sensitive party the (pseudonym, "
-    "features, label) of the records whose sensitive attribute it holds, encrypted end to end (the server relays "
-    "bytes it cannot read); each round a sensitive party computes F and J_F from the broadcast model on its own secret "
-    "Poisson sample at the silos' rate q = m / (n / N), and sends noised means: the silos' amplified mechanism. The "
-    "server sees the model, W, means, counts and sealed bytes, no record id, feature, label, output or Jacobian "
-    "(SECURITY.md: what each party learns over a run). Same base as the previous section (3 parties, 40 epochs, batch "
-    "256); bytes and time per round of every mode: `benchmarks/steffle_parties.py` (benchmarks/README.md)."
+    "The parties' protocol since issue 31 (the second version of ../shared/specs/steffle-hybrid.md; the first "
+    "version's row modes, the previous section, are removed): at setup each feature party sends each sensitive party "
+    "the (pseudonym, features, label) of the records whose sensitive attribute it holds, encrypted end to end (the "
+    "server relays bytes it cannot read); each round a sensitive party computes F and J_F from the broadcast model on "
+    "its own secret Poisson sample at the silos' rate q = m / (n / N), and sends noised means: the silos' amplified "
+    "mechanism. The server sees the model, W, means, counts and sealed bytes, no record id, feature, label, output or "
+    "Jacobian (SECURITY.md: what each party learns over a run). Same base as the previous section (3 parties, 40 "
+    "epochs, batch 256); bytes and time per round against silos: `benchmarks/steffle_parties.py` "
+    "(benchmarks/README.md)."
 )
 
 
@@ -623,8 +628,9 @@ def noise_on_h(folder: Path) -> float | None:
     """The std per coordinate of the noise on the server's h_theta in one round (the fairness gradient that enters
     theta's step as lambda h), from a run's result.json: silos: sqrt(sum_j (w_j sigma_j C / (q_j n_j))^2), w_j = n_j/n
     (each silo's noised sum over its own sample divided by q_j n_j, averaged with weights w_j); separate parties:
-    sqrt(sum_c sigma_c^2) C / (q_s R), R the rows sent per round (3 m expected with sampled rows, n with all rows).
-    None for a non-private run or one without the fairness term."""
+    sqrt(sum_c sigma_c^2) C / (q n), each sensitive party's noised sum over its own sample at the silos' rate q
+    divided by q n (its mean weighted n_c / n), n the feature parties' records. None for a non-private run or one
+    without the fairness term."""
     result = _read_json(folder / "result.json")
     config, privacy = result.get("config") or {}, result.get("privacy") or {}
     per = list((privacy.get("per_silo") or {}).values())
@@ -636,19 +642,8 @@ def noise_on_h(folder: Path) -> float | None:
         return clip * math.sqrt(
             sum((p["n_train"] / n * p["noise_multiplier"] / (p["sampling_rate"] * p["n_train"])) ** 2 for p in per)
         )
-    features = (result.get("federation") or {}).get("silos") or []
-    n = sum(f["n_train"] for f in features)
-    if share_rows(config) == "sealed":  # each party's mean over its sample at q, weighted n_c / n: noise / (q n)
-        return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (per[0]["sampling_rate"] * n)
-    rows = n if config.get("share-rows") == "all" else int(config["batch-size"]) * len(features)
-    keep = float(config.get("keep-rate", 1.0))
-    return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (keep * rows)
-
-
-def share_rows(config: Mapping[str, Any]) -> str:
-    """How a run's parties shared their records: its config's `share-rows` (runs before issue 31 recorded
-    "sampled" or "all"; the default since is "sealed")."""
-    return str(config.get("share-rows") or "sealed")
+    n = sum(f["n_train"] for f in (result.get("federation") or {}).get("silos") or [])
+    return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (per[0]["sampling_rate"] * n)
 
 
 def _section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plots.RunRecord], RunFiles, str]:
@@ -674,48 +669,39 @@ def sweep_state_text(folder: Path, sweep_file: Path, found: int, incomplete: int
     return state
 
 
-TOPOLOGY_INTRO = (
-    "The same SteFFLe mechanism with the sensitive attributes at separate parties (`--topology`, "
-    "../shared/specs/steffle-hybrid.md): `silos` (each silo holds both divisions), `divided` (each silo's "
-    "sensitive division on a node of its own) and `central-sensitive` (one census-style party holding every "
-    "record's sensitive attribute, 3 feature parties). A separate sensitive party knows which records the "
-    "feature parties sampled, so it claims amplification only from its own secret coins (`keep-rate` q_s): with "
-    "`share-rows sampled` it gets the rows of the feature parties' samples (3 x 256 per round) and its noise "
-    "multiplier is that of T un-amplified (q_s = 1) or q_s-subsampled Gaussian releases over those rows; with "
-    "`share-rows all` it gets every record's row each round and keeps each with its coin at q_s = 3 m / n, "
-    "which restores the silos' amplification at n rows per round (bytes and seconds: "
-    "`benchmarks/steffle_parties.py`, benchmarks/README.md). Since issue 31 the default is sealed records "
-    "(the next section); these runs pin the first version's `share-rows`."
-)
+def topology_history(document: str) -> list[str]:
+    """The first version's topology section as `document` (the existing docs/RESULTS.md, "" if none) has it,
+    verbatim: its runs used options removed since (:data:`TOPOLOGY_HEADING`), so it is history, never regenerated.
+    Without it, a line saying where it is."""
+    section = section_lines(document, TOPOLOGY_HEADING)
+    if section:
+        return section
+    return [
+        TOPOLOGY_HEADING,
+        "",
+        "The first version's measurements (rows through the server, removed in issue 31) are history: see "
+        f"docs/RESULTS.md at silofl commit `{HISTORY_COMMIT}`, where its sweep file reruns.",
+        "",
+    ]
 
 
-def topology_section(
-    sweeps: Path,
-    sweep_files: Path,
-    figures: Path,
-    doc_dir: Path,
-    *,
-    sweep: tuple[str, str, str] = TOPOLOGY_SWEEP,
-    heading: str = TOPOLOGY_HEADING,
-    intro: str = TOPOLOGY_INTRO,
-    only: str = "topologies",
-) -> tuple[list[str], RunFiles]:
-    """Markdown of a topology comparison (`sweep`: the first version's, or with `share-rows sealed`): its figure,
-    and per (epsilon, curve, lambda) the error, violation, the noise each topology puts on h and the seconds per
-    round (each mean ± sd over seeds)."""
-    name, dataset, fairness = sweep
+def sealed_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
+    """Markdown of the sealed-records comparison (silos, divided, central-sensitive): its figure, and per (epsilon,
+    method, batch, lambda) the error, violation, the noise each topology puts on h and the seconds per round (each
+    mean ± sd over seeds)."""
+    name, dataset, fairness = SEALED_SWEEP
     folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
     command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
-    lines = [heading, "", intro, ""]
+    lines = [SEALED_HEADING, "", SEALED_INTRO, ""]
     if not folder.is_dir():
         return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
     metric = plots.FAIRNESS_METRIC[fairness]
     records, files, state = _section_runs(folder, sweep_file, metric)
-    lines += ["Commands:", "", "```bash", command, f"python benchmarks/results.py --only {only}", "```", ""]
+    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only sealed", "```", ""]
     lines += [f"Runs: {state}. Grid: {_grid_text(records)}.", ""]
     if not records:
         return lines, files
-    drawn = [(f"{only}-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
+    drawn = [(f"sealed-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
     for path in plots.save_figures(drawn, figures, ("png",)):
         lines += [f"![SteFFLe topologies: fairness violation vs test error]({_rel(path, doc_dir)})", ""]
     for _, fig in drawn:
@@ -727,18 +713,15 @@ def topology_section(
         "each topology pays for its privacy; sensitive-side sigma and its sampling rate; seconds per round of the "
         "run on the in-process engine (`timing.seconds_per_round`, two runs at a time on 2 cores).",
         "",
-        "| epsilon | method | q_s | batch | lambda | seeds | test error | violation | noise on h | sigma (rate) | "
-        "s/round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| epsilon | method | batch | lambda | seeds | test error | violation | noise on h | sigma (rate) | s/round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
     for r in records:
-        sealed = str(r.get("topology") or "silos") != "silos" and share_rows(r.config) == "sealed"
-        keep = "sealed" if sealed else _fmt(r.get("keep-rate"))
-        groups[(r.epsilon, r.method, keep, plots._float(r.get("lambda")))].append(r)
+        groups[(r.epsilon, r.method, plots._float(r.get("lambda")))].append(r)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
-    curves: dict[tuple, list[tuple[Point, float | None]]] = defaultdict(list)  # (eps, method, q_s) -> points
-    for (eps, method, keep, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
+    curves: dict[tuple, list[tuple[Point, float | None]]] = defaultdict(list)  # (eps, method, topology, batch)
+    for (eps, method, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2])):
         error = plots.mean_sd([r.final["error"] for r in runs])
         violation = plots.mean_sd([r.final[metric] for r in runs])
         noise = [v for r in runs if (v := noise_on_h(r.folder)) is not None]
@@ -746,32 +729,22 @@ def topology_section(
         per = list(((results[0].get("privacy") or {}).get("per_silo") or {}).values())
         sigma = f"{per[0]['noise_multiplier']:.3g} ({per[0]['sampling_rate']:.3g})" if per and lam > 0 else "-"
         seconds = plots.mean_sd([float(res["timing"]["seconds_per_round"]) for res in results])
-        parties = str(runs[0].get("topology") or "silos") != "silos"
+        batch = _fmt(runs[0].get("batch-size"))
         noise_text = f"{statistics.mean(noise):.4f}" if noise else "-"
         lines.append(
-            f"| {_fmt(eps)} | {method} | {keep if parties else '-'} | {_fmt(runs[0].get('batch-size'))} | "
-            f"{_fmt(lam)} | {len(runs)} | {error[0]:.4f} ± {error[1]:.4f} | {violation[0]:.4f} ± {violation[1]:.4f} | "
-            f"{noise_text} | {sigma} | {seconds[0]:.3f} |"
+            f"| {_fmt(eps)} | {method} | {batch} | {_fmt(lam)} | {len(runs)} | {error[0]:.4f} ± {error[1]:.4f} | "
+            f"{violation[0]:.4f} ± {violation[1]:.4f} | {noise_text} | {sigma} | {seconds[0]:.3f} |"
         )
-        curves[(eps, method, keep if parties else "-", _fmt(runs[0].get("batch-size")))].append(
+        curves[(eps, method, _topology(runs[0]), batch)].append(
             ((error[0], violation[0]), statistics.mean(noise) if noise else None)
         )
     lines += ["", *_topology_summary(curves), *_same_seed_text(records, metric)]
     return [*lines, ""], files
 
 
-def sealed_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path) -> tuple[list[str], RunFiles]:
-    """Markdown of the sealed-records comparison (the parties' default): :func:`topology_section` of its sweep."""
-    return topology_section(
-        sweeps,
-        sweep_files,
-        figures,
-        doc_dir,
-        sweep=SEALED_SWEEP,
-        heading=SEALED_HEADING,
-        intro=SEALED_INTRO,
-        only="sealed",
-    )
+def _topology(record: plots.RunRecord) -> str:
+    """A run's topology (runs on silos may not record one)."""
+    return str(record.get("topology") or "silos")
 
 
 def _topology_summary(curves: Mapping[tuple, list[tuple[Point, float | None]]]) -> list[str]:
@@ -784,20 +757,20 @@ def _topology_summary(curves: Mapping[tuple, list[tuple[Point, float | None]]]) 
         "silos' curve as the reference: positive = the silos reach a lower violation at the same error; in brackets "
         "the curve's points matched inside the silos' error range).",
         "",
-        "| epsilon | method | q_s | batch | noise on h | x silos | silos' violation at the same error |",
-        "|---|---|---|---|---|---|---|",
+        "| epsilon | method | batch | noise on h | x silos | silos' violation at the same error |",
+        "|---|---|---|---|---|---|",
     ]
-    for (eps, method, keep, batch), points in curves.items():
-        if keep == "-":
-            continue  # a silos curve: the reference
-        silos = next((p for (e, _, k, b), p in curves.items() if (e, k, b) == (eps, "-", batch)), [])
+    for (eps, method, topology, batch), points in curves.items():
+        if topology == "silos":
+            continue  # the reference
+        silos = next((p for (e, _, t, b), p in curves.items() if (e, t, b) == (eps, "silos", batch)), [])
         base = [n for _, n in silos if n is not None]
         noise = [n for _, n in points if n is not None]
         mean = statistics.mean(noise) if noise else None
         ratio = f"{mean / statistics.mean(base):.1f}" if mean is not None and base else "-"
         reduction = matched_error_reduction([p for p, _ in silos], [p for p, _ in points])
         lines.append(
-            f"| {_fmt(eps)} | {method} | {keep} | {batch} | {'-' if mean is None else f'{mean:.4f}'} | {ratio} | "
+            f"| {_fmt(eps)} | {method} | {batch} | {'-' if mean is None else f'{mean:.4f}'} | {ratio} | "
             f"{reduction.text('the silos') if silos else 'no silos runs'} |"
         )
     return [*lines, ""]
@@ -807,9 +780,9 @@ def _same_seed_text(records: Sequence[plots.RunRecord], metric: str) -> list[str
     """Per method with separate parties: how many of its runs give exactly the test error and violation of the silos'
     run with the same seed, epsilon, lambda and batch (the same mechanism and random streams give the same numbers)."""
     keys = ("seed", "epsilon", "lambda", "batch-size")
-    silos = {tuple(_fmt(r.get(k)) for k in keys): r for r in records if str(r.get("topology") or "silos") == "silos"}
+    silos = {tuple(_fmt(r.get(k)) for k in keys): r for r in records if _topology(r) == "silos"}
     lines = []
-    for method in dict.fromkeys(r.method for r in records if str(r.get("topology") or "silos") != "silos"):
+    for method in dict.fromkeys(r.method for r in records if _topology(r) != "silos"):
         pairs = [
             (r, silos[key])
             for r in records
@@ -991,22 +964,36 @@ def _silos_summary(summary: Mapping[tuple[float, int], Mapping[float, tuple[floa
     return lines
 
 
-def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
-    """`document` with its `heading` section (up to the next heading of the same level or above) replaced by
-    `section`, or with `section` inserted before the heading `before` (at the end if that is missing too)."""
+def _section_span(lines: Sequence[str], heading: str) -> tuple[int, int] | None:
+    """Where the `heading` section of a document's `lines` starts and ends (up to the next heading of the same level
+    or above), or None if it has none."""
     level = len(heading.split(" ", 1)[0])
-    text = "\n".join(section).rstrip() + "\n\n"
-    lines = document.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == heading]
+    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == heading), None)
+    if start is None:
+        return None
 
     def ends_it(line: str) -> bool:  # a heading of the same level or above
         marks = len(line) - len(line.lstrip("#"))
         return 0 < marks <= level and line[marks : marks + 1] == " "
 
-    if starts:
-        start = starts[0]
-        end = next((i for i in range(start + 1, len(lines)) if ends_it(lines[i])), len(lines))
-        return "".join(lines[:start]) + text + "".join(lines[end:])
+    return start, next((i for i in range(start + 1, len(lines)) if ends_it(lines[i])), len(lines))
+
+
+def section_lines(document: str, heading: str) -> list[str]:
+    """The lines of `document`'s `heading` section as it stands (its subsections included; [] if it has none)."""
+    lines = document.splitlines()
+    span = _section_span(lines, heading)
+    return lines[span[0] : span[1]] if span else []
+
+
+def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
+    """`document` with its `heading` section (up to the next heading of the same level or above) replaced by
+    `section`, or with `section` inserted before the heading `before` (at the end if that is missing too)."""
+    text = "\n".join(section).rstrip() + "\n\n"
+    lines = document.splitlines(keepends=True)
+    span = _section_span(lines, heading)
+    if span:
+        return "".join(lines[: span[0]]) + text + "".join(lines[span[1] :])
     at = next((i for i, line in enumerate(lines) if line.rstrip("\n") == before), len(lines))
     return "".join(lines[:at]) + text + "".join(lines[at:])
 
@@ -1557,12 +1544,13 @@ def build_document(
     fedsc_runs: Path,
     now: dt.datetime | None = None,
 ) -> tuple[str, list[SweepResult]]:
-    """The markdown of docs/RESULTS.md (figures written to `figures` on the way) and the SteFFLe sweeps' results."""
+    """The markdown of docs/RESULTS.md (figures written to `figures` on the way) and the SteFFLe sweeps' results.
+    The first version's topology section is copied from the document at `out` as it stands
+    (:func:`topology_history`)."""
     doc_dir = out.parent
     results = load_steffle_sweeps(sweeps, sweep_files, figures)
     body = steffle_part(results, sweeps, sweep_files, doc_dir)
-    topology_lines, topology_files = topology_section(sweeps, sweep_files, figures, doc_dir)
-    body += topology_lines
+    body += topology_history(out.read_text() if out.is_file() else "")
     sealed_lines, sealed_files = sealed_section(sweeps, sweep_files, figures, doc_dir)
     body += sealed_lines
     silos_lines, silos_files = silos_section(sweeps, sweep_files, figures, doc_dir)
@@ -1573,7 +1561,6 @@ def build_document(
     mu2_lines, mu2_files = mu2_section(sweeps, mu2_cache, figures, doc_dir, sweep_files)
     fedsc_lines, fedsc_files = fedsc_section(sweeps, fedsc_runs, figures, doc_dir, sweep_files)
     files = {r.name: r.files for r in results}
-    files[TOPOLOGY_SWEEP[0]] = topology_files
     files[SEALED_SWEEP[0]] = sealed_files
     files[SILOS_SWEEP[0]] = silos_files
     files.update(race_files)
@@ -1593,7 +1580,6 @@ def sweeps_read(only: str | None) -> list[str]:
         "parkinsons": [name for name, _, _ in PARKINSONS_SWEEPS],
         "tran-gap": [gap.MAIN_SWEEP, gap.GAP_SWEEP],
         "steffle": [*steffle, gap.GAP_SWEEP],
-        "topologies": [TOPOLOGY_SWEEP[0]],
         "sealed": [SEALED_SWEEP[0]],
         "silos": [SILOS_SWEEP[0]],
         "race": race,
@@ -1619,7 +1605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "tran-gap", "topologies", "sealed", "silos", "race", "parkinsons"],
+        choices=["steffle", "tran-gap", "sealed", "silos", "race", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     parser.add_argument(
@@ -1702,7 +1688,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
         race = _race_module()
         make, heading = {
-            "topologies": (topology_section, TOPOLOGY_HEADING),
             "sealed": (sealed_section, SEALED_HEADING),
             "silos": (silos_section, SILOS_HEADING),
             "race": (race.race_section, race.RACE_HEADING),

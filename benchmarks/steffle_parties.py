@@ -6,13 +6,9 @@ Every variant is the same SteFFLe run (epsilon 1, lambda 1, demographic parity, 
 through the real ServerApp, strategies and ClientApp on the in-process engine; only the topology differs:
 
 * ``silos``: each silo holds both divisions (one exchange per round);
-* ``central-sensitive``, ``divided`` (the default, ``share-rows = sealed``): N feature parties and one census-style
-  sensitive party, or each silo's divisions on two nodes; the records sealed to the sensitive parties once at setup,
-  then each round the model to every party and means back (two exchanges per round);
-* ``central, rows sampled`` (``share-rows = sampled``, the first version): the feature parties' rows
-  (id, y, F(x_i), J_F(x_i)) of their Poisson sample go through the server to the sensitive party each round;
-* ``divided, all rows`` (``share-rows = all``): every row each round, the sensitive parties sampling at
-  q_s = m / n_j: the silos' mechanism, at n_j rows per party per round.
+* ``central-sensitive``, ``divided``: N feature parties and one census-style sensitive party, or each silo's
+  divisions on two nodes; the records sealed to the sensitive parties once at setup, then each round the model to
+  every party and means back (two exchanges per round).
 
 Seconds per round: the median of the rounds' wall times (result.json `rounds[].seconds`; evaluation only after the
 last round), on the plain in-process engine. Bytes per round: the size of every message the server sends and every
@@ -37,17 +33,19 @@ from flwr.common.serde import message_to_proto
 
 from client.app import app as client_app
 from protocols.config import RunConfig
+from protocols.messages import GROUPS, SETUP
+from protocols.parties import HOLDINGS_QUERY, SEAL_QUERY, UNSEAL_QUERY
 from server.inprocess_grid import InProcessGrid
 from server.orchestrator import run_federation
 
-SETUP_KINDS = {
-    "query.setup",
-    "query.groups",
-    "query.records",
-    "query.coverage",
-    "query.holdings",
-    "query.seal",
-    "query.unseal",
+#: The one-off messages of setup (the sealed record exchange included); every other message is a round's.
+SETUP_KINDS = {SETUP, GROUPS, HOLDINGS_QUERY, SEAL_QUERY, UNSEAL_QUERY}
+
+#: The run options of each measured topology, on top of the common ones.
+VARIANTS: dict[str, dict] = {
+    "silos": {},
+    "central-sensitive": {"topology": "central-sensitive"},
+    "divided": {"topology": "divided"},
 }
 
 
@@ -74,17 +72,6 @@ class ByteCountingGrid(InProcessGrid):
 
 def _size(message: Message) -> int:
     return message_to_proto(message).ByteSize()
-
-
-def _variants(silos: int, batch: int, n_train: int) -> dict[str, dict]:
-    per_silo = n_train // silos
-    return {
-        "silos": {},
-        "central-sensitive": {"topology": "central-sensitive"},
-        "divided": {"topology": "divided"},
-        "central, rows sampled": {"topology": "central-sensitive", "share-rows": "sampled"},
-        "divided, all rows": {"topology": "divided", "share-rows": "all", "keep-rate": batch / per_silo},
-    }
 
 
 def _seconds(config: RunConfig) -> float:
@@ -123,15 +110,14 @@ def main() -> None:
     }
     probe = run_federation(ByteCountingGrid(client_app, args.silos), RunConfig.parse({**common, "rounds": 1}))
     n_train = sum(s["n_train"] for s in probe["federation"]["silos"])
-    variants = _variants(args.silos, args.batch_size, n_train)
     seconds: dict[str, float] = {}
     for _ in range(args.repeats):
-        for name, extra in variants.items():
+        for name, extra in VARIANTS.items():
             measured = _seconds(RunConfig.parse({**common, **extra}))
             seconds[name] = min(measured, seconds.get(name, measured))
     sizes = {
         name: _bytes(RunConfig.parse({**common, **extra, "rounds": args.byte_rounds, "eval-every": args.byte_rounds}))
-        for name, extra in variants.items()
+        for name, extra in VARIANTS.items()
     }
     base_seconds, (base_sent, base_received, _) = seconds["silos"], sizes["silos"]
     print(
@@ -139,13 +125,13 @@ def main() -> None:
         f"{args.batch_size}, eps 1, lambda 1; {args.rounds} rounds, best median of {args.repeats}, in-process engine"
     )
     header = (
-        f"{'topology':<23}{'ms/round':>10}{'x silos':>9}{'kB sent':>11}{'kB received':>13}{'x silos':>9}"
+        f"{'topology':<19}{'ms/round':>10}{'x silos':>9}{'kB sent':>11}{'kB received':>13}{'x silos':>9}"
         f"{'kB setup':>11}"
     )
     print(header)
     for name, (sent, received, setup) in sizes.items():
         print(
-            f"{name:<23}{seconds[name] * 1000:>10.2f}{seconds[name] / base_seconds:>9.2f}{sent / 1000:>11.1f}"
+            f"{name:<19}{seconds[name] * 1000:>10.2f}{seconds[name] / base_seconds:>9.2f}{sent / 1000:>11.1f}"
             f"{received / 1000:>13.1f}{(sent + received) / (base_sent + base_received):>9.2f}{setup / 1000:>11.1f}"
         )
 

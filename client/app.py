@@ -272,9 +272,7 @@ def evaluate(message: Message, context: Context) -> Message:
     from protocols.fairness_metrics import confusion_counts
     from protocols.models import test_outputs
 
-    if _role(context) == parties.FEATURES:
-        return _feature_evaluate(message, context)
-    silo, _ = _silo(context, msg.EVALUATE)
+    silo, _ = _silo(context, msg.EVALUATE)  # a feature party answers query.loss instead
     what = f"evaluate message to silo {silo.silo_id}"
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
@@ -322,46 +320,6 @@ def _feature_train(message: Message, context: Context) -> Message:
     )
 
 
-def _party_evaluation_allowed(context: Context, what: str) -> None:
-    """A feature party sends its test records' ids, labels and predictions (for the sensitive parties to count by
-    group) only if its policy answers evaluations exactly; noised, it answers only the grouped evaluation (counts by
-    the sensitive parties' randomized groups), which the server asks of it once its setup said so."""
-    mode = silo_policy.evaluation_mode(context)
-    if mode != "exact":
-        raise msg.MessageError(
-            f"{what}: this party's policy answers evaluations {mode!r}, and this message asks for its test records' "
-            'predictions one by one, which it sends only under evaluation = "exact"; a noised evaluation counts them '
-            "by the sensitive parties' randomized groups (the server sends those when the setup says evaluation = "
-            '"noised")'
-        )
-
-
-def _grouped_feature_evaluate(message: Message, context: Context, party, what: str) -> Message:
-    """An evaluate message carrying the sensitive parties' randomized groups: the party's counts by (source, group,
-    label, prediction), exact or noised as its policy says."""
-    msg.check_records(message.content, {msg.MODEL, msg.CONFIG, parties.ROWS, parties.GROUPED}, what=what)
-    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
-    noised = _noised(context, _evaluation_mode(context, what), party.party_id, what)
-    with _single_thread():
-        model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
-        content = _party_module().grouped_evaluate(model, party, message, instr, noised)
-    return Message(content, reply_to=message)
-
-
-def _feature_evaluate(message: Message, context: Context) -> Message:
-    party = _party(context, parties.FEATURES)
-    what = f"evaluate message to feature party {party.party_id}"
-    if parties.ROWS in message.content:
-        return _grouped_feature_evaluate(message, context, party, what)
-    _party_evaluation_allowed(context, what)
-    msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
-    instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
-    with _single_thread():
-        model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
-        content = _party_module().feature_evaluate(model, party, instr)
-    return Message(content, reply_to=message)
-
-
 def _sensitive_answer(kind: str, message_kind: str, message: Message, context: Context) -> Message:
     """A sensitive party's private answer (group counts, a round's sums): its algorithm's handler, journaled and
     charged once like a silo's (`_answer`)."""
@@ -387,58 +345,25 @@ def _party_for(context: Context, role: str, kind: str):
     return _party(context, role)
 
 
-@app.query("records")
-def records(message: Message, context: Context) -> Message:
-    """A feature party's record ids and training labels (setup of a run with parties)."""
-    party = _party_for(context, parties.FEATURES, parties.RECORDS)
-    return Message(_party_module().records(party, message), reply_to=message)
-
-
-@app.query("coverage")
-def coverage(message: Message, context: Context) -> Message:
-    """A sensitive party's count of each feature party's ids it holds (setup of a run with parties)."""
-    party = _party_for(context, parties.SENSITIVE, parties.COVERAGE)
-    return Message(_party_module().coverage(party, message), reply_to=message)
-
-
 @app.query("sensitive")
 def sensitive(message: Message, context: Context) -> Message:
-    """A sensitive party's step of a round: its noised sums over the requested ids it holds."""
+    """A sensitive party's step of a round: its noised fairness gradients over its own sample of the records it
+    received."""
     _party_for(context, parties.SENSITIVE, parties.SENSITIVE_QUERY)
     return _sensitive_answer("sensitive", parties.SENSITIVE_QUERY, message, context)
 
 
-@app.query("testgroups")
-def test_groups(message: Message, context: Context) -> Message:
-    """A sensitive party's permanent randomized response of its test records' groups (for the feature parties'
-    noised evaluation), charged to its lifetime ledger once per secret and eps, before it is computed."""
-    from client import noised_evaluation
-
-    party = _party_for(context, parties.SENSITIVE, parties.TEST_GROUPS)
-    what = f"test groups query to sensitive party {party.party_id}"
-    _evaluation_mode(context, what)
-    policy = silo_policy.node_policy(context)
-    epsilon = policy.evaluation_groups_epsilon
-    secret = noised_evaluation.response_secret(context, party_id=party.party_id)
-    noised_evaluation.charge_groups_response(context, policy, secret=secret, groups=party.info.num_groups, who=what)
-    return Message(_party_module().test_groups(party, message, secret, epsilon), reply_to=message)
-
-
 @app.query("confusion")
 def confusion(message: Message, context: Context) -> Message:
-    """A sensitive party's confusion counts of the test predictions the feature parties made (or, with sealed
-    records, of the test records it received, predicted by the model the message carries): exact, or under its
-    policy's ``evaluation = "noised"`` (or a sealing feature party's) a Gaussian histogram charged to its lifetime
-    ledger first."""
-    party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
-    what = f"confusion query to sensitive party {party.party_id}"
+    """A sensitive party's confusion counts of the test records it received, predicted by the model the message
+    carries: exact, or under its policy's ``evaluation = "noised"`` (or the policy of a feature party whose records
+    they are) a Gaussian histogram charged to its lifetime ledger first."""
+    from client import party_exchange
     from client.noised_evaluation import COUNTS_RADIUS
 
+    party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
+    what = f"confusion query to sensitive party {party.party_id}"
     mode = _evaluation_mode(context, what)
-    if msg.MODEL not in message.content:
-        noised = _noised(context, mode, party.party_id, what, radius=COUNTS_RADIUS)
-        return Message(_party_module().confusion(party, message, noised), reply_to=message)
-    from client import party_exchange
 
     msg.check_records(message.content, {msg.CONFIG, msg.MODEL}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
@@ -447,12 +372,12 @@ def confusion(message: Message, context: Context) -> Message:
         mode = "noised"
     noised = _noised(context, mode, party.party_id, what, radius=COUNTS_RADIUS)
     model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
-    return Message(_party_module().confusion_sealed(model, party, records, instr, noised), reply_to=message)
+    return Message(_party_module().confusion(model, party, records, instr, noised), reply_to=message)
 
 
 @app.query("loss")
 def loss(message: Message, context: Context) -> Message:
-    """A feature party's summed test loss with sealed records (the sensitive parties count its predictions): exact,
+    """A feature party's summed test loss (the sensitive parties count its predictions): exact,
     or under its policy's ``evaluation = "noised"`` clipped and noised, charged to its lifetime ledger first."""
     from client.noised_evaluation import LOSS_RADIUS
 
@@ -467,7 +392,7 @@ def loss(message: Message, context: Context) -> Message:
 
 @app.query("holdings")
 def holdings(message: Message, context: Context) -> Message:
-    """A sensitive party's record pseudonyms, sealed to each feature party (setup, share-rows sealed)."""
+    """A sensitive party's record pseudonyms, sealed to each feature party (setup)."""
     from client import party_exchange
 
     party = _party_for(context, parties.SENSITIVE, parties.HOLDINGS_QUERY)
@@ -476,7 +401,7 @@ def holdings(message: Message, context: Context) -> Message:
 
 @app.query("seal")
 def seal(message: Message, context: Context) -> Message:
-    """A feature party's records, sealed to the sensitive parties holding them (setup, share-rows sealed)."""
+    """A feature party's records, sealed to the sensitive parties holding them (setup)."""
     from client import party_exchange
 
     party = _party_for(context, parties.FEATURES, parties.SEAL_QUERY)
@@ -487,7 +412,7 @@ def seal(message: Message, context: Context) -> Message:
 
 @app.query("unseal")
 def unseal(message: Message, context: Context) -> Message:
-    """A sensitive party opens and keeps the feature parties' sealed records (setup, share-rows sealed)."""
+    """A sensitive party opens and keeps the feature parties' sealed records (setup)."""
     from client import party_exchange
 
     party = _party_for(context, parties.SENSITIVE, parties.UNSEAL_QUERY)

@@ -106,19 +106,18 @@ class LifetimeLedger:
     evaluation_runs: dict[str, dict[str, int]] = field(default_factory=dict)
     #: the lifetime budget of the policy the silo last answered under: {"lifetime-epsilon", "lifetime-delta"}
     budget: dict[str, float | str] = field(default_factory=dict)
-    #: a sensitive party's permanent randomized responses of its test records' groups: fingerprint (of the secret,
-    #: eps and k: `protocols.randomized_response.secret_fingerprint`) -> (noise parameter, groups), each charged once
+    #: a sensitive party's permanent randomized responses of its test records' groups, released by versions of
+    #: silofl before the sealed record exchange (fingerprint of the secret, eps and k -> (noise parameter, groups)):
+    #: no longer made, still composed into what the party released about its test split
     randomized_responses: dict[str, tuple[float, int]] = field(default_factory=dict)
 
-    def evaluation_epsilon(
-        self, delta: float, extra: tuple[Event, ...] = (), responses: tuple[tuple[float, int], ...] = ()
-    ) -> float:
+    def evaluation_epsilon(self, delta: float, extra: tuple[Event, ...] = ()) -> float:
         """The PLD epsilon (replace-one) of everything released about the test split: the noised evaluations (and
-        `extra` ones) and the randomized responses (and `responses`)."""
+        `extra` ones) and the randomized responses of earlier versions."""
         from protocols.privacy.ledger import composed_epsilon_with_responses
 
         state = self.evaluation_state(extra)
-        every = tuple(self.randomized_responses.values()) + tuple(responses)
+        every = tuple(self.randomized_responses.values())
         if not state and not every:
             return 0.0
         return composed_epsilon_with_responses(state, every, delta, RELATION)
@@ -282,30 +281,6 @@ def charge_evaluation(
         run["last_round"] = max(run["last_round"], server_round)
         _save(directory, ledger, policy)
         return after
-
-
-def charge_randomized_response(
-    directory: Path, policy: SiloPolicy, *, fingerprint: str, noise_parameter: float, groups: int, who: str
-) -> bool:
-    """Charge a permanent randomized response of the test split's groups BEFORE it is computed, once per
-    `fingerprint` (the same secret, eps and k give the same answers: a repeat releases nothing new); refuse it past
-    `lifetime-epsilon` (MessageError). Whether it was charged now."""
-    with _locked(directory):
-        ledger = load(directory)
-        if fingerprint in ledger.randomized_responses:
-            return False
-        if math.isfinite(policy.lifetime_epsilon):
-            after = ledger.evaluation_epsilon(policy.lifetime_delta or 0.0, responses=((noise_parameter, groups),))
-            if not after <= policy.lifetime_epsilon * (1.0 + BUDGET_RELATIVE_TOLERANCE):
-                raise MessageError(
-                    f"{who}: the silo's policy has lifetime-epsilon = {policy.lifetime_epsilon:g}; what it released "
-                    f"about its test split and a randomized response of its test records' groups (evaluation-groups-"
-                    f"epsilon = {policy.evaluation_groups_epsilon:g}) would bring it to {after:.4g}. It refuses (the "
-                    "operator can lower evaluation-groups-epsilon or raise lifetime-epsilon)"
-                )
-        ledger.randomized_responses[fingerprint] = (noise_parameter, groups)
-        _save(directory, ledger, policy)
-        return True
 
 
 def _training_epsilon(ledger: LifetimeLedger, policy: SiloPolicy) -> float:

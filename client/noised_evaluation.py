@@ -107,64 +107,6 @@ def noised_loss(losses: np.ndarray, policy: SiloPolicy, generator: torch.Generat
     return max(bound * (float(clipped.sum()) / bound + noise), 0.0)
 
 
-#: The secret of a sensitive party's permanent randomized response (`protocols.randomized_response`), in its state
-#: folder: created once (32 bytes from the OS, owner-only), never sent.
-RESPONSE_SECRET_FILE = "randomized-response.key"
-_PROCESS_SECRETS: dict[int, bytes] = {}
-
-
-def response_secret(context: Context, *, party_id: int) -> bytes:
-    """The key of the party's permanent randomized response: derived from the run in simulation (reproducible, as
-    every simulated draw), else the secret in its state folder (created on first use), else (no folder, so no ledger
-    either) one per process."""
-    import hashlib
-    import os
-
-    if randomness.is_deterministic(context):
-        return hashlib.sha256(f"silofl-randomized-response|{int(context.run_id)}|{party_id}".encode()).digest()
-    directory = privacy_state.state_dir(context)
-    if directory is None:
-        return _PROCESS_SECRETS.setdefault(party_id, os.urandom(32))
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / RESPONSE_SECRET_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        try:
-            os.write(fd, os.urandom(32))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    secret = path.read_bytes()
-    if len(secret) != 32:
-        raise msg.MessageError(
-            f"{path} holds {len(secret)} bytes, not the 32 of the party's randomized-response secret; restore it "
-            "(a new secret would draw its test records' groups again, a new release)"
-        )
-    return secret
-
-
-def charge_groups_response(context: Context, policy: SiloPolicy, *, secret: bytes, groups: int, who: str) -> None:
-    """Charge a sensitive party's permanent randomized response of its test groups (at the policy's
-    `evaluation-groups-epsilon`, over `groups` groups) to its lifetime ledger, once per secret and eps, before it is
-    computed (MessageError: refused). A node without a budget and without a state folder keeps no ledger."""
-    from protocols.randomized_response import noise_parameter, secret_fingerprint
-
-    if privacy_state.state_dir(context) is None and not policy.has_budget:
-        return
-    epsilon = policy.evaluation_groups_epsilon
-    lifetime_ledger.charge_randomized_response(
-        _ledger_folder(context, who, "the randomized response of its test groups"),
-        policy,
-        fingerprint=secret_fingerprint(secret, epsilon, groups),
-        noise_parameter=noise_parameter(epsilon, groups),
-        groups=groups,
-        who=who,
-    )
-
-
 class NoisedRelease:
     """One node's noised evaluation under its policy: :meth:`charge` before anything is computed, then the noised
     counts (with the clipped loss, :meth:`counts_and_loss`; alone, :meth:`counts`)."""

@@ -1,4 +1,4 @@
-"""A party's side of the sealed record exchange (`share-rows sealed`; `client.sealed_records` has the steps and what
+"""A party's side of the sealed record exchange (`client.sealed_records` has the steps and what
 each party learns): its keys, its three answers, and the records a sensitive party keeps for the run.
 
 Keys (`protocols.party_keys`): a deployed party's node config names its key file (``party-keys``, written by
@@ -46,7 +46,7 @@ def party_keys(context: Context, name: str, setup: msg.ExchangeSetup, what: str)
         else:
             raise pk.PartyKeyError(
                 f"this party has no keys: give it node config '{PARTY_KEYS_KEY}' (its key file from `silofl deploy "
-                "certs`; `silofl silo start --party-keys FILE`), or run share-rows sampled"
+                "certs`; `silofl silo start --party-keys FILE`)"
             )
         if keys.name != name:
             raise pk.PartyKeyError(
@@ -150,7 +150,7 @@ def stored(context: Context, what: str) -> sealed_records.SealedRecords:
     if SEALED_KEY not in context.state:
         raise msg.MessageError(
             f"{what}: this sensitive party holds no sealed records for this run; the server runs the exchange "
-            f"({pm.HOLDINGS_QUERY}, {pm.SEAL_QUERY}, {pm.UNSEAL_QUERY}) before the first round (share-rows sealed)"
+            f"({pm.HOLDINGS_QUERY}, {pm.SEAL_QUERY}, {pm.UNSEAL_QUERY}) before the first round"
         )
     record = context.state[SEALED_KEY]
     return sealed_records.SealedRecords.from_arrays({name: record[name].numpy() for name in record})

@@ -1,4 +1,4 @@
-"""The parties' record exchange of `share-rows sealed` (the second version of ../shared/specs/steffle-hybrid.md,
+"""The parties' record exchange (the second version of ../shared/specs/steffle-hybrid.md,
 "Revision"): each feature party hands every sensitive party, once, the features and labels of the records whose
 sensitive attribute that party holds, sealed end to end (`protocols.party_keys`), joined by pseudonym. Pure code;
 the messages are in `client.rounds.steffle_parties` (parties) and `server.parties` (the relay).

@@ -108,9 +108,10 @@ def print_report(report: dict[str, object]) -> None:
         )
     console = Console()
     console.print(table)
+    responses = report.get("randomized_responses", 0)
+    older = f", randomized responses of the test groups (earlier versions): {responses}" if responses else ""
     console.print(
-        f"evaluations answered noised: {report['evaluations']}, randomized responses of the test groups: "
-        f"{report.get('randomized_responses', 0)} (epsilon {_fmt(report['evaluation_epsilon'])}); "
+        f"evaluations answered noised: {report['evaluations']}{older} (epsilon {_fmt(report['evaluation_epsilon'])}); "
         f"jobs: epsilon {_fmt(report['training_epsilon'])}; lifetime epsilon {_fmt(report['lifetime_epsilon'])} "
         f"at delta {report['delta']:g} (PLD, replace one record; jobs and evaluations of disjoint records compose in "
         f"parallel); budget {_fmt(report['budget'])}, left {_fmt(report['left'])}"

@@ -34,7 +34,7 @@ reads `role`, default ``silo``, so it is only written for a feature or sensitive
 `state-dir` (:mod:`client.privacy_state`: the folder where the silo keeps its ledger and answers across restarts,
 docs/FAULTS.md), `allow-trusted-server` (:mod:`client.rounds.mu2fl`), `deterministic-noise` (:mod:`client.randomness`),
 and for a feature or sensitive party `party-keys` (its key file from `silofl deploy certs`, `<name>.party.json`: the
-sealed record exchange of `share-rows sealed`, :mod:`client.party_exchange`; checked here: it must be this role's).
+sealed record exchange, :mod:`client.party_exchange`; checked here: it must be this role's).
 """
 
 from __future__ import annotations
@@ -449,7 +449,7 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="FILE",
         help="a feature or sensitive party's key file (<name>.party.json from silofl deploy certs --topology ...): "
-        "its parties' sealed record exchange (share-rows sealed); never give it to the server",
+        "its parties' sealed record exchange; never give it to the server",
     )
     start.add_argument("--dry-run", action="store_true", help="validate and print the command, do not start it")
     start.set_defaults(func=silo_start_command)

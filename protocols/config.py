@@ -243,12 +243,23 @@ def allowed_values(key: str, model: type[RunConfig] = RunConfig) -> str:
     return text + (f" ({field.description})" if field.description else "")
 
 
+#: Options earlier versions had, with what replaced them: a configuration naming one is told so, not "did you mean".
+REMOVED_OPTIONS = {
+    "share-rows": "separate parties always exchange their records sealed at setup (the rows-through-the-server modes "
+    "sampled and all were removed); drop the option",
+    "keep-rate": "it thinned the rows of the removed rows-through-the-server modes; a sensitive party now samples the "
+    "records sealed to it at the silos' rate itself; drop the option",
+}
+
+
 def _explain(exc: ValidationError, model: type[RunConfig]) -> str:
     lines = ["invalid run configuration:"]
     known = sorted(_keys(model))
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else ""
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and key in REMOVED_OPTIONS:
+            lines.append(f"  - '{key}' is no longer an option: {REMOVED_OPTIONS[key]}")
+        elif err["type"] == "extra_forbidden":
             own, anywhere = _closest(key, known), _closest(key, sorted(all_keys()))
             close = anywhere if anywhere and (not own or _ratio(key, anywhere) > _ratio(key, own)) else own
             hint = f" (did you mean '{close}'?)" if close else ""

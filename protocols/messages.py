@@ -325,7 +325,7 @@ class CorrelationReport(_Schema):
 
 
 class ExchangeSetup(_Schema):
-    """Server -> party, the sealed record exchange of separate parties (`protocols.parties`, `share-rows sealed`):
+    """Server -> party, the sealed record exchange of separate parties (`protocols.parties`):
     the federation's shape, whose boxes a party makes and expects."""
 
     feature_parties: int = Field(ge=1, le=1000)
@@ -360,26 +360,6 @@ def evaluation_content(
         silo_id=silo_id, server_round=server_round, num_examples=num_examples, loss_sum=loss_sum, noise_std=noise_std
     )
     return RecordDict({COUNTS: arrays_record({"counts": counts}), REPORT: report.to_metric_record()})
-
-
-class TestGroupsReport(_Schema):
-    """Sensitive party -> server with the randomized response of its test records' groups (`ids`, `groups` in the
-    reply's rows; `protocols.randomized_response`): for a feature party's noised evaluation."""
-
-    silo_id: int = Field(ge=0)
-    server_round: int = Field(ge=0)
-    num_examples: int = Field(ge=0)
-    #: the eps of the randomized response (its operator's policy, `evaluation-groups-epsilon`): the server's
-    #: estimate of the counts by group undoes it
-    epsilon: float = Field(gt=0.0, le=20.0)
-
-
-class GroupedEvaluation(_Schema):
-    """Server -> feature party, beside the model: count the test records by (source, randomized group, label,
-    prediction), the randomized groups in the message's rows (`ids`, `groups`, `sources`: the sensitive party each
-    came from, 0..sources-1)."""
-
-    sources: int = Field(ge=1, le=MAX_CATEGORIES)
 
 
 def check_records(content: RecordDict, expected: set[str], *, what: str = "message") -> None:

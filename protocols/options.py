@@ -299,28 +299,6 @@ class TopologyOptions(OptionGroup):
         description="topology general: deal the ids to the sensitive parties by this feature column (categorical: "
         "one value per party, round robin; numeric: equal-frequency bins) instead of at random",
     )
-    share_rows: Literal["sealed", "sampled", "all"] = Field(
-        default="sealed",
-        description="how the feature parties' records reach the sensitive parties. sealed: once, at setup, "
-        "encrypted end to end and joined by pseudonym (the server relays bytes it cannot read); each round a "
-        "sensitive party computes on its own secret Poisson sample at the silos' rate (the silos' amplified "
-        "mechanism) and the server sees the model and noised sums only. sampled: each round the (id, y, F, J_F) "
-        "of the feature parties' Poisson sample, through the server (the sensitive parties cannot amplify by it: "
-        "keep-rate is their only sampling). all: each round every record's row (keep-rate = batch-size / n_j gives "
-        "the silos' amplification, at n_j rows per round)",
-        json_schema_extra=SILO,
-    )
-    keep_rate: float = Field(
-        default=1.0,
-        gt=0.0,
-        le=1.0,
-        description="q_s: each sensitive party keeps a requested record with its own secret coin at this rate (its "
-        "only amplification by sampling). With share-rows sampled, q_s does not change the noise on the fairness "
-        "gradient (sigma / q_s is constant for small q_s; measured on Adult for q_s in {1, 0.5, 0.2, 0.1}: "
-        "docs/RESULTS.md), so the default keeps every requested record; with share-rows all, batch-size x "
-        "num-silos / n gives the silos' amplification",
-        json_schema_extra=SILO,
-    )
 
     def sensitive_count(self, feature_parties: int) -> int:
         """Sensitive nodes of the topology (0 for silos)."""

@@ -1,5 +1,5 @@
 """The parties' own keys: record pseudonyms and end-to-end sealed messages that the server relays but cannot read
-(separate feature and sensitive parties, `share-rows sealed`; see `client.sealed_records` for what travels).
+(separate feature and sensitive parties; see `client.sealed_records` for what travels).
 
 Key material of a federation with parties (one :class:`PartyKeys` per party, never the server's):
 

@@ -16,8 +16,6 @@ and validated before the silo joins anything, so a mistake in it stops the silo 
     evaluation = "noised"         # "noised" | "exact" | "refuse"; default "noised" with a budget, else "exact"
     evaluation-noise = 20.0       # std of the Gaussian noise on each confusion count of a noised evaluation
     evaluation-loss-bound = 10.0  # a test record's loss is clipped to this in a noised evaluation
-    evaluation-groups-epsilon = 1.0  # a sensitive party: the eps of the randomized response of its test records'
-                                  # groups that a feature party's noised evaluation needs (charged once, permanent)
 
 A *budget* is a finite `lifetime-epsilon` or `max-epsilon-per-job`. Without one, and without a policy at all, a silo
 behaves as it did before policies existed (simulation gives the same numbers). A policy the silo cannot satisfy for a
@@ -42,9 +40,12 @@ DEFAULT_EVALUATION_NOISE = 20.0
 #: A test record's loss is clipped to this (nats) in a noised evaluation, so that one record moves the loss sum by at
 #: most this much (cross-entropy is unbounded).
 DEFAULT_EVALUATION_LOSS_BOUND = 10.0
-#: The eps of a sensitive party's randomized response of its test records' groups (`protocols.randomized_response`):
-#: with two groups the true group comes out 73 % of the time; the server's estimate of the counts stays unbiased.
-DEFAULT_EVALUATION_GROUPS_EPSILON = 1.0
+#: Keys that earlier versions read and this one does not, with what to do (a policy naming one is refused, not
+#: silently half-applied).
+REMOVED_KEYS = {
+    "evaluation-groups-epsilon": "it set the randomized response of a sensitive party's test groups, which the "
+    "separate parties no longer send (they evaluate on the records sealed to them at setup); delete the line",
+}
 
 
 class PolicyError(ValueError):
@@ -67,9 +68,6 @@ class SiloPolicy(BaseModel):
     evaluation_noise: float = Field(default=DEFAULT_EVALUATION_NOISE, alias="evaluation-noise", gt=0, le=1e6)
     evaluation_loss_bound: float = Field(
         default=DEFAULT_EVALUATION_LOSS_BOUND, alias="evaluation-loss-bound", gt=0, le=1e6
-    )
-    evaluation_groups_epsilon: float = Field(
-        default=DEFAULT_EVALUATION_GROUPS_EPSILON, alias="evaluation-groups-epsilon", gt=0, le=20
     )
 
     @field_validator("algorithms")
@@ -165,7 +163,9 @@ def parse_policy(values: dict, *, source: str = "policy") -> SiloPolicy:
         problems = []
         for error in exc.errors():
             key = ".".join(str(part) for part in error["loc"]) or "(the whole policy)"
-            if error["type"] == "extra_forbidden":
+            if error["type"] == "extra_forbidden" and key in REMOVED_KEYS:
+                problems.append(f"'{key}' is no longer read: {REMOVED_KEYS[key]}")
+            elif error["type"] == "extra_forbidden":
                 known = ", ".join(sorted(f.alias or n for n, f in SiloPolicy.model_fields.items()))
                 problems.append(f"unknown key '{key}' (the keys are: {known})")
             else:

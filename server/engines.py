@@ -90,11 +90,12 @@ def run_job(
 def with_party_secret(
     config: RunConfig, node_configs: Sequence[Mapping[str, str | int | float | bool]] | None
 ) -> Sequence[Mapping[str, str | int | float | bool]] | None:
-    """`node_configs` with the run's party secret added to every node's (a fresh random one per run), when the run's
-    parties exchange sealed records: each simulated party derives its keys from it (`protocols.party_keys`
-    `simulated_keys`). It goes to the ClientApps' node configs only, never to the ServerApp. For Ray simulation: the
-    in-process engine's grid puts its own secret in its nodes' configs (`server.inprocess_grid`)."""
-    if not config.sensitive_nodes or getattr(config, "share_rows", "") != "sealed":
+    """`node_configs` with the run's party secret added to every node's (a fresh random one per run), when the run
+    has separate parties (they exchange sealed records): each simulated party derives its keys from it
+    (`protocols.party_keys` `simulated_keys`). It goes to the ClientApps' node configs only, never to the ServerApp.
+    For Ray simulation: the in-process engine's grid puts its own secret in its nodes' configs
+    (`server.inprocess_grid`)."""
+    if not config.sensitive_nodes:
         return node_configs
     import secrets
 

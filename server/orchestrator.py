@@ -19,13 +19,13 @@ continues from that checkpoint instead of starting at round 1. A run that stops 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -144,8 +144,7 @@ def _check_roles(config: RunConfig, entries: list[SiloEntry]) -> None:
 def _check_evaluations(entries: list[SiloEntry]) -> None:
     """Every run evaluates (every `eval-every` rounds and after the last): a node whose operator's policy refuses the
     evaluation it would be asked for stops the run here, before anything private is released, not at its first
-    evaluation after rounds of training. Every node answers exactly or noised (a feature party answering noised makes
-    the evaluation go by the sensitive parties' randomized groups: `strategies.party_evaluation`)."""
+    evaluation after rounds of training. Every node answers exactly or noised."""
     refusing = []
     for entry in entries:
         mode = entry.info.evaluation
@@ -212,14 +211,13 @@ def groups_round(
     timeout: float,
     *,
     entries: Sequence[SiloEntry] | None = None,
-    records: Mapping[str, ArrayRecord] | None = None,
 ) -> np.ndarray:
-    """SteFFLe's setup step: the sum over silos (or the sensitive parties `entries`, sent `records` besides the
-    instruction) of their (noised) records by (sensitive group, label)."""
+    """SteFFLe's setup step: the sum over silos (or the sensitive parties `entries`, over the records each received
+    in the sealed exchange) of their (noised) records by (sensitive group, label)."""
     info = federation.info
     asked = federation.silos if entries is None else entries
     shape = (info.num_groups, info.num_labels)
-    content = RecordDict({msg.CONFIG: instruction.to_config_record(), **(records or {})})
+    content = RecordDict({msg.CONFIG: instruction.to_config_record()})
     messages = [Message(content, e.node_id, msg.GROUPS, group_id="groups") for e in asked]
     total = np.zeros(shape, dtype=np.float64)
     replies = grid.send_and_receive(messages, timeout=timeout)
@@ -277,16 +275,15 @@ def run_federation(
     if federation.sensitive:
         from server import parties
 
-        if parties.sealed(config):  # every start: a sensitive party keeps the records for the run only
-            parties.sealed_exchange(grid, federation, config.round_timeout)
+        # every start, a resumed one too: a sensitive party keeps the records for the run only
+        parties.sealed_exchange(grid, federation, config.round_timeout)
     if msg.GROUPS in config.spec.silo:
         # On resume the silos are not asked again: they spent budget on their counts once (the sum is public).
         counts = resumed.group_counts if resumed is not None else None
         if resumed is None:
-            from server import parties
-
-            ask = parties.groups_round if federation.sensitive else groups_round
-            counts = ask(grid, federation, train_instruction(config, rounds, delta), config.round_timeout)
+            instruction = train_instruction(config, rounds, delta)
+            entries = federation.sensitive or None  # the sensitive parties count the records they received
+            counts = groups_round(grid, federation, instruction, config.round_timeout, entries=entries)
     strategy = build_strategy(config, federation, rounds, delta, group_counts=counts, engine=engine)
     info = federation.info
     history: RunHistory | None = None

@@ -5,11 +5,13 @@ What a test needs to check that a silo's differential privacy holds against a se
 * neighbouring data sets D and D', built exactly (:func:`make_silo`, :func:`replace_record`, :func:`change_attribute`,
   :func:`append_record`, :func:`sensitive_party`) and written as deployed nodes' folders (node config `data-path`,
   `deterministic-noise = true`: both nodes draw the same seeded samples and noise, as `tests/silo_driver.py` does);
+  twin sensitive parties receive their feature party's records by :func:`sealed_exchange`, as an honest relay gives
+  them;
 * :class:`Twins`: the two nodes, each answering through the real ClientApp; every message goes to both, byte for byte
   the same (a copy each, as a transport makes);
 * forged messages of every kind a silo or a sensitive party answers (:func:`train`, :func:`groups`,
-  :func:`correlation`, :func:`party_groups`, :func:`sensitive_query`), with any values the schemas accept and any
-  arrays (:func:`tabular_model`, :func:`ssl_model`);
+  :func:`correlation`; a sensitive party's ``query.sensitive`` holds what a SteFFLe silo's ``train`` does), with any
+  values the schemas accept and any arrays (:func:`tabular_model`, :func:`ssl_model`);
 * :func:`behaviour_difference`: "same behaviour" of two replies. Either both are errors with the same reason, or
   neither is, and then they hold the same records, the same arrays (names, shapes, dtypes), every float finite, and
   the records that carry no noise byte for byte the same (the report always; for steffle and tran also `update`,
@@ -35,9 +37,10 @@ from client.app import app
 from client.data.party_store import save_party
 from client.data.silo_store import save_silo
 from client.data.tabular import DatasetInfo, SiloData, Split, make_split
-from client.data.topology import SensitivePartyData
+from client.data.topology import FeaturePartyData, SensitivePartyData
 from protocols import messages as msg
 from protocols import parties as pm
+from protocols import party_keys as pk
 from protocols.models import build_model, parameter_spec
 from server.inprocess_grid import copy_content, deliver
 
@@ -121,7 +124,28 @@ def sensitive_party(silo: SiloData) -> SensitivePartyData:
     )
 
 
+def feature_party(silo: SiloData) -> FeaturePartyData:
+    """The non-sensitive division of `silo` as feature party 0, the partner of :func:`sensitive_party` (same ids)."""
+    n, m = len(silo.train), len(silo.test)
+    return FeaturePartyData(
+        silo.info,
+        0,
+        np.arange(n, dtype=np.int64),
+        silo.train.nonsensitive,
+        np.arange(n, n + m, dtype=np.int64),
+        silo.test.nonsensitive,
+    )
+
+
+#: The party secret of twin sensitive parties (node config `party-secret`): the keys :func:`sealed_exchange` uses.
+PARTY_SECRET = "22" * 32
+
+
 # -- nodes ---------------------------------------------------------------------------------------------------------
+#: The Flower run id of every node here.
+RUN_ID = 7
+
+
 class Node:
     """One deployed node (a silo, or a sensitive party) on its own folder, answering through the real ClientApp with
     seeded randomness (`deterministic-noise = true`)."""
@@ -135,7 +159,7 @@ class Node:
         else:
             save_silo(data, folder)
         self.context = Context(
-            run_id=7, node_id=5, node_config={**config, **node_config}, state=RecordDict(), run_config={}
+            run_id=RUN_ID, node_id=5, node_config={**config, **node_config}, state=RecordDict(), run_config={}
         )
 
     @contextmanager
@@ -144,7 +168,7 @@ class Node:
 
     def send(self, kind: str, content: RecordDict, server_round: int = 1) -> Message:
         """Deliver `content` as a message of type `kind` (an exception in the ClientApp becomes an error reply)."""
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, 1
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, 1
         message = Message(content, 5, kind, group_id=str(server_round))
         message.metadata.__dict__["_message_id"] = f"{kind}-{server_round}"
         with self._data():
@@ -221,36 +245,26 @@ def correlation(params: Mapping[str, np.ndarray], **values: Any) -> RecordDict:
     return RecordDict({msg.MODEL: msg.arrays_record(params), msg.CONFIG: instruction("fedsc", **values)})
 
 
-def party_groups(ids: np.ndarray, labels: np.ndarray, **values: Any) -> RecordDict:
-    """A sensitive party's `query.groups` (steffle): the training ids and their labels."""
-    return RecordDict(
-        {
-            msg.CONFIG: instruction("steffle", **{"server_round": 1, **values}),
-            pm.TRAIN_ROWS: pm.int_record(ids=ids, labels=labels),
-        }
-    )
+def sealed_exchange(twins: Twins, silo: SiloData) -> None:
+    """Give both twin sensitive parties (node config `party-secret` = :data:`PARTY_SECRET`) the records of
+    :func:`feature_party` (`silo`), as the honest exchange does: the server asks their holdings, feature party 0 seals
+    its records to them (`client.sealed_records.record_boxes`, with its keys), and both unseal the same boxes. The
+    records carry no sensitive attribute, so the boxes are the same for D and D'."""
+    from client.sealed_records import record_boxes
 
-
-def sensitive_query(
-    ids: np.ndarray,
-    labels: np.ndarray,
-    outputs: np.ndarray,
-    jacobians: np.ndarray,
-    fair: Mapping[str, np.ndarray],
-    **values: Any,
-) -> RecordDict:
-    """A sensitive party's `query.sensitive` (steffle): W and the prior (`fair`), the rows (ids, labels) and the
-    feature parties' (F(x_i), J_F(x_i)) of those rows, float32."""
-    return RecordDict(
-        {
-            msg.CONFIG: instruction("steffle", **values),
-            msg.FAIRNESS: msg.arrays_record(fair),
-            pm.ROWS: pm.int_record(ids=ids, labels=labels),
-            pm.OUTPUTS: msg.arrays_record(
-                {"outputs": outputs.astype(np.float32), "jacobians": jacobians.astype(np.float32)}
-            ),
-        }
+    config = msg.ExchangeSetup(feature_parties=1, sensitive_parties=1).to_config_record()
+    first, second = twins.send(pm.HOLDINGS_QUERY, RecordDict({msg.CONFIG: config}), 0)
+    for reply in (first, second):
+        assert not reply.has_error(), reply.error.reason
+    keys = pk.simulated_keys(bytes.fromhex(PARTY_SECRET), pk.party_names(1, 1))
+    holdings = pm.read_boxes(first.content, [pk.feature_name(0)], what="holdings")[pk.feature_name(0)]
+    boxes, _ = record_boxes(
+        keys[pk.feature_name(0)], feature_party(silo), {pk.sensitive_name(0): holdings}, f"run:{RUN_ID}"
     )
+    relayed = {pk.feature_name(0): boxes[pk.sensitive_name(0)]}  # by sender, as the server relays them
+    content = RecordDict({msg.CONFIG: config, pm.SEALED: pm.boxes_record(relayed)})
+    for reply in twins.send(pm.UNSEAL_QUERY, content, 0):
+        assert not reply.has_error(), reply.error.reason
 
 
 def tabular_spec(kind: str, num_features: int, num_labels: int, hidden: int = 64) -> list[tuple[str, tuple[int, ...]]]:

@@ -7,7 +7,7 @@ holds: the two behave the same (both refuse for the same reason, or both answer 
 are identical), it refuses what its calibration does not cover, and its release has the sensitivity the noise is
 calibrated for.
 
-1. Non-finite values past clipping: a huge but finite model, W, prior, global loss, Jacobian or query point makes one
+1. Non-finite values past clipping: a huge but finite model, W, prior, global loss or query point makes one
    record's term inf or NaN, so the release is NaN, or the silo refuses, exactly when that record is there (or has
    s = 1).
 2. DP-mu2-FL's domain diameter D, trust and batch size are bound at the silo's calibration, and its query points lie in
@@ -65,6 +65,9 @@ class Attack:
     d: object
     d_prime: object
     messages: list[tuple[str, RecordDict, int]]
+    #: the nodes' extra node config, and what both are given before the messages (a sensitive party: its records)
+    node_config: dict | None = None
+    prepare: Callable[[ms.Twins], None] | None = None
 
 
 def _record_level(
@@ -141,25 +144,21 @@ def _single_pass(algorithm: str) -> Attack:
     return Attack(algorithm, base, d_prime, [(msg.TRAIN, content, 1)])
 
 
-def _sensitive_party(jacobian: float) -> Attack:
-    """A separate sensitive party holding every record's group (all 0; record 0's is 1 in D'), asked for all N ids
-    with forged Jacobians J_F = (+j, -j) per record: group 0's a_i = (-1, -1) gives J^T a = 0, group 1's overflows."""
+def _sensitive_party(params: dict, fair: dict, **values) -> Attack:
+    """A separate sensitive party holding every record's group (all 0; record 0's is 1 in D') and, from the sealed
+    exchange, the records' features and labels (the same for D and D'); the group counts, then one round of
+    query.sensitive with the forged model and W (it computes F and J_F itself, as a silo's sensitive division)."""
     silo = _silo(groups=0)
     d, d_prime = ms.sensitive_party(silo), ms.sensitive_party(ms.change_attribute(silo, 0, 1))
-    ids, labels = np.arange(N, dtype=np.int64), silo.train.nonsensitive.labels
-    jacobians = np.zeros((N, 2, 5), np.float32)
-    jacobians[:, 0], jacobians[:, 1] = jacobian, -jacobian
-    outputs = np.full((N, 2), 0.5, np.float32)
-    fair = {"w": np.array([[0.0, 0.0], [1.0, -1.0]], np.float32), "prior": np.array([0.5, 0.5], np.float32)}
-    instr = _instruction("steffle", keep_rate=1.0)
+    instr = _instruction("steffle", **values)
+    content = ms.train("steffle", params, records={msg.FAIRNESS: fair}, server_round=1, **instr)
     return Attack(
         "steffle",
         d,
         d_prime,
-        [
-            (msg.GROUPS, ms.party_groups(ids, labels, **instr), 0),
-            (pm.SENSITIVE_QUERY, ms.sensitive_query(ids, labels, outputs, jacobians, fair, server_round=1, **instr), 1),
-        ],
+        [(msg.GROUPS, ms.groups("steffle", **instr), 0), (pm.SENSITIVE_QUERY, content, 1)],
+        node_config={"party-secret": ms.PARTY_SECRET},
+        prepare=lambda twins: ms.sealed_exchange(twins, silo),
     )
 
 
@@ -233,8 +232,11 @@ ATTACKS: dict[str, Callable[[], Attack]] = {
     # single pass: the query point's logits of the target overflow (float64)
     "mu2fl-query-point-1e308": lambda: _single_pass("mu2fl"),
     "noisy-sgd-query-point-1e308": lambda: _single_pass("noisy-sgd"),
-    # a separate sensitive party: the forged Jacobians overflow J^T a_i for s = 1 only
-    "sensitive-party-jacobians-3e38": lambda: _sensitive_party(F32_HUGE),
+    # a separate sensitive party: as steffle's silo, a_i overflows for s = 1 only, or a huge W makes it NaN
+    "sensitive-party-tiny-prior": lambda: _sensitive_party(ms.tabular_model("logreg", 4, 2), _tiny_group(1e17, 1e-44)),
+    "sensitive-party-huge-w": lambda: _sensitive_party(ms.tabular_model("logreg", 4, 2), _tiny_group(F32_HUGE, 0.5)),
+    # ... and at the largest model and W it accepts, with a prior at the floor: answered, finite, the same
+    "sensitive-party-at-the-bounds": lambda: _sensitive_party(_huge_logreg(1e6), _tiny_group(1e6, 1e-3)),
     # fedsc: the representation of a non-black image is NaN
     "fedsc-correlation-conv-1e30": lambda: _fedsc(1e30),
 }
@@ -247,7 +249,9 @@ def test_a_huge_finite_message_behaves_the_same_on_neighbouring_data(tmp_path: P
     same reason (a refusal that depends only on the message) or answers both with finite values (un-noised parts
     identical)."""
     attack = ATTACKS[name]()
-    twins = ms.Twins(attack.d, attack.d_prime, tmp_path)
+    twins = ms.Twins(attack.d, attack.d_prime, tmp_path, **(attack.node_config or {}))
+    if attack.prepare is not None:
+        attack.prepare(twins)
     for kind, content, server_round in attack.messages:
         first, second = twins.send(kind, content, server_round)
         ms.assert_same_behaviour(first, second, ms.noised_records(attack.algorithm, kind), f"{name}, {kind}")

@@ -264,11 +264,11 @@ def exchange(twins: ms.Twins, algorithm: str, kind: str, content: Any, server_ro
     return not first.has_error()
 
 
-def case(algorithm: str, d: Any, d_prime: Any, messages: Callable[[ms.Twins], None]) -> None:
-    """Twins on D and D' in a fresh folder; `messages(twins)` sends the run."""
+def case(algorithm: str, d: Any, d_prime: Any, messages: Callable[[ms.Twins], None], **node_config: Any) -> None:
+    """Twins on D and D' (with `node_config`) in a fresh folder; `messages(twins)` sends the run."""
     CASES[algorithm] += 1
     with tempfile.TemporaryDirectory() as folder:
-        messages(ms.Twins(d, d_prime, Path(folder)))
+        messages(ms.Twins(d, d_prime, Path(folder), **node_config))
 
 
 # -- the algorithms --------------------------------------------------------------------------------------------------
@@ -463,46 +463,33 @@ def _sensitive_party(data: st.DataObject) -> None:
     d, d_prime = ms.sensitive_party(base), ms.sensitive_party(attribute_changed(data, base))
     kind = model_kind(data)
     notion = data.draw(st.sampled_from(("dp", "eo", "eopp")), label="fairness")
-    run = {**privacy(data, "steffle", sampled=False), **kind, "fairness": notion}
+    run = {**privacy(data, "steffle"), **kind, "fairness": notion}
     run["lam"] = scalar(data, "steffle", "lam", LAMBDA)
-    run["keep_rate"] = data.draw(st.sampled_from((1.0, 0.5)), label="keep rate") if run["epsilon"] == 1.0 else 1.0
     run["w_noise"] = data.draw(st.sampled_from(("auto", "isotropic", "per-group")), label="w-noise")
-    params = sum(math.prod(shape) for _, shape in ms.tabular_spec(kind["model"], FEATURES, LABELS, kind["hidden"]))
-    ids, labels = np.arange(N, dtype=np.int64), base.train.nonsensitive.labels
 
     def messages(twins: ms.Twins) -> None:
-        if not exchange(twins, "steffle", msg.GROUPS, ms.party_groups(ids, labels, **run), 0):
+        ms.sealed_exchange(twins, base)  # the records' features and labels: the same for D and D'
+        if not exchange(twins, "steffle", msg.GROUPS, ms.groups("steffle", **run), 0):
             return
         for t in range(1, data.draw(st.integers(1, 3), label="rounds") + 1):
-            asked = np.flatnonzero(data.draw(st.lists(st.booleans(), min_size=N, max_size=N), label=f"round {t} ids"))
-            rows = asked.size
-            if data.draw(st.booleans(), label=f"round {t} outputs on the simplex"):
-                logits = extreme(data, (rows, LABELS), f"round {t} logits").astype(np.float64)
-                outputs = np.exp(logits - logits.max(axis=1, keepdims=True)) if rows else logits
-                outputs = outputs / outputs.sum(axis=1, keepdims=True) if rows else outputs
-            else:
-                outputs = extreme(data, (rows, LABELS), f"round {t} outputs")
             fair = {
                 "w": extreme(data, fairness_shape(notion), f"round {t} w"),
                 "prior": prior(data, notion, f"round {t} prior"),
             }
-            content = ms.sensitive_query(
-                ids[asked],
-                labels[asked],
-                outputs,
-                extreme(data, (rows, LABELS, params), f"round {t} jacobians"),
-                fair,
+            content = ms.train(
+                "steffle",
+                model_arrays(data, kind, f"round {t} model"),
+                records={msg.FAIRNESS: fair},
                 server_round=t,
-                clip=scalar(data, "steffle", "clip", POSITIVE),
-                **run,
+                **{**run, **sgd_values(data, "steffle")},
             )
             exchange(twins, "steffle", pm.SENSITIVE_QUERY, content, t)
 
-    case("sensitive-party", d, d_prime, messages)
+    case("sensitive-party", d, d_prime, messages, **{"party-secret": ms.PARTY_SECRET})
 
 
 def test_a_sensitive_party_behaves_the_same_on_neighbouring_data() -> None:
-    """A separate SteFFLe sensitive party (one attribute changed): forged rows, outputs, Jacobians, W, priors."""
+    """A separate SteFFLe sensitive party holding sealed records (one attribute changed): forged models, W, priors."""
     _ran(_sensitive_party, EXAMPLES)
 
 

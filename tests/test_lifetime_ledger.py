@@ -99,6 +99,44 @@ def test_evaluations_compose_into_one_gaussian_as_the_library_composes_them() ->
     )
 
 
+def test_randomized_responses_an_earlier_version_recorded_still_count_against_evaluations(tmp_path: Path) -> None:
+    """Versions before the sealed record exchange charged a sensitive party's randomized response of its test groups
+    (k-ary, eps-DP at noise parameter p = k / (e^eps + k - 1)). silofl no longer makes one, but a ledger holding one
+    keeps composing it with the noised evaluations (replace one, as dp-accounting's PLD accountant composes the same
+    events by hand), and an evaluation that it pushes past lifetime-epsilon is refused, charging nothing."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from client import noised_evaluation
+
+    k, eps = 2, 1.5
+    p = k / (np.exp(eps) + k - 1)
+    old = lifetime_ledger.LifetimeLedger(randomized_responses={"f1": (p, k)})
+    lifetime_ledger.path_of(tmp_path).write_text(json.dumps(old.to_json()))
+    policy = SiloPolicy.model_validate({"lifetime-epsilon": 3.2, "lifetime-delta": DELTA})
+    multiplier = noised_evaluation.evaluation_multiplier(policy)
+    after = lifetime_ledger.charge_evaluation(
+        tmp_path, policy, multiplier=multiplier, run_id=1, server_round=1, who="x"
+    )
+    by_hand = pld_privacy_accountant.PLDAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    by_hand.compose(dp_event.GaussianDpEvent(multiplier))
+    by_hand.compose(dp_event.RandomizedResponseDpEvent(p, k))
+    assert after == pytest.approx(by_hand.get_epsilon(DELTA), rel=1e-3)
+    assert after > eps  # the response counts: an evaluation alone is far below it
+    ledger = lifetime_ledger.load(tmp_path)
+    assert ledger.randomized_responses == {"f1": (p, k)} and sum(ledger.evaluations.values()) == 1
+    rounds = 1
+    with pytest.raises(msg.MessageError, match=r"lifetime-epsilon = 3\.2"):
+        while True:  # the budget ends sooner than it would without the response
+            rounds += 1
+            lifetime_ledger.charge_evaluation(
+                tmp_path, policy, multiplier=multiplier, run_id=1, server_round=rounds, who="x"
+            )
+    assert sum(lifetime_ledger.load(tmp_path).evaluations.values()) == rounds - 1
+    without = lifetime_ledger.LifetimeLedger(evaluations={multiplier: rounds})
+    assert without.evaluation_epsilon(DELTA) <= 3.2  # the refused evaluation fit the budget without the response
+
+
 def test_a_damaged_lifetime_ledger_is_refused_not_reset(tmp_path: Path) -> None:
     lifetime_ledger.path_of(tmp_path).write_text("{not json")
     with pytest.raises(msg.MessageError, match="unreadable") as error:

@@ -1,6 +1,6 @@
 """Finite releases whatever finite values a (malicious) server sends: the per-record terms a silo clips and noises.
 
-A server can send a model, a W, Jacobians or query points whose values are finite but huge (a head weight of 3e38 in
+A server can send a model, a W or query points whose values are finite but huge (a head weight of 3e38 in
 float32, a query point of norm 1e300). Then one record's per-sample term overflows to inf or NaN, and with the
 old rule (a NaN norm kept its clip factor 1, and 0 x inf is NaN) the noised release became NaN, or the silo raised,
 exactly when a target record was present or had s = 1: noise cannot hide a NaN. The rule now: a record whose term,
@@ -10,7 +10,8 @@ centred on, what an unsampled record contributes); records with finite norms are
 Each route gets inputs that make exactly one record (the target) overflow, and the tests check that the result is
 (a) finite, (b) what the batch gives with the target's term replaced by 0 (without the target), and (c) unchanged for
 the other records. Then the concrete attacks: a huge model against DP-FedSGD, SteFFLe (MLP: only s = 1 overflows),
-FedFDP, a separate sensitive party (a huge J_F), DP-mu2-FL's query points and DP-CalR's clipping.
+FedFDP, DP-mu2-FL's query points and DP-CalR's clipping (a separate sensitive party runs SteFFLe's sensitive division
+on the records sealed to it: the same route as a silo's).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import torch
 
 from client.algorithms import dp_fedsgd, steffle
 from client.algorithms import fedfdp as fedfdp_algo
-from client.algorithms.steffle_parties import FeatureRows, SensitiveParty, sensitive_party_step
 from client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from client.gradients import clip_rows, clipped_gradient_sum, weighted_clipped_gradient_sum
 from protocols import ermi, fedfdp, fedsc, models, mu2, tran
@@ -427,79 +427,6 @@ def test_group_mass_sum_leaves_out_a_non_finite_row_of_f() -> None:
     torch.testing.assert_close(got, tran.group_mass_sum(F_rest, s_rest, _prior()))
     place = torch.nn.functional.one_hot(s, 2).to(F.dtype)
     assert torch.equal(clean, torch.einsum("nb,nk,nl->bkl", torch.ones(N, 1), place, F).reshape(2, 2))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# A separate sensitive party
-
-
-def _party_rows(jacobian_of_target: torch.Tensor | None = None, outputs_of_target: torch.Tensor | None = None):
-    g = torch.Generator().manual_seed(11)
-    P = 7
-    F = torch.softmax(torch.randn(N, 2, generator=g), dim=1)
-    J = torch.randn(N, 2, P, generator=g)
-    if jacobian_of_target is not None:
-        J[TARGET] = jacobian_of_target
-    if outputs_of_target is not None:
-        F[TARGET] = outputs_of_target
-    ids = np.arange(100, 100 + N, dtype=np.int64)
-    y = torch.randint(0, 2, (N,), generator=g)
-    return FeatureRows(ids, y, F, J)
-
-
-def _party_step(rows: FeatureRows, s: torch.Tensor, w: torch.Tensor, sigma: float = 0.0):
-    party = SensitiveParty(rows.ids.copy(), s.numpy().copy())
-    return sensitive_party_step(
-        party,
-        rows,
-        w=w,
-        prior=_prior(),
-        clip=1.0,
-        noise_multiplier=sigma,
-        keep_rate=1.0,
-        rng=np.random.default_rng(0),
-        generator=torch.Generator().manual_seed(3),
-    )
-
-
-def test_sensitive_party_with_a_huge_jacobian_reads_nothing_off_the_attribute() -> None:
-    """J_F of the target: rows +3e38 and -3e38. With s = 0 the cotangent is constant (J^T a = 0 exactly); with s = 1
-    J^T a overflows to inf. Before: NaN exactly when s = 1. Now the record contributes 0 either way."""
-    w = torch.tensor([[0.0, 0.0], [-1.0, 1.0]])
-    J = torch.zeros(2, 7)
-    J[0], J[1] = HUGE, -HUGE
-    rows = _party_rows(J)
-    s0 = _groups()
-    s1 = s0.clone()
-    s1[TARGET] = 1
-    for sigma in (0.0, 2.0):
-        theta0, w0 = _party_step(rows, s0, w, sigma)
-        theta1, w1 = _party_step(rows, s1, w, sigma)
-        assert _finite(theta0) and _finite(theta1) and _finite(w0) and _finite(w1)
-        if sigma == 0.0:
-            torch.testing.assert_close(theta0, theta1)
-
-
-def test_sensitive_party_leaves_out_a_record_whose_terms_are_not_finite() -> None:
-    w = torch.tensor([[0.3, -0.2], [0.1, 0.4]])
-    s = _groups()
-    clean_rows = _party_rows()
-    keep = np.ones(N, dtype=bool)
-    keep[TARGET] = False
-    rest = clean_rows.select(np.flatnonzero(keep).astype(np.int64))
-    theta_rest, w_rest = _party_step(rest, s[torch.from_numpy(keep)], w)
-    for J, F in (
-        (torch.full((2, 7), HUGE), None),  # theta term overflows
-        (torch.full((2, 7), math.nan), None),
-        (None, torch.tensor([math.nan, 0.5])),  # W term not finite
-        (None, torch.tensor([1e30, -1e30])),  # finite, but not probabilities: the W term's bound fails
-    ):
-        theta, w_sum = _party_step(_party_rows(J, F), s, w)
-        assert _finite(theta) and _finite(w_sum)
-        if J is not None:
-            torch.testing.assert_close(theta, theta_rest)
-        else:
-            torch.testing.assert_close(w_sum, w_rest)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -308,17 +308,15 @@ def test_answered_attack_stays_below_the_claim_and_flags_the_broken_mechanism(na
     assert broken.epsilon_lb > mechanism.claimed_epsilon
 
 
-@pytest.mark.parametrize("name", ["steffle-mlp-overflow", "sensitive-party-overflow"])
-def test_the_overflowing_term_is_zeroed_not_clipped(name: str) -> None:
+def test_the_overflowing_term_is_zeroed_not_clipped() -> None:
     # The canary's theta term is clipped to norm C for s = 0 and its squared norm overflows for s = 1: zeroed, it
-    # contributes exactly 0, and the theta release moves by exactly C (divided by q n in SteFFLe's silo), the radius
-    # of its ball around 0. A NaN, or any other image of the s = 1 term, would not give exactly C.
-    mechanism = bench.ATTACKS[name](1.0)
+    # contributes exactly 0, and the theta release moves by exactly C / (q n), the radius of its ball around 0. A
+    # NaN, or any other image of the s = 1 term, would not give exactly C.
+    mechanism = bench.ATTACKS["steffle-mlp-overflow"](1.0)
     theta = mechanism.means[0].size - 4  # the release: the theta sum, then the 2 x 2 W sum
-    divisor = 1.0 if name == "sensitive-party-overflow" else 20.0  # SteFFLe's silo divides by q n; a party does not
     assert all(np.isfinite(m).all() for m in mechanism.means)
     shift = (mechanism.means[0] - mechanism.means[1])[:theta]
-    assert np.linalg.norm(shift) * divisor == pytest.approx(1.0, rel=1e-5)
+    assert np.linalg.norm(shift) * 20.0 == pytest.approx(1.0, rel=1e-5)  # q n = 20 records at q = 1
 
 
 def test_calr_add_remove_unsampled_canary_moves_nothing_and_the_claim_is_exact() -> None:
@@ -378,7 +376,7 @@ def test_calr_pre_fix_divisor_is_flagged_and_the_fixed_one_is_not() -> None:
 REFUSED = {
     "dp-fedsgd: model beyond the bound": "'model.head.weight' has an entry of magnitude 3e+38, above the 1e+06",
     "steffle: MLP head beyond the bound": "'model.head.weight' has an entry of magnitude 3e+38, above the 1e+06",
-    "sensitive party: Jacobians beyond the bound": "'outputs.jacobians' has an entry of magnitude 3e+38, above the",
+    "sensitive party: model beyond the bound": "'model.head.weight' has an entry of magnitude 3e+38, above the 1e+06",
     "mu2fl: domain diameter changed": "changed 'domain-diameter' from 0.1 to 10000.0 in round 2",
     "mu2fl: trust changed": "changed 'trust' from 'untrusted' to 'trusted' in round 2",
     "mu2fl: batch size changed": "changed 'batch-size' from 1 to 2 in round 2",

@@ -165,8 +165,8 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # missing sections say so and name the command
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo", "steffle_parkinsons_dp"):
         assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
-    # five SteFFLe sweeps, the two topology sweeps, the number-of-silos sweep, the two many-valued sweeps, mu2, FedSC
-    assert text.count("Not generated yet: run `") == 12
+    # five SteFFLe sweeps, the sealed-records sweep, the number-of-silos sweep, the two many-valued sweeps, mu2, FedSC
+    assert text.count("Not generated yet: run `") == 11
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
@@ -386,23 +386,33 @@ def test_noise_on_h_is_the_noise_std_on_the_servers_fairness_gradient(tmp_path: 
     silos = _topology_result(tmp_path / "s", {}, {"0": silo, "1": silo}, 2)
     # each silo: sigma C / (q n_j) = 10 * 2 / 100 = 0.2, weighted 1/2 each: sqrt(2 * 0.1^2)
     assert results.noise_on_h(silos) == pytest.approx(0.2 * math.sqrt(2) / 2)
-    census = {"noise_multiplier": 50.0, "sampling_rate": 0.5, "n_train": 2000}
-    sampled = _topology_result(
-        tmp_path / "c", {"topology": "central-sensitive", "keep-rate": 0.5, "share-rows": "sampled"}, {"0": census}, 2
-    )
-    assert results.noise_on_h(sampled) == pytest.approx(50 * 2 / (0.5 * 2 * 100))  # rows: 2 parties x m = 100
-    every = _topology_result(
-        tmp_path / "a", {"topology": "central-sensitive", "keep-rate": 0.5, "share-rows": "all"}, {"0": census}, 2
-    )
-    assert results.noise_on_h(every) == pytest.approx(50 * 2 / (0.5 * 2000))  # rows: every record
     off = _topology_result(tmp_path / "o", {"lambda": 0.0}, {"0": silo}, 1)
     assert results.noise_on_h(off) is None
-    # sealed records: the census's mean over its own sample at q = m / (n / N) = 0.1, over n = 2000 records; the same
-    # noise as two silos of 1000 at q = 0.1 with the census's sigma (here one party: sigma C / (q n))
-    sealed_census = {"noise_multiplier": 10.0, "sampling_rate": 0.1, "n_train": 2000}
-    sealed = _topology_result(tmp_path / "z", {"topology": "central-sensitive"}, {"0": sealed_census}, 2)
-    assert results.noise_on_h(sealed) == pytest.approx(10 * 2 / (0.1 * 2000))
-    assert results.share_rows({"topology": "central-sensitive"}) == "sealed"  # the default, when not recorded
+    # a census: its mean over its own sample at q = m / (n / N) = 0.1, over n = 2000 records; the same noise as two
+    # silos of 1000 at q = 0.1 with the census's sigma (here one party: sigma C / (q n))
+    census = {"noise_multiplier": 10.0, "sampling_rate": 0.1, "n_train": 2000}
+    central = _topology_result(tmp_path / "z", {"topology": "central-sensitive"}, {"0": census}, 2)
+    assert results.noise_on_h(central) == pytest.approx(10 * 2 / (0.1 * 2000))
+    # divided: one sensitive party per silo, each at the silo's q over its 1000 records: sqrt(2) sigma C / (q n)
+    divided = _topology_result(tmp_path / "d", {"topology": "divided"}, {"0": silo, "1": silo}, 2)
+    assert results.noise_on_h(divided) == pytest.approx(math.sqrt(2) * 10 * 2 / (0.1 * 2000))
+    assert results.noise_on_h(divided) == pytest.approx(results.noise_on_h(silos))  # the silos' noise, as it must be
+
+
+def test_the_first_versions_topology_section_is_history_copied_as_it_stands(tmp_path: Path):
+    """Its runs used options removed in issue 31 (`share-rows`, `keep-rate`): a full regeneration copies the section
+    from the existing document byte for byte (neither its sweep file nor its runs are read), and without one names the
+    commit where it reruns."""
+    history = [results.TOPOLOGY_HEADING, "", "frozen | numbers |", "", "### a subsection", "", "kept too", ""]
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir(parents=True)
+    doc.write_text("\n".join(["# silofl results", "", *history, results.SEALED_HEADING, "", "old", ""]))
+    text, _ = _build(tmp_path)
+    assert "\n".join(history) + "\n" + results.SEALED_HEADING in text
+    assert results.section_lines(text, results.TOPOLOGY_HEADING) == history
+    doc.unlink()
+    text, _ = _build(tmp_path)
+    assert f"silofl commit `{results.HISTORY_COMMIT}`" in results.section_lines(text, results.TOPOLOGY_HEADING)[2]
 
 
 def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tmp_path: Path):
@@ -483,7 +493,7 @@ def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path
     assert "Not generated yet" in text[text.index("### Parkinsons, equalized odds") :]
 
 
-@pytest.mark.parametrize("only", [None, "steffle", "tran-gap", "topologies", "silos", "race", "parkinsons"])
+@pytest.mark.parametrize("only", [None, "steffle", "tran-gap", "sealed", "silos", "race", "parkinsons"])
 def test_without_the_sweeps_runs_nothing_is_written_and_the_error_names_them(tmp_path: Path, capsys, only) -> None:
     """A fresh checkout has no run folders: regenerating would replace the documented results with "not run yet".
     The script refuses, names the sweeps and their commands, and leaves the document byte for byte as it was."""

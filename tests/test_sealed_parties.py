@@ -1,4 +1,4 @@
-"""SteFFLe's separate parties with `share-rows sealed` (client/sealed_records.py, client/party_exchange.py,
+"""SteFFLe's separate parties and their sealed record exchange (client/sealed_records.py, client/party_exchange.py,
 server/parties.py `sealed_exchange`), through the real ServerApp and ClientApp: the server's whole view (every
 message it sends and every reply) holds no record id, feature, label, output or Jacobian; each sensitive party runs
 the silos' amplified mechanism on its own secret sample; a forging server is refused; the utility is the silos'."""
@@ -39,7 +39,6 @@ def _config(**extra) -> RunConfig:
         "eval-every": 2,
         "epsilon": 1.0,
         "topology": "central-sensitive",
-        "share-rows": "sealed",
     } | extra
     return RunConfig.parse(values)
 
@@ -60,8 +59,17 @@ def test_the_server_sees_no_record_id_feature_label_output_or_jacobian() -> None
     result = run_federation(grid, config)
     assert 0.5 < result["final"]["accuracy"] <= 1
     kinds = {m.metadata.message_type for m, _ in grid.log}
-    assert {pm.HOLDINGS_QUERY, pm.SEAL_QUERY, pm.UNSEAL_QUERY, pm.SENSITIVE_QUERY, pm.LOSS_QUERY} <= kinds
-    assert pm.RECORDS not in kinds and pm.COVERAGE not in kinds and msg.EVALUATE not in kinds
+    assert kinds == {
+        msg.SETUP,
+        pm.HOLDINGS_QUERY,
+        pm.SEAL_QUERY,
+        pm.UNSEAL_QUERY,
+        msg.GROUPS,
+        msg.TRAIN,
+        pm.SENSITIVE_QUERY,
+        pm.LOSS_QUERY,
+        pm.CONFUSION,
+    }
     train = load_dataset("synthetic", seed=0).train
     rows = train.nonsensitive.features[::50]  # records of the feature parties, as their float32 bytes
     allowed = {msg.MODEL, msg.FAIRNESS, msg.CONFIG, msg.UPDATE, pm.W_BASE, msg.FAIR_UPDATE, msg.REPORT, msg.COUNTS}
@@ -94,7 +102,7 @@ def test_each_sensitive_party_runs_the_silos_amplified_mechanism_on_its_own_samp
     n = len(load_dataset("synthetic", seed=0).train)
     assert report["sampling_rate"] == pytest.approx(64 * 3 / n)
     assert 0.9 < report["epsilon_spent"] <= 1.0 and report["rounds_answered"] == 4
-    silos = run_job(_config(topology="silos", **{"share-rows": "sampled", "batch-size": 64}), progress=False)
+    silos = run_job(_config(topology="silos", **{"batch-size": 64}), progress=False)
     silo = next(iter(silos["privacy"]["per_silo"].values()))
     assert silo["sampling_rate"] == pytest.approx(report["sampling_rate"])
     assert silo["noise_multiplier"] == pytest.approx(report["noise_multiplier"], rel=1e-6)
@@ -105,7 +113,7 @@ def test_each_sensitive_party_runs_the_silos_amplified_mechanism_on_its_own_samp
 
 def test_divided_and_central_sensitive_reach_the_silos_numbers() -> None:
     common = {"rounds": 12, "eval-every": 12, "batch-size": 64, "lambda": 2.0}
-    silos = run_job(_config(topology="silos", **{"share-rows": "sampled"}, **common), progress=False)["final"]
+    silos = run_job(_config(topology="silos", **common), progress=False)["final"]
     divided = run_job(_config(topology="divided", **common), progress=False)["final"]
     census = run_job(_config(**common), progress=False)["final"]
     assert divided["accuracy"] == pytest.approx(silos["accuracy"], abs=1e-9)  # the same mechanism, the same draws

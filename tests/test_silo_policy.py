@@ -87,6 +87,7 @@ def test_with_a_budget_the_default_algorithms_are_those_noised_for_the_nodes_dat
         ('algorithms = ["fedsgd-typo"]\n', "'algorithms"),
         ('evaluation = "sometimes"\n', "'evaluation'"),
         ("lifetime-epsilon = 1\nlifetime-delta = 1e-6\nbudget = 3\n", "unknown key 'budget'"),
+        ("evaluation-groups-epsilon = 1.0\n", "'evaluation-groups-epsilon' is no longer read"),
         ("lifetime-epsilon = \n", "not valid TOML"),
     ],
 )

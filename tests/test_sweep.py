@@ -313,7 +313,6 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
         "smoke": 3,
         "steffle_adult_dp": 312,
         "steffle_adult_eo": 216,
-        "steffle_adult_topologies": 194,
         "steffle_adult_sealed": 60,
         "steffle_adult_race": 246,
         "steffle_adult_tran_gap": 456,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -64,12 +63,6 @@ class SensitivePartyData:
     train_groups: np.ndarray
     test_ids: np.ndarray
     test_groups: np.ndarray
-
-    @cached_property
-    def sorted_train(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train ids ascending, their groups): what a round's lookup searches, sorted once per party."""
-        order = np.argsort(self.train_ids, kind="stable")
-        return self.train_ids[order], self.train_groups[order]
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):

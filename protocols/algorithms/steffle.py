@@ -29,19 +29,7 @@ from protocols.shuffled_epochs import ACCOUNTING_NOTE
 
 RELATION = "replace_one (the sensitive attribute of one record)"
 PARTIES_REPORT = (
-    "separate parties (../shared/specs/steffle-hybrid.md): each sensitive party owns its ledger and budget and "
-    "claims amplification by sampling only from its own secret coins (q_s = keep-rate = {keep_rate:g}; 1: none), "
-    "not from the feature parties' sample, which the feature parties and the server know; its bound holds for any "
-    "request, even the same ids every round. Assumed non-sensitive and seen by the server and every sensitive party: "
-    "record ids, labels, the model's outputs F(x_i) and their Jacobians J_F(x_i) on the records sent, the feature "
-    "parties' sample sizes and loss gradients, and the test predictions of the evaluation. For a linear model "
-    "(logreg) J_F(x_i) is a multiple of (x_i, 1): the server and the sensitive parties learn the features of the "
-    "records sent. The guarantee covers the sensitive attributes only"
-)
-
-
-SEALED_REPORT = (
-    "separate parties with sealed records (share-rows sealed; ../shared/specs/steffle-hybrid.md, Revision): at setup "
+    "separate parties with sealed records (../shared/specs/steffle-hybrid.md, Revision): at setup "
     "each feature party sends each sensitive party the (pseudonym, features, label) of the records whose sensitive "
     "attribute that party holds, encrypted end to end (X25519 + AES-GCM; pseudonyms: a keyed hash the server does not "
     "hold); each sensitive party owns its ledger and budget and samples the records it received with its own secret "
@@ -84,19 +72,6 @@ SAMPLERS = {
     },
 }
 PARTIES_MECHANISM = (
-    "privacy of the sensitive attributes (replace-one relation), topology {topology}. Each sensitive party: a Gaussian "
-    "histogram of the (group, label) counts of the training ids it holds (labels sent by the feature parties once, in "
-    "setup; radius sqrt(2)/2, spending counts-share of epsilon), then every round, whatever it holds of the request: "
-    "each requested id it holds kept with its own secret coin at q_s = {keep_rate:g}, the SUMS of the kept records' "
-    "theta-gradients of psi (J_F^T a_i) clipped to C and of their s-dependent W-gradients (radius 2/sqrt(rho); with "
-    "w-noise per-group, or auto, each group's row at its own radius, 2/sqrt(p_S(r)), through a release scaled to "
-    "radius 1), both noised at one multiplier sigma (two releases, one composed mechanism, amplified by q_s only; "
-    "PLD). A party that holds none of the ids answers with noise of the same shape and scale. The feature parties "
-    "add no noise: their loss gradients and rows (id, y, F(x_i), J_F(x_i); rows of {rows}) do not depend on s"
-)
-
-
-SEALED_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation), topology {topology}, sealed records. Each sensitive "
     "party: a Gaussian histogram of the (group, label) counts of the records it received (radius sqrt(2)/2, spending "
     "counts-share of epsilon), then every round, on its own secret Poisson sample of them at the silos' rate q = m / "
@@ -112,10 +87,7 @@ def mechanism(config: Any) -> str:
     """What the silos (or the sensitive parties) release, and how it is noised."""
     if config.topology == "silos":
         return SILOS_MECHANISM.format(**SAMPLERS[config.sampling])
-    if config.share_rows == "sealed":
-        return SEALED_MECHANISM.format(topology=config.topology)
-    rows = "every record" if config.share_rows == "all" else "their Poisson sample q_f = m/n_j"
-    return PARTIES_MECHANISM.format(topology=config.topology, keep_rate=config.keep_rate, rows=rows)
+    return PARTIES_MECHANISM.format(topology=config.topology)
 
 
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
@@ -130,8 +102,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
 
     out: dict[str, Any] = {"relation": RELATION, **sampling_report(config, history, rounds)}
     if config.topology != "silos":
-        sealed = config.share_rows == "sealed"
-        out["parties"] = SEALED_REPORT if sealed else PARTIES_REPORT.format(keep_rate=config.keep_rate)
+        out["parties"] = PARTIES_REPORT
         out["per_silo_role"] = "sensitive parties (the feature parties add no noise and spend no budget)"
         return out
     if not config.private or not history.server_state:
@@ -204,16 +175,6 @@ def check(config: Any) -> None:
         raise ValueError(
             "'group-weight balanced' is implemented for topology 'silos' only (the sensitive parties compute the "
             "papers' ERMI); drop the key or use topology silos"
-        )
-    if config.topology != "silos" and config.share_rows == "sealed" and config.keep_rate != 1.0:
-        raise ValueError(
-            "'keep-rate' (q_s) thins the rows the feature parties send each round; with share-rows sealed a "
-            "sensitive party samples the records it received at the silos' rate itself: drop the key"
-        )
-    if config.topology == "silos" and config.keep_rate != 1.0:
-        raise ValueError(
-            "'keep-rate' (q_s) is the sampling rate of separate sensitive parties: give a topology other than "
-            "'silos' (divided, central-sensitive, general) or drop the key"
         )
 
 

@@ -303,8 +303,9 @@ def composed_epsilon_with_responses(
 ) -> float:
     """:func:`composed_epsilon` of ``state`` composed with randomized responses, each ``(noise parameter, buckets)``
     as dp-accounting's ``RandomizedResponseDpEvent`` (a sensitive party's permanent randomized response of its test
-    records' groups, `protocols.randomized_response`), under ``relation``, which must be ``replace_one`` (the library
-    defines the response's PLD for replacing a record only)."""
+    records' groups, made by versions before the sealed record exchange and still in its lifetime ledger), under
+    ``relation``, which must be ``replace_one`` (the library defines the response's PLD for replacing a record
+    only)."""
     check_delta(delta)
     check_relation(relation)
     if not responses:

@@ -21,7 +21,7 @@ What Flower 1.39 expects (read from its source, `flwr/supernode/cli/flower_super
 
 For separate parties (a topology other than silos) also one **party key file** per party, `<name>.party.json`
 (`protocols.party_keys`: its X25519 key, the parties' shared pseudonym key and every party's public key), for the
-sealed record exchange (`share-rows sealed`). The parties' files are made together (one pseudonym key, one
+sealed record exchange. The parties' files are made together (one pseudonym key, one
 directory) and go to their parties only: never to the SuperLink's host, whose server must not read the records.
 
 `cryptography` is imported inside the functions: this module is reachable from the `silofl` command line, and a
