@@ -11,22 +11,32 @@ and draws one figure per dataset (and fairness notion, or partition), each a gri
   runs are horizontal dashed lines. Panels by heterogeneity.
 - ``mu2`` (DP-mu2-FL's Tables 1 and 2): grouped bars of test accuracy by rho (groups) and number of silos M (bars),
   one panel per trust model, the value printed on each bar.
-- ``fedsc`` (FedSC): bars of the linear-probe accuracy (`final.accuracy`) per method, error bars over seeds.
+- ``fedsc`` (FedSC): bars of the linear-probe accuracy (`final.accuracy`), one bar per method and configuration
+  (every config key but the seed: a non-private run is never averaged with a private one), error bars over seeds.
+- ``run``: the per-round curves of single runs (`result.json`'s `rounds`: test accuracy, kNN accuracy, test loss,
+  fairness violations, epsilon spent, whichever were recorded), one panel per metric, several runs overlaid.
 
 A run's method is the name its sweep gave it (`run.json`), else a label from its config (`steffle` with one silo is
 `dp-fermi`, or `fermi` without noise). Runs that do not depend on a panel's key appear in every panel of that key:
-a non-private run (epsilon = inf) in every epsilon column, a one-silo run in every heterogeneity row.
+a non-private run (epsilon = inf) in every epsilon column, a one-silo run in every heterogeneity row. Labels name the
+method and only what differs between the curves or bars (`distinguishing_labels`): "non-private" / "eps 6" when the
+privacy levels differ, then the keys a method varies; a key a run does not have is left out, never shown as None.
+Legends are placed below the panels and sized to fit the figure (labels wrapped, columns measured), and figures are
+saved with ``bbox_inches="tight"``. `silofl plot` puts a `--where` slice in the file names (or writes the `--out`
+file given), so a sliced figure never replaces the unsliced one, and says which files it replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import sys
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +44,16 @@ if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not when the
     from matplotlib.figure import Figure
 
 FIGURE_KINDS = ("fairness", "privacy", "mu2", "fedsc")
+#: What `silofl plot` draws: the figures of `FIGURE_KINDS` (over many runs) and `run` (per-round curves).
+PLOT_KINDS = (*FIGURE_KINDS, "run")
 #: Keys that trace a method's fairness/utility trade-off (the points of one curve), in order of preference.
 TRACE_KEYS = ("lambda", "dual-lr")
 #: Config keys that never distinguish runs (where they ran, how long the server waits).
 _IGNORED_KEYS = frozenset({"out-dir", "data-dir", "round-timeout"})
 #: Keys that place a run in a figure or panel (or average it, the seed): they never split a method into curves.
 _PANEL_KEYS = frozenset({"dataset", "fairness", "heterogeneity", "epsilon", "seed"})
+#: Keys that make a run's privacy level: labels show them as one part ("non-private", "eps 6", "rho 4").
+_PRIVACY_KEYS = frozenset({"epsilon", "rho", "delta", "accountant"})
 METRIC_LABELS = {
     "error": "test error",
     "accuracy": "test accuracy",
@@ -48,6 +62,16 @@ METRIC_LABELS = {
     "eo_violation": "equalized odds violation",
     "eopp_violation": "equal opportunity violation",
     "knn_accuracy": "kNN accuracy",
+}
+#: The per-round metrics of `silofl plot run` (keys of result.json's `rounds` entries), one panel each, in this order.
+ROUND_METRICS = {
+    "accuracy": "test accuracy",
+    "knn_accuracy": "kNN accuracy",
+    "loss": "test loss",
+    "dp_violation": "demographic parity violation",
+    "eo_violation": "equalized odds violation",
+    "eopp_violation": "equal opportunity violation",
+    "epsilon_spent": "epsilon spent (cumulative)",
 }
 FAIRNESS_NAMES = {"dp": "demographic parity", "eo": "equalized odds", "eopp": "equal opportunity"}
 FAIRNESS_METRIC = {"dp": "dp_violation", "eo": "eo_violation", "eopp": "eopp_violation"}
@@ -75,6 +99,10 @@ class RunRecord:
     method: str
     config: dict[str, Any]
     final: dict[str, Any]
+    #: result.json's per-round entries (read with `load_runs(..., with_rounds=True)`, for `silofl plot run`).
+    rounds: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
+    #: False for a run that stopped before its last round (kept by `load_runs(..., keep_incomplete=True)`).
+    completed: bool = True
 
     def get(self, key: str) -> Any:
         return self.config.get(key)
@@ -128,11 +156,11 @@ def config_defaults(algorithm: str) -> dict[str, Any]:
     if spec is None:
         return {}
     out: dict[str, Any] = {"algorithm": spec.name}  # (required, so without a default)
-    for name, field in spec.config_model.model_fields.items():
-        if field.default is PydanticUndefined:
+    for name, info in spec.config_model.model_fields.items():
+        if info.default is PydanticUndefined:
             continue
-        value = field.default
-        out[field.alias or name] = "inf" if isinstance(value, float) and math.isinf(value) else value
+        value = info.default
+        out[info.alias or name] = "inf" if isinstance(value, float) and math.isinf(value) else value
     return out
 
 
@@ -149,8 +177,11 @@ def normalized_config(stored: Mapping[str, Any], defaults: dict[str, dict[str, A
     return {**own, **{k: v for k, v in stored.items() if k in own}}
 
 
-def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
-    """The completed runs under `paths` (run folders or folders of run folders) and the number of incomplete ones."""
+def load_runs(
+    paths: Iterable[str | Path], *, with_rounds: bool = False, keep_incomplete: bool = False
+) -> tuple[list[RunRecord], int]:
+    """The completed runs under `paths` (run folders or folders of run folders) and the number of incomplete ones;
+    `with_rounds` also reads each run's per-round entries, `keep_incomplete` keeps (and counts) incomplete runs."""
     records, incomplete, seen = [], 0, set()
     defaults: dict[str, dict[str, Any]] = {}
     for root in map(Path, paths):
@@ -167,9 +198,11 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
                 result = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise PlotError(f"{path}: not a readable result.json ({exc})") from None
-            if not (result.get("status") or {}).get("completed", True):
+            completed = bool((result.get("status") or {}).get("completed", True))
+            if not completed:
                 incomplete += 1
-                continue
+                if not keep_incomplete:
+                    continue
             config = normalized_config(result.get("config") or {}, defaults)
             meta_path = path.parent / "run.json"
             method = None
@@ -178,8 +211,16 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[RunRecord], int]:
                     method = json.loads(meta_path.read_text()).get("method")
                 except (OSError, json.JSONDecodeError):
                     method = None
+            rounds = tuple(r for r in result.get("rounds") or () if isinstance(r, dict)) if with_rounds else ()
             records.append(
-                RunRecord(path.parent, str(method or default_method(config)), config, dict(result.get("final") or {}))
+                RunRecord(
+                    path.parent,
+                    str(method or default_method(config)),
+                    config,
+                    dict(result.get("final") or {}),
+                    rounds,
+                    completed,
+                )
             )
     return records, incomplete
 
@@ -245,9 +286,88 @@ def _slug(*parts: Any) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9.+]+", "", _fmt(p)) or "x" for p in parts)
 
 
-def _curve_label(run: RunRecord, split: Sequence[str]) -> str:
-    extra = ", ".join(f"{k} {_fmt(run.get(k))}" for k in split)
-    return f"{run.method} ({extra})" if extra else run.method
+def _curve_label(run: RunRecord, split: Sequence[str], mixed_privacy: bool = False) -> str:
+    """`method (key value, ...)` for the keys in `split` the run has (a key it lacks is left out, never "None");
+    `mixed_privacy` (its method has private and non-private runs) adds "non-private" to the non-private ones."""
+    extra = [f"{k} {_fmt(run.get(k))}" for k in split if run.get(k) is not None]
+    if mixed_privacy and not run.private and "non-private" not in run.method:
+        extra.append("non-private")
+    return _compose(run.method, extra)
+
+
+def _compose(method: str, parts: Sequence[str]) -> str:
+    return f"{method} ({', '.join(parts)})" if parts else method
+
+
+def _mixed_privacy(runs: Iterable[RunRecord]) -> set[str]:
+    """The methods with both private and non-private runs among `runs`."""
+    levels: dict[str, set[bool]] = defaultdict(set)
+    for run in runs:
+        levels[run.method].add(run.private)
+    return {method for method, seen in levels.items() if len(seen) > 1}
+
+
+def privacy_text(config: Mapping[str, Any]) -> str:
+    """A run's privacy level in words: "rho 4" (DP-mu2-FL), "eps 6", or "non-private" (no epsilon, or inf)."""
+    rho = config.get("rho")
+    if rho is not None and _float(rho) > 0:
+        return f"rho {_fmt(_float(rho))}"
+    epsilon = config.get("epsilon")
+    epsilon = math.inf if epsilon is None else _float(epsilon)
+    return f"eps {_fmt(epsilon)}" if math.isfinite(epsilon) else "non-private"
+
+
+def _privacy_order(config: Mapping[str, Any]) -> tuple[int, float]:
+    """Sort key: non-private first, then by epsilon (rho) from the least private."""
+    text = privacy_text(config)
+    return (0, 0.0) if text == "non-private" else (1, -float(text.split()[1]))
+
+
+def distinguishing_labels(
+    methods: Sequence[str], configs: Sequence[Mapping[str, Any]], *, skip: Iterable[str] = ()
+) -> list[str]:
+    """Readable labels for groups of runs (one method name and config each), naming only what differs between them:
+
+    the method; the privacy level ("non-private", "eps 6", "rho 4") when the groups' levels differ; then, per method,
+    the keys whose value differs between that method's groups (`key value`; a group without the key shows nothing
+    for it, never "None"). Groups that would still share a label get the keys that tell them apart (`no key` for a
+    group without it). Keys in `skip`, and those that never distinguish runs (out-dir, ...), are not shown."""
+    skipped = frozenset(skip) | _IGNORED_KEYS
+    n = len(configs)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    privacy = [privacy_text(c) for c in configs]
+    if len(set(privacy)) > 1:
+        for i in range(n):
+            if privacy[i] not in methods[i]:  # (a name of the papers' may say it: "steffle (non-private)")
+                parts[i].append(privacy[i])
+    by_method: dict[str, list[int]] = defaultdict(list)
+    for i, method in enumerate(methods):
+        by_method[method].append(i)
+    for indices in by_method.values():
+        for key in _ordered_keys(configs[i] for i in indices):
+            if key in skipped or key in _PRIVACY_KEYS:
+                continue
+            present = [i for i in indices if configs[i].get(key) is not None]
+            if len({json.dumps(configs[i][key]) for i in present}) > 1:
+                for i in present:
+                    parts[i].append(f"{key} {_fmt(configs[i][key])}")
+    labels = [_compose(methods[i], parts[i]) for i in range(n)]
+    for indices in _group(range(n), lambda i: labels[i]).values():
+        if len(indices) < 2:
+            continue
+        for key in _ordered_keys(configs[i] for i in indices):
+            if key in skipped or len({json.dumps(configs[i].get(key)) for i in indices}) < 2:
+                continue
+            for i in indices:
+                value = configs[i].get(key)
+                parts[i].append(f"{key} {_fmt(value)}" if value is not None else f"no {key}")
+        for i in indices:
+            labels[i] = _compose(methods[i], parts[i])
+    return labels
+
+
+def _ordered_keys(configs: Iterable[Mapping[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(k for config in configs for k in config))
 
 
 def _by_dataset_and_notion(runs: Sequence[RunRecord]) -> dict[tuple[Any, Any], list[RunRecord]]:
@@ -262,8 +382,8 @@ def _by_dataset_and_notion(runs: Sequence[RunRecord]) -> dict[tuple[Any, Any], l
     return groups
 
 
-def _group(runs: Iterable[RunRecord], key: Callable[[RunRecord], Any]) -> dict[Any, list[RunRecord]]:
-    out: dict[Any, list[RunRecord]] = defaultdict(list)
+def _group(runs: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
+    out: dict[Any, list[Any]] = defaultdict(list)
     for run in runs:
         out[key(run)].append(run)
     return out
@@ -274,10 +394,10 @@ class _Colors:
 
     MARKERS = "osD^vP*Xh<>p"
 
-    def __init__(self, labels: Iterable[str]) -> None:
+    def __init__(self, labels: Iterable[str], *, ordered: bool = False) -> None:
         from matplotlib import colormaps
 
-        unique = sorted(set(labels))
+        unique = list(dict.fromkeys(labels)) if ordered else sorted(set(labels))
         cmap = colormaps["tab10"] if len(unique) <= 10 else colormaps["tab20"]
         self.style = {label: (cmap(i % cmap.N), self.MARKERS[i % len(self.MARKERS)]) for i, label in enumerate(unique)}
 
@@ -292,18 +412,43 @@ def _new_figure(rows: int, cols: int, *, width: float = 4.2, height: float = 3.4
     return fig, [list(row) for row in axes]
 
 
-def _legend(fig: Figure, axes: Sequence[Sequence[Any]]) -> None:
+#: Legend labels are wrapped at this many characters.
+LEGEND_WRAP = 40
+
+
+def _legend(fig: Figure, axes: Sequence[Sequence[Any]], *, fontsize: float = 9) -> Any:
+    """One legend for the figure (each label once, in the order drawn), below the panels, fitted to the figure:
+    labels wrapped at `LEGEND_WRAP` characters, as many columns as the figure's width holds (measured, not guessed),
+    and the figure made wider (a single column wider than it) or taller (a tall legend) when needed, so no label is
+    clipped. Returns the legend (None without labels)."""
     handles, labels = {}, []
     for row in axes:
         for ax in row:
             for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-                if label not in handles:
+                if label not in handles and not label.startswith("_"):
                     handles[label] = handle
                     labels.append(label)
-    if labels:
-        width = fig.get_figwidth()
-        ncols = max(1, min(len(labels), int(width // 2.4)))
-        fig.legend([handles[label] for label in labels], labels, loc="outside lower center", ncols=ncols, fontsize=9)
+    if not labels:
+        return None
+    wrapped = [textwrap.fill(label, LEGEND_WRAP, break_on_hyphens=False) for label in labels]
+    renderer = fig.canvas.get_renderer()
+    room = 0.96 * fig.bbox.width
+    ncols = len(wrapped)
+    while True:
+        legend = fig.legend(
+            [handles[label] for label in labels], wrapped, loc="outside lower center", ncols=ncols, fontsize=fontsize
+        )
+        box = legend.get_window_extent(renderer)
+        if box.width <= room or ncols == 1:
+            break
+        legend.remove()
+        ncols = max(1, min(ncols - 1, int(ncols * room / box.width)))
+    if box.width > room:
+        fig.set_figwidth(box.width / fig.dpi / 0.96 + 0.2)
+    extra = box.height / fig.dpi - 0.5  # _new_figure leaves room for a legend of about two rows
+    if extra > 0:
+        fig.set_figheight(fig.get_figheight() + extra)
+    return legend
 
 
 def _seeds_text(counts: Iterable[int]) -> str:
@@ -342,7 +487,10 @@ def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_
         ]
         eps = sorted({r.epsilon for r in group if math.isfinite(r.epsilon)}) or [math.inf]
         fig, axes = _new_figure(len(hs), len(eps))
-        label_of = {id(r): _curve_label(r, _split(varied[r.method], _PANEL_KEYS, trace)) for r in group}
+        mixed = _mixed_privacy(group)
+        label_of = {
+            id(r): _curve_label(r, _split(varied[r.method], _PANEL_KEYS, trace), r.method in mixed) for r in group
+        }
         colors = _Colors(label_of.values())
         counts = []
         for i, h in enumerate(hs):
@@ -412,7 +560,8 @@ def privacy_figures(runs: Sequence[RunRecord], *, metric: str = "error") -> list
             _float(group[0].get("heterogeneity"))
         ]
         fig, axes = _new_figure(1, len(hs))
-        label_of = {id(r): _curve_label(r, _split(varied[r.method], _PANEL_KEYS, ())) for r in group}
+        mixed = _mixed_privacy(group)  # their non-private runs: a dashed line of their own, labelled non-private
+        label_of = {id(r): _curve_label(r, _split(varied[r.method], _PANEL_KEYS, ()), r.method in mixed) for r in group}
         colors = _Colors(label_of.values())
         counts = []
         for j, h in enumerate(hs):
@@ -438,7 +587,8 @@ def privacy_figures(runs: Sequence[RunRecord], *, metric: str = "error") -> list
                 else:
                     mean, _ = mean_sd([r.final[metric] for r in curve])
                     counts.append(len(curve))
-                    ax.axhline(mean, color=color, linestyle="--", linewidth=1, label=f"{label}, non-private")
+                    dashed = label if "non-private" in label else f"{label}, non-private"
+                    ax.axhline(mean, color=color, linestyle="--", linewidth=1, label=dashed)
             ax.set_xscale("log")
             finite = sorted({r.epsilon for r in members if math.isfinite(r.epsilon)})
             ax.set_xticks(finite, [_fmt(e) for e in finite])
@@ -518,63 +668,113 @@ def mu2_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[
 
 #: Keys that change how often a run is evaluated, not what it trains: they never make a FedSC configuration.
 _EVALUATION_ONLY_KEYS = frozenset({"eval-every"})
+#: Config keys that never make two runs' configurations different (seeds are averaged, the rest is bookkeeping).
+_NOT_CONFIGURATION = frozenset({"seed"}) | _IGNORED_KEYS | _EVALUATION_ONLY_KEYS
+
+
+def _value_order(value: Any) -> tuple[int, float, str]:
+    """Sort key of one config value: numbers numerically, then text, then a missing value (None)."""
+    if value is None:
+        return (2, 0.0, "")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
 
 
 def _config_order(item: tuple[tuple, Any]) -> tuple:
     """Sort key of a (configuration values, runs) pair: numbers numerically, anything else as text, never mixed."""
-    numeric = (int, float)
-    return tuple(
-        (0, float(v), "") if isinstance(v, numeric) and not isinstance(v, bool) else (1, 0.0, str(v)) for v in item[0]
-    )
+    return tuple(_value_order(v) for v in item[0])
+
+
+def configuration(run: RunRecord) -> dict[str, Any]:
+    """A run's configuration for grouping: every config key except the seed and bookkeeping (out-dir, eval-every)."""
+    return {k: v for k, v in run.config.items() if k not in _NOT_CONFIGURATION}
+
+
+def _matches(values: Sequence[Any], target: Sequence[Any]) -> bool:
+    """Whether a cell's x values (None: the cell has no such key) fit an x group's."""
+    return all(v is None or v == t for v, t in zip(values, target, strict=True))
 
 
 def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[tuple[str, Figure]]:
     """FedSC: bars of the linear-probe accuracy (mean ± sd over seeds), one figure per dataset.
 
-    The bars are grouped by configuration (the settings besides method and seed that differ between the runs, e.g.
-    rounds and local epochs), one colour per method, so several configurations stay readable side by side."""
+    One bar per method and configuration: runs are averaged only with runs of the same method and the same config
+    but the seed (a non-private run never with a private one). Bars are coloured by method and privacy level (the
+    legend: "fedsc (non-private)", "fedsc (eps 6)" where the levels differ, `distinguishing_labels`) and grouped
+    along x by the other keys a method varies (e.g. rounds and local epochs; ticks `key value`). A run without such a
+    key (FedAvg+SC has no alpha-start) stands in every x group that matches its other values, as a baseline."""
     _check_metric(metric)
     runs = [r for r in runs if in_plot(r, "fedsc") and _has(r, metric)]
     percent = metric in ("accuracy", "knn_accuracy")
-    method_keys = {"algorithm", "epsilon", "delta", "seed", "dataset"} | _IGNORED_KEYS | _EVALUATION_ONLY_KEYS
     figures = []
-    for dataset, group in sorted(_group(runs, lambda r: r.get("dataset")).items()):
-        keys = [
+    for dataset, group in sorted(_group(runs, lambda r: str(r.get("dataset"))).items()):
+        cells = _group(group, lambda r: (r.method, json.dumps(configuration(r), sort_keys=True, default=str)))
+        cell_config = {key: configuration(members[0]) for key, members in cells.items()}
+        by_method = _group(cells, lambda key: key[0])
+        x_keys = [
             k
-            for k in dict.fromkeys(k for r in group for k in r.config)
-            if k not in method_keys and len({json.dumps(r.get(k)) for r in group}) > 1
+            for k in _ordered_keys(cell_config.values())
+            if k not in _PRIVACY_KEYS
+            and k != "algorithm"
+            and any(
+                len({json.dumps(cell_config[c].get(k)) for c in keys if cell_config[c].get(k) is not None}) > 1
+                for keys in by_method.values()
+            )
         ]
-        configs = sorted(_group(group, lambda r, keys=keys: tuple(r.get(k) for k in keys)).items(), key=_config_order)
-        methods = sorted({r.method for r in group})
-        width = 0.8 / len(methods)
-        fig, axes = _new_figure(1, 1, width=max(4.5, 0.45 * len(methods) * len(configs) + 1.5), height=3.8)
+        x_of = {c: tuple(cell_config[c].get(k) for k in x_keys) for c in cells}
+        # x groups: the cells' full x values, then a cell lacking some key joins every group it fits (or its own)
+        full = {v for v in x_of.values() if None not in v}
+        for v in x_of.values():
+            if None in v and not any(_matches(v, t) for t in full):
+                full.add(v)
+        xgroups = sorted(full, key=lambda v: tuple(_value_order(x) for x in v))
+        # series: a method and what it varies besides the x keys (its privacy level)
+        series_of = {
+            c: (c[0], json.dumps({k: v for k, v in cell_config[c].items() if k not in x_keys}, sort_keys=True))
+            for c in cells
+        }
+        series = sorted(set(series_of.values()), key=lambda s: (s[0], _privacy_order(json.loads(s[1])), s[1]))
+        labels = distinguishing_labels([s[0] for s in series], [json.loads(s[1]) for s in series])
+        label_of = dict(zip(series, labels, strict=True))
+        width = 0.8 / len(series)
+        fig, axes = _new_figure(1, 1, width=max(4.5, 0.45 * len(series) * len(xgroups) + 1.5), height=3.8)
         ax = axes[0][0]
-        colors = _Colors(methods)
+        colors = _Colors(labels, ordered=True)
         counts, heights = [], []
-        for m_index, method in enumerate(methods):
+        for s_index, s in enumerate(series):
             xs, means, sds = [], [], []
-            for c_index, (_, cell) in enumerate(configs):
-                values = [r.final[metric] * (100 if percent else 1) for r in cell if r.method == method]
-                if not values:
+            own = [c for c in cells if series_of[c] == s]
+            for g_index, target in enumerate(xgroups):
+                fitting = [c for c in own if _matches(x_of[c], target)]
+                if not fitting:
                     continue
+                cell = min(fitting, key=lambda c: sum(v is None for v in x_of[c]))  # the most specific
+                values = [r.final[metric] * (100 if percent else 1) for r in cells[cell]]
                 mean, sd = mean_sd(values)
-                xs.append(c_index + (m_index - (len(methods) - 1) / 2) * width)
+                xs.append(g_index + (s_index - (len(series) - 1) / 2) * width)
                 means.append(mean)
                 sds.append(sd if len(values) > 1 else math.nan)
                 counts.append(len(values))
+            if not xs:
+                continue
             heights += means
             error = sds if any(not math.isnan(sd) for sd in sds) else None
-            container = ax.bar(xs, means, width, yerr=error, capsize=3, color=colors.style[method][0], label=method)
+            label = label_of[s]
+            container = ax.bar(xs, means, width, yerr=error, capsize=3, color=colors.style[label][0], label=label)
             ax.bar_label(container, fmt="%.1f" if percent else "%.3f", fontsize=7, padding=2)
-        ticks = ["\n".join(f"{k} {_fmt(v)}" for k, v in zip(keys, config, strict=True)) for config, _ in configs]
-        ax.set_xticks(range(len(configs)), ticks, fontsize=8)
-        ax.set_xlabel("configuration" if keys else "")
+        ticks = [
+            "\n".join(f"{k} {_fmt(v)}" for k, v in zip(x_keys, target, strict=True) if v is not None)
+            for target in xgroups
+        ]
+        ax.set_xticks(range(len(xgroups)), ticks, fontsize=8)
+        ax.set_xlabel("configuration" if x_keys else "")
         name = "linear-probe accuracy" if metric == "accuracy" else METRIC_LABELS[metric]
         ax.set_ylabel(name + (" (%)" if percent else ""))
         if percent and heights:
             ax.set_ylim(bottom=max(0.0, min(heights) - 10), top=min(100.0, max(heights) + 3))
         ax.grid(axis="y", alpha=0.3)
-        fig.legend(loc="outside lower center", ncols=len(methods), fontsize=9)
+        _legend(fig, axes)
         fig.suptitle(f"{_dataset_title(group[0].config)}: FedSC, {name}\n{_seeds_text(counts)}", fontsize=11)
         figures.append((f"fedsc-{_slug(dataset, metric)}", fig))
     return figures
@@ -622,6 +822,69 @@ def _in_panel(run: RunRecord, h: float, eps: float | None) -> bool:
     return eps is None or not math.isfinite(run.epsilon) or run.epsilon == eps
 
 
+def round_values(rounds: Iterable[Mapping[str, Any]], metric: str) -> tuple[list[int], list[float]]:
+    """The rounds (x) and values (y) of `metric` in result.json's `rounds` entries that recorded it as a finite
+    number (an evaluation metric only in evaluated rounds; epsilon spent "inf" in a non-private run: none)."""
+    xs, ys = [], []
+    for index, entry in enumerate(rounds, start=1):
+        value = entry.get(metric)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            xs.append(int(entry.get("round", index)))
+            ys.append(float(value))
+    return xs, ys
+
+
+def run_labels(runs: Sequence[RunRecord]) -> list[str]:
+    """One label per run: its method and what differs from the other runs (`distinguishing_labels`, the seed
+    included); runs with the same configuration are told apart by their folder names; an incomplete run says so."""
+    labels = distinguishing_labels([r.method for r in runs], [r.config for r in runs])
+    for indices in _group(range(len(runs)), lambda i: labels[i]).values():
+        if len(indices) > 1:
+            for i in indices:
+                labels[i] = f"{labels[i]}: {runs[i].folder.name}"
+    return [label if run.completed else f"{label} (incomplete)" for label, run in zip(labels, runs, strict=True)]
+
+
+def run_figures(runs: Sequence[RunRecord], *, metrics: Sequence[str] | None = None) -> list[tuple[str, Figure]]:
+    """`silofl plot run`: the per-round curves of `runs` (loaded `with_rounds`), one panel per metric of
+    `ROUND_METRICS` (or `metrics`) that some run recorded, one line per run in each panel it has values for, the
+    runs labelled by what differs between them (`run_labels`). One figure, stem `rounds`."""
+    wanted = list(metrics or ROUND_METRICS)
+    for metric in wanted:
+        if metric not in ROUND_METRICS:
+            raise PlotError(f"--metric {metric!r}: choose among {', '.join(ROUND_METRICS)}")
+    values = {m: [round_values(run.rounds, m) for run in runs] for m in wanted}
+    panels = [m for m in wanted if any(xs for xs, _ in values[m])]
+    if not panels:
+        return []
+    labels = run_labels(runs)
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = _new_figure(rows, cols, width=4.2, height=3.0)
+    colors = _Colors(labels)
+    probe = all(in_plot(run, "fedsc") for run in runs)  # FedSC's accuracy is its linear probe's
+    for index, metric in enumerate(panels):
+        ax = axes[index // cols][index % cols]
+        for label, (xs, ys) in zip(labels, values[metric], strict=True):
+            if not xs:
+                continue
+            color, marker = colors.style[label]
+            ax.plot(xs, ys, color=color, marker=marker if len(xs) <= 40 else None, markersize=3, label=label)
+        name = "linear-probe accuracy" if metric == "accuracy" and probe else ROUND_METRICS[metric]
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("round")
+        ax.set_ylabel(name)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    for index in range(len(panels), rows * cols):
+        axes[index // cols][index % cols].remove()
+    _legend(fig, axes)
+    datasets = ", ".join(dict.fromkeys(_dataset_title(run.config) for run in runs))
+    what = runs[0].folder.name if len(runs) == 1 else f"{len(runs)} runs"
+    fig.suptitle(f"{datasets}: per-round metrics\n{what}", fontsize=11)
+    return [("rounds", fig)]
+
+
 def build_figures(
     kind: str,
     runs: Sequence[RunRecord],
@@ -631,7 +894,7 @@ def build_figures(
     note: str = "",
 ) -> list[tuple[str, Figure]]:
     """The figures of `kind` for `runs`: (file stem, Figure) pairs; `note` (e.g. the `--where` slice) is added to
-    each title."""
+    each title. For `run`, `metric` is a comma-separated list of `ROUND_METRICS` (default: all recorded)."""
     if kind == "fairness":
         figures = fairness_figures(runs, trace=trace)
     elif kind == "privacy":
@@ -640,44 +903,117 @@ def build_figures(
         figures = mu2_figures(runs, metric=metric or "accuracy")
     elif kind == "fedsc":
         figures = fedsc_figures(runs, metric=metric or "accuracy")
+    elif kind == "run":
+        figures = run_figures(runs, metrics=[m.strip() for m in (metric or "").split(",") if m.strip()] or None)
     else:
-        raise PlotError(f"unknown figure kind {kind!r}; choose one of {', '.join(FIGURE_KINDS)}")
+        raise PlotError(f"unknown figure kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
     if note:
         for _, fig in figures:
-            fig.suptitle(f"{fig.get_suptitle()}; {note}", fontsize=11)
+            title = f"{fig.get_suptitle()}; {note}"
+            wrap = max(40, int(fig.get_figwidth() * 12))  # about 12 characters per inch at 11 points
+            fig.suptitle("\n".join(textwrap.fill(line, wrap) for line in title.split("\n")), fontsize=11)
     return figures
+
+
+def _unique_stems(figures: Sequence[tuple[str, Figure]]) -> list[tuple[str, Figure]]:
+    """`figures` with a repeated stem numbered (-2, -3, ...), so one call never writes two figures to one file."""
+    seen: dict[str, int] = {}
+    out = []
+    for stem, fig in figures:
+        seen[stem] = seen.get(stem, 0) + 1
+        out.append((stem if seen[stem] == 1 else f"{stem}-{seen[stem]}", fig))
+    return out
+
+
+def _write(fig: Figure, path: Path) -> None:
+    """Save with the bounding box of everything drawn (legend, long tick labels, title): nothing clipped."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight", pad_inches=0.1)
 
 
 def save_figures(
     figures: Sequence[tuple[str, Figure]], out: Path, formats: Sequence[str] = ("png", "svg")
 ) -> list[Path]:
-    """Write each figure as out/<stem>.<format>; return the paths."""
+    """Write each figure as out/<stem>.<format> (repeated stems numbered); return the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for stem, fig in figures:
+    for stem, fig in _unique_stems(figures):
         for fmt in formats:
             path = out / f"{stem}.{fmt}"
-            fig.savefig(path, dpi=150)
+            _write(fig, path)
             paths.append(path)
     return paths
+
+
+def _image_suffix(path: Path) -> str | None:
+    """The image format `path` names by its suffix (`fig.png`), or None (a folder)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = path.suffix.lower().lstrip(".")
+    return suffix if suffix in FigureCanvasBase.get_supported_filetypes() else None
+
+
+def save_to(figures: Sequence[tuple[str, Figure]], out: Path, formats: Sequence[str]) -> list[Path]:
+    """`silofl plot`'s output: `out` is a folder (each figure as <stem>.<format>, `save_figures`), or an image file
+    (`fig.png`: the one figure there, in that format; several figures as fig-<stem>.png)."""
+    fmt = _image_suffix(out)
+    if fmt is None:
+        return save_figures(figures, out, formats)
+    figures = _unique_stems(figures)
+    paths = []
+    for stem, fig in figures:
+        path = out if len(figures) == 1 else out.with_name(f"{out.stem}-{stem}{out.suffix}")
+        _write(fig, path)
+        paths.append(path)
+    return paths
+
+
+def _slice_suffix(where: Mapping[str, str]) -> str:
+    """The file-name part of a `--where` slice: `__lambda=1_dual-lr=0.01`."""
+    text = "_".join(f"{k}={v}" for k, v in where.items())
+    return "__" + (re.sub(r"[^A-Za-z0-9.+=_-]+", "", text) or "slice")
+
+
+def _runs_stem(runs: Sequence[RunRecord]) -> str:
+    """`silofl plot run`'s default file stem: `rounds` for one run, else `rounds-<run folders>` (shortened with a
+    hash when long), so plotting other runs into the same folder does not replace the figure."""
+    if len(runs) == 1:
+        return "rounds"
+    names = "+".join(re.sub(r"[^A-Za-z0-9.+=_-]+", "", r.folder.name) or "run" for r in runs)
+    if len(names) <= 80:
+        return f"rounds-{names}"
+    digest = hashlib.sha1(names.encode()).hexdigest()[:8]
+    return f"rounds-{names[:40].rstrip('+')}-and-{len(runs) - 1}-more-{digest}"
 
 
 # -- command line -----------------------------------------------------------------------------------------------------
 
 
 def add_plot_parser(subparsers: Any) -> None:
-    """`silofl plot KIND RUN_DIR... [--out DIR] [--where KEY=VALUE] [--metric M] [--trace KEYS] [--formats ...]`."""
+    """`silofl plot KIND RUN_DIR... [--out DIR|FILE] [--where KEY=VALUE] [--metric M] [--trace KEYS] [--formats ...]`;
+    KIND `run` draws the per-round curves of the given runs."""
     import argparse
 
     p = subparsers.add_parser(
         "plot",
-        help="draw the papers' figures from run folders (PNG and SVG)",
-        description="Draw figures from the result.json files under RUN_DIR (a sweep's out dir or run folders).",
+        help="draw the papers' figures, or a run's per-round curves, from run folders (PNG and SVG)",
+        description="Draw figures from the result.json files under RUN_DIR (a sweep's out dir or run folders); "
+        "`silofl plot run RUN_DIR [RUN_DIR ...] [--out FILE]` draws their per-round curves (one panel per metric, "
+        "the runs overlaid).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("kind", choices=FIGURE_KINDS, help="fairness, privacy (utility vs epsilon), mu2 (tables), fedsc")
+    p.add_argument(
+        "kind",
+        choices=PLOT_KINDS,
+        help="fairness, privacy (utility vs epsilon), mu2 (tables), fedsc, run (per-round curves of runs)",
+    )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, or folders holding run folders")
-    p.add_argument("--out", default="", help="output folder (default: RUN_DIR/plots for the first RUN_DIR)")
+    p.add_argument(
+        "--out",
+        default="",
+        help="output folder, or an image file (fig.png: that file only) (default: RUN_DIR/plots for the first "
+        "RUN_DIR; a --where slice is added to the file names)",
+    )
     p.add_argument(
         "--where",
         action="append",
@@ -685,39 +1021,55 @@ def add_plot_parser(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="keep runs with this config value (methods that do not vary KEY are kept whole)",
     )
-    p.add_argument("--metric", default="", help="y metric: " + ", ".join(METRIC_LABELS) + " (default per kind)")
+    p.add_argument(
+        "--metric",
+        default="",
+        help="y metric: "
+        + ", ".join(METRIC_LABELS)
+        + " (default per kind); for `run`, a comma-separated list of "
+        + ", ".join(ROUND_METRICS)
+        + " (default: every one recorded)",
+    )
     p.add_argument("--trace", default=",".join(TRACE_KEYS), help="keys that trace a curve (fairness figures)")
-    p.add_argument("--formats", default="png,svg", help="comma-separated image formats")
+    p.add_argument("--formats", default="png,svg", help="comma-separated image formats (for an --out folder)")
     p.set_defaults(func=plot_command)
 
 
 def plot_command(args: Any) -> int:
     from server.sweep import SweepError, canonical_key, parse_where
 
+    per_run = args.kind == "run"
     try:
         where = {canonical_key(k): v for k, v in parse_where(args.where).items()}
-        runs, incomplete = load_runs(args.runs)
+        runs, incomplete = load_runs(args.runs, with_rounds=per_run, keep_incomplete=per_run)
         runs = filter_runs(runs, where) if where else runs
         if not runs:
             raise PlotError(
-                f"no completed runs under {', '.join(args.runs)}"
+                f"no {'' if per_run else 'completed '}runs under {', '.join(args.runs)}"
                 + (f" matching {' '.join(args.where)}" if where else "")
-                + (f" ({incomplete} incomplete)" if incomplete else "")
+                + (f" ({incomplete} incomplete)" if incomplete and not per_run else "")
             )
         trace = tuple(canonical_key(k.strip()) for k in args.trace.split(",") if k.strip())
         note = ", ".join(f"{k} = {v}" for k, v in where.items())
         figures = build_figures(args.kind, runs, metric=args.metric or None, trace=trace, note=note)
         if not figures:
-            raise PlotError(f"none of the {len(runs)} runs fits a {args.kind} figure (see `silofl plot --help`)")
+            what = "has per-round metrics" if per_run else f"fits a {args.kind} figure"
+            raise PlotError(f"none of the {len(runs)} runs {what} (see `silofl plot --help`)")
+        if per_run:
+            figures = [(_runs_stem(runs), fig) for _, fig in figures]
+        if where:  # a slice never replaces the unsliced figure
+            figures = [(stem + _slice_suffix(where), fig) for stem, fig in figures]
         first = Path(args.runs[0])
         out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "plots"
         formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-        paths = save_figures(figures, out, formats)
+        folder = out if _image_suffix(out) is None else out.parent
+        existing = set(folder.iterdir()) if folder.is_dir() else set()
+        paths = save_to(figures, out, formats)
     except (PlotError, SweepError) as exc:
         print(f"silofl plot: {exc}", file=sys.stderr)
         return 2
-    skipped = f"; {incomplete} incomplete run(s) skipped" if incomplete else ""
+    skipped = f"; {incomplete} incomplete run(s) skipped" if incomplete and not per_run else ""
     print(f"{len(runs)} runs{skipped}; wrote:")
     for path in paths:
-        print(f"  {path}")
+        print(f"  {path}" + ("  (replaced the file there before)" if path in existing else ""))
     return 0

@@ -12,16 +12,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.container import BarContainer, ErrorbarContainer
+from matplotlib.text import Text
 
 from server.cli import main
 from server.plots import (
+    LEGEND_WRAP,
+    ROUND_METRICS,
     RunRecord,
     build_figures,
+    config_defaults,
     default_method,
+    distinguishing_labels,
     fairness_figures,
     filter_runs,
     load_runs,
     mean_sd,
+    run_figures,
     save_figures,
     varied_keys,
 )
@@ -137,6 +143,30 @@ def _half_widths(container: ErrorbarContainer, axis: int) -> list[float]:
     return [abs(seg[1][axis] - seg[0][axis]) / 2 for seg in container.lines[2][axis].get_segments()]
 
 
+def _assert_legends_fit(fig) -> None:
+    """Every legend of `fig` lies inside the figure once drawn (none clipped at the figure's edge), and so inside
+    what `savefig(bbox_inches="tight")` writes."""
+    fig.canvas.draw()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends
+    renderer = fig.canvas.get_renderer()
+    figure_box = fig.bbox
+    tight = fig.get_tightbbox(renderer)  # inches: what bbox_inches="tight" saves
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert figure_box.x0 - 0.5 <= box.x0 and box.x1 <= figure_box.x1 + 0.5, (box, figure_box)
+        assert figure_box.y0 - 0.5 <= box.y0 and box.y1 <= figure_box.y1 + 0.5, (box, figure_box)
+        inches = box.transformed(fig.dpi_scale_trans.inverted())
+        assert tight.x0 - 0.01 <= inches.x0 and inches.x1 <= tight.x1 + 0.01
+        assert tight.y0 - 0.01 <= inches.y0 and inches.y1 <= tight.y1 + 0.01
+
+
+def _texts(fig) -> list[str]:
+    """Every text drawn in `fig` (titles, tick labels, legend entries, bar labels)."""
+    fig.canvas.draw()
+    return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
+
+
 def test_fairness_figure_has_one_curve_per_method_traced_by_lambda_with_seed_means(tabular: Path) -> None:
     runs, incomplete = load_runs([tabular])
     assert (len(runs), incomplete) == (14, 0)
@@ -174,6 +204,7 @@ def test_fairness_figure_has_one_curve_per_method_traced_by_lambda_with_seed_mea
     # the fairness term works in these real runs: lambda 2 lowers the violation at epsilon 3
     _, y = _xy(_curves(axes[1])["steffle"])
     assert y[1] < y[0]
+    _assert_legends_fit(fig)
 
 
 def test_privacy_figure_has_one_curve_per_method_and_lambda_and_lines_for_non_private_runs(tabular: Path) -> None:
@@ -197,6 +228,7 @@ def test_privacy_figure_has_one_curve_per_method_and_lambda_and_lines_for_non_pr
     ((_, fig2),) = build_figures("privacy", sliced, note="lambda = 2")
     assert sorted(_curves(fig2.axes[0])) == ["dp-fermi", "steffle"]
     assert fig2.get_suptitle().endswith("; lambda = 2")
+    _assert_legends_fit(fig)
 
 
 def test_plot_command_writes_png_and_svg(tabular: Path, tmp_path: Path, capsys) -> None:
@@ -207,7 +239,7 @@ def test_plot_command_writes_png_and_svg(tabular: Path, tmp_path: Path, capsys) 
     text = svg.read_text()
     assert "<svg" in text and "test error" in text and "steffle" in text
     assert main(["plot", "privacy", str(tabular), "--out", str(out), "--where", "lambda=0"]) == 0
-    assert (out / "privacy-synthetic-dp-error.png").stat().st_size > 10_000
+    assert (out / "privacy-synthetic-dp-error__lambda=0.png").stat().st_size > 10_000
     capsys.readouterr()
     # no mu2 runs here: a clear error, no file
     assert main(["plot", "mu2", str(tabular), "--out", str(out)]) == 2
@@ -352,6 +384,7 @@ def test_mu2_figure_groups_bars_by_rho_with_one_bar_per_number_of_silos(tmp_path
             assert heights == pytest.approx(expected)
     paths = save_figures([(stem, fig)], tmp_path)
     assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 5_000 for p in paths)
+    _assert_legends_fit(fig)
 
 
 def test_fedsc_figure_has_one_bar_per_method_with_the_seed_spread(tmp_path_factory) -> None:
@@ -372,6 +405,7 @@ def test_fedsc_figure_has_one_bar_per_method_with_the_seed_spread(tmp_path_facto
         assert abs(err[1][1] - err[0][1]) / 2 == pytest.approx(mean_sd(accuracies)[1])
     assert ax.get_ylabel() == "linear-probe accuracy (%)"
     assert not math.isnan(patch.get_height())
+    _assert_legends_fit(fig)
 
 
 def test_fedsc_figure_groups_bars_by_configuration() -> None:
@@ -394,3 +428,272 @@ def test_fedsc_figure_groups_bars_by_configuration() -> None:
     assert [p.get_height() for p in bars["fedsc"].patches] == pytest.approx([72.5, 77.5])
     assert [p.get_height() for p in bars["fedavg-sc"].patches] == pytest.approx([70.5, 75.5])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["rounds 20", "rounds 60"]
+    _assert_legends_fit(fig)
+
+
+# -- labels, grouping, file names, legends, per-round curves (issue 32) ------------------------------------------------
+
+
+def _write_result(folder: Path, config: dict, final: dict, rounds=(), completed: bool = True) -> None:
+    folder.mkdir(parents=True)
+    result = {"config": config, "status": {"completed": completed}, "rounds": list(rounds), "final": final}
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def _fedsc_config(algorithm: str, seed: int, **values) -> dict:
+    """A FedSC / FedAvg+SC run's config as its result.json holds it (every key of its algorithm), `values` set."""
+    return config_defaults(algorithm) | {"dataset": "digits", "seed": seed} | values
+
+
+def _bars(ax) -> dict[str, BarContainer]:
+    return {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
+
+
+def test_fedsc_never_averages_a_private_run_with_a_non_private_one(tmp_path: Path) -> None:
+    """A non-private and an epsilon-6 FedSC configuration (two seeds each, no run.json: both named `fedsc`): two bars,
+    labelled by privacy level, each the mean of its own seeds; with the FedAvg+SC baseline (no epsilon, none of
+    FedSC's keys) a third bar, and no label or tick says None."""
+    runs = tmp_path / "runs"
+    accuracy = {("inf", 0): 0.80, ("inf", 1): 0.82, (6.0, 0): 0.74, (6.0, 1): 0.78}
+    for (eps, seed), acc in accuracy.items():
+        config = _fedsc_config("fedsc", seed, epsilon=eps, delta=0.0 if eps == "inf" else 0.01)
+        _write_result(runs / f"fedsc-{eps}-{seed}", config, {"accuracy": acc})
+    out = tmp_path / "figures"
+    assert main(["plot", "fedsc", str(runs), "--out", str(out)]) == 0
+    assert (out / "fedsc-digits-accuracy.png").stat().st_size > 5_000
+    ((_, fig),) = build_figures("fedsc", load_runs([runs])[0])
+    (ax,) = fig.axes
+    bars = _bars(ax)
+    assert list(bars) == ["fedsc (non-private)", "fedsc (eps 6)"]
+    assert [p.get_height() for p in bars["fedsc (non-private)"].patches] == pytest.approx([81.0])
+    assert [p.get_height() for p in bars["fedsc (eps 6)"].patches] == pytest.approx([76.0])
+    assert "mean ± sd over 2 seeds" in fig.get_suptitle()
+    assert not [t for t in _texts(fig) if "None" in t]
+    _assert_legends_fit(fig)
+
+    for seed in (0, 1):
+        _write_result(runs / f"fedavg-sc-{seed}", _fedsc_config("fedavg-sc", seed), {"accuracy": 0.70 + seed / 100})
+    ((_, fig),) = build_figures("fedsc", load_runs([runs])[0])
+    (ax,) = fig.axes
+    bars = _bars(ax)
+    assert list(bars) == ["fedavg-sc (non-private)", "fedsc (non-private)", "fedsc (eps 6)"]
+    assert [p.get_height() for p in bars["fedavg-sc (non-private)"].patches] == pytest.approx([70.5])
+    assert [p.get_height() for p in bars["fedsc (eps 6)"].patches] == pytest.approx([76.0])
+    assert [t.get_text() for t in ax.get_xticklabels()] == [""]  # one configuration: nothing else differs
+    texts = _texts(fig)
+    assert not [t for t in texts if "None" in t] and not [t for t in texts if "alpha-start" in t]
+    _assert_legends_fit(fig)
+
+
+def test_fedsc_bars_by_configuration_keep_the_baseline_beside_each_fedsc_setting() -> None:
+    """FedSC at two alpha-start values and two round counts, FedSC-DP, FedAvg+SC (which has no alpha-start): x groups
+    name rounds and alpha-start, the baseline stands in each group of its rounds, never "alpha-start None"."""
+    runs = []
+    for rounds, alpha in ((20, 0.1), (60, 0.1), (60, 1.0)):
+        for method, algorithm, eps in (
+            ("fedavg-sc", "fedavg-sc", None),
+            ("fedsc", "fedsc", "inf"),
+            ("fedsc-dp", "fedsc", 6),
+        ):
+            if algorithm == "fedavg-sc" and alpha == 1.0:
+                continue
+            for seed in (0, 1):
+                extra = {"alpha-start": alpha, "epsilon": eps} if algorithm == "fedsc" else {}
+                config = _fedsc_config(algorithm, seed, rounds=rounds, **extra)
+                acc = 0.7 + rounds / 1000 + (0.02 if method == "fedsc" else 0) + alpha / 10 * (algorithm == "fedsc")
+                runs.append(RunRecord(Path(f"{method}-{rounds}-{alpha}-{seed}"), method, config, {"accuracy": acc}))
+    ((_, fig),) = build_figures("fedsc", runs)
+    (ax,) = fig.axes
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == ["rounds 20\nalpha-start 0.1", "rounds 60\nalpha-start 0.1", "rounds 60\nalpha-start 1"]
+    bars = _bars(ax)
+    assert list(bars) == ["fedavg-sc (non-private)", "fedsc (non-private)", "fedsc-dp (eps 6)"]
+    assert [p.get_height() for p in bars["fedavg-sc (non-private)"].patches] == pytest.approx([72.0, 76.0, 76.0])
+    assert [p.get_height() for p in bars["fedsc (non-private)"].patches] == pytest.approx([75.0, 79.0, 88.0])
+    assert [p.get_height() for p in bars["fedsc-dp (eps 6)"].patches] == pytest.approx([73.0, 77.0, 86.0])
+    assert not [t for t in _texts(fig) if "None" in t]
+    _assert_legends_fit(fig)
+
+
+def test_labels_name_only_what_differs_and_never_none() -> None:
+    def config(algorithm: str, **values) -> dict:
+        return _fedsc_config(algorithm, 0, **values)
+
+    methods = ["fedsc", "fedsc", "fedsc", "fedavg-sc", "fedsc"]
+    configs = [
+        config("fedsc", epsilon="inf"),
+        config("fedsc", epsilon=6, delta=0.01),
+        config("fedsc", epsilon=6, delta=1e-5),
+        config("fedavg-sc"),
+        config("fedsc", epsilon="inf", views=3),
+    ]
+    assert distinguishing_labels(methods, configs) == [
+        "fedsc (non-private, views 2)",
+        "fedsc (eps 6, views 2, delta 0.01)",  # delta: only where it tells two labels apart
+        "fedsc (eps 6, views 2, delta 1e-05)",
+        "fedavg-sc (non-private)",
+        "fedsc (non-private, views 3)",
+    ]
+    # one privacy level: not shown; the seed is a difference like any other (per-run labels); a missing key: "no"
+    assert distinguishing_labels(["fedavg", "fedavg"], [{"seed": 0, "lr": 0.1}, {"seed": 1, "lr": 0.1}]) == [
+        "fedavg (seed 0)",
+        "fedavg (seed 1)",
+    ]
+    assert distinguishing_labels(["x", "x"], [{"views": 2}, {}]) == ["x (views 2)", "x (no views)"]
+    # the papers' names that already say it are not repeated
+    assert distinguishing_labels(["steffle (non-private)", "steffle"], [{"epsilon": "inf"}, {"epsilon": 1.0}]) == [
+        "steffle (non-private)",
+        "steffle (eps 1)",
+    ]
+
+
+def test_a_sliced_figure_never_replaces_the_unsliced_one(tabular: Path, tmp_path: Path, capsys) -> None:
+    """`silofl plot privacy RUN_DIR` then `--where lambda=0` into the same default folder: two files; a rerun says
+    it replaced its own file; `--out FILE` writes that file only."""
+    folder = tabular / "plots"
+    try:
+        assert main(["plot", "privacy", str(tabular)]) == 0
+        assert main(["plot", "privacy", str(tabular), "--where", "lambda=0"]) == 0
+        assert main(["plot", "privacy", str(tabular), "--where", "lambda=0", "--where", "seed=1"]) == 0
+        names = sorted(p.name for p in folder.iterdir())
+        assert names == [
+            f"privacy-synthetic-dp-error{suffix}.{fmt}"
+            for suffix in ("", "__lambda=0", "__lambda=0_seed=1")
+            for fmt in ("png", "svg")
+        ]
+        unsliced = (folder / "privacy-synthetic-dp-error.svg").read_text()
+        sliced = (folder / "privacy-synthetic-dp-error__lambda=0.svg").read_text()
+        assert "lambda 2" in unsliced and "lambda 2" not in sliced and "lambda = 0" in sliced
+        capsys.readouterr()
+        assert main(["plot", "privacy", str(tabular)]) == 0
+        assert "privacy-synthetic-dp-error.png  (replaced the file there before)" in capsys.readouterr().out
+        mine = tmp_path / "mine.png"
+        assert main(["plot", "privacy", str(tabular), "--where", "lambda=2", "--out", str(mine)]) == 0
+        assert sorted(tmp_path.iterdir()) == [mine] and mine.read_bytes()[:4] == b"\x89PNG"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _long_name_records() -> list[RunRecord]:
+    """Six methods with long names, in memory: SteFFLe (fairness, privacy figures), DP-mu2-FL (mu2), FedSC."""
+    long = "a-method-name-much-longer-than-a-legend-column-{}-with-its-variant"
+    runs = []
+    for m in range(6):
+        for eps in (1.0, 3.0):
+            config = {"algorithm": "steffle", "dataset": "synthetic", "fairness": "dp", "num-silos": 3}
+            config |= {"heterogeneity": 0.0, "epsilon": eps, "lambda": 1.0, "seed": 0}
+            runs.append(RunRecord(Path("."), long.format(m), config, {"error": 0.2 + m / 100, "dp_violation": 0.1}))
+        config = {"algorithm": "mu2fl", "dataset": "digits", "partition": "iid", "num-silos": 2, "trust": "untrusted"}
+        runs.append(RunRecord(Path("."), long.format(m), config | {"rho": 4.0}, {"accuracy": 0.8}))
+        runs.append(
+            RunRecord(Path("."), long.format(m), {"algorithm": "fedsc", "dataset": "digits"}, {"accuracy": 0.8})
+        )
+    return runs
+
+
+@pytest.mark.parametrize("kind", ["fairness", "privacy", "mu2", "fedsc"])
+def test_long_legend_labels_are_wrapped_and_fit_the_figure(kind: str, tmp_path: Path) -> None:
+    runs = _long_name_records()
+    ((stem, fig),) = build_figures(kind, runs)
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert len(texts) == 6
+    assert all("\n" in t and max(map(len, t.split("\n"))) <= LEGEND_WRAP for t in texts)
+    names = {c for r in runs for c in (r.method, f"{r.method}, M = 2")}
+    assert {"".join(t.split()) for t in texts} <= {"".join(name.split()) for name in names}  # wrapped, not cut
+    _assert_legends_fit(fig)
+    (path,) = save_figures([(stem, fig)], tmp_path, ("png",))
+    assert path.stat().st_size > 5_000
+
+
+@pytest.fixture(scope="module")
+def single_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two real 3-round runs with the CLI: FedAvg (non-private) and SteFFLe at epsilon 1, evaluated every round."""
+    root = tmp_path_factory.mktemp("single")
+    main(["run", "fedavg", "--rounds", "3", "--out", str(root / "fedavg"), "--no-progress"])
+    args = ["--rounds", "3", "--epsilon", "1", "--eval-every", "1", "--out", str(root / "steffle"), "--no-progress"]
+    main(["run", "steffle", *args])
+    assert (root / "fedavg" / "result.json").is_file() and (root / "steffle" / "result.json").is_file()
+    return root
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def test_plot_run_draws_each_runs_rounds_one_panel_per_metric(single_runs: Path, tmp_path: Path, capsys) -> None:
+    fedavg, steffle = single_runs / "fedavg", single_runs / "steffle"
+    out = tmp_path / "curves.png"
+    assert main(["plot", "run", str(fedavg), str(steffle), "--out", str(out)]) == 0
+    assert sorted(tmp_path.iterdir()) == [out] and out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 20_000
+    assert main(["plot", "run", str(steffle)]) == 0  # default: RUN_DIR/plots/rounds.png and .svg
+    assert sorted(p.name for p in (steffle / "plots").iterdir()) == ["rounds.png", "rounds.svg"]
+
+    runs, _ = load_runs([fedavg, steffle], with_rounds=True)
+    ((stem, fig),) = build_figures("run", runs)
+    assert stem == "rounds"
+    metrics = ["accuracy", "loss", "dp_violation", "eo_violation", "eopp_violation", "epsilon_spent"]
+    assert [ax.get_title() for ax in fig.axes] == [ROUND_METRICS[m] for m in metrics]
+    labels = {"fedavg": "fedavg (non-private)", "steffle": "steffle (eps 1)"}
+    rounds = {name: json.loads((single_runs / name / "result.json").read_text())["rounds"] for name in labels}
+    for ax, metric in zip(fig.axes, metrics, strict=True):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        expected = {}
+        for name, entries in rounds.items():
+            points = [(e["round"], e[metric]) for e in entries if _finite(e.get(metric))]
+            if points:
+                expected[labels[name]] = points
+        assert sorted(lines) == sorted(expected), metric  # one line per run that recorded the metric
+        for label, points in expected.items():
+            assert list(lines[label].get_xdata()) == [x for x, _ in points]
+            assert list(lines[label].get_ydata()) == pytest.approx([y for _, y in points])
+    accuracy = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert len(accuracy["fedavg (non-private)"]) == 3 and len(accuracy["steffle (eps 1)"]) == 3
+    (epsilon,) = fig.axes[-1].get_lines()  # FedAvg spends no epsilon ("inf": no line)
+    spent = list(epsilon.get_ydata())
+    assert epsilon.get_label() == "steffle (eps 1)" and spent == sorted(spent) and 0 < spent[-1] <= 1 + 1e-9
+    _assert_legends_fit(fig)
+
+    # a stopped run is drawn too, said to be incomplete; --metric picks panels; two identical runs: their folders
+    stopped = tmp_path / "stopped"
+    shutil.copytree(steffle, stopped, ignore=shutil.ignore_patterns("plots", "checkpoint"))
+    result = json.loads((stopped / "result.json").read_text())
+    result["status"]["completed"] = False
+    (stopped / "result.json").write_text(json.dumps(result))
+    runs, incomplete = load_runs([steffle, stopped], with_rounds=True, keep_incomplete=True)
+    assert incomplete == 1
+    ((_, fig),) = run_figures(runs, metrics=["loss"])
+    (ax,) = fig.axes
+    assert sorted(line.get_label() for line in ax.get_lines()) == [
+        "steffle: steffle",
+        "steffle: stopped (incomplete)",
+    ]
+    capsys.readouterr()
+    assert main(["plot", "run", str(stopped), "--metric", "nope"]) == 2
+    assert "--metric 'nope'" in capsys.readouterr().err
+
+
+def test_a_methods_non_private_runs_are_a_curve_of_their_own() -> None:
+    """A sweep method run at epsilon 1 and without noise (epsilon inf): its non-private runs are never averaged into
+    the private points (fairness figure: a curve of their own in each column; privacy figure: a dashed line)."""
+
+    def record(eps: float, lam: float, seed: int) -> RunRecord:
+        config = {"algorithm": "steffle", "dataset": "synthetic", "fairness": "dp", "num-silos": 3}
+        config |= {"heterogeneity": 0.0, "epsilon": eps, "lambda": lam, "seed": seed}
+        error = (0.10 if math.isinf(eps) else 0.30) + lam / 100 + seed / 1000
+        return RunRecord(Path("."), "steffle", config, {"error": error, "dp_violation": 0.1 - lam / 40})
+
+    runs = [record(eps, lam, seed) for eps in (1.0, math.inf) for lam in (0.0, 2.0) for seed in (0, 1)]
+    ((_, fig),) = build_figures("fairness", runs)
+    (ax,) = fig.axes
+    curves = _curves(ax)
+    assert sorted(curves) == ["steffle", "steffle (non-private)"]
+    assert list(_xy(curves["steffle"])[0]) == pytest.approx([0.3005, 0.3205])
+    assert list(_xy(curves["steffle (non-private)"])[0]) == pytest.approx([0.1005, 0.1205])
+    ((_, fig),) = build_figures("privacy", runs)
+    (ax,) = fig.axes
+    assert sorted(_curves(ax)) == ["steffle (lambda 0)", "steffle (lambda 2)"]
+    dashed = sorted(line.get_label() for line in ax.get_lines() if line.get_linestyle() == "--")
+    assert dashed == ["steffle (lambda 0, non-private)", "steffle (lambda 2, non-private)"]
+    assert not [t for t in _texts(fig) if "None" in t]
+    _assert_legends_fit(fig)
