@@ -163,6 +163,8 @@ def _source(spec: DataSpec) -> dict[str, Any]:
         "sensitive": [c for c in spec.sensitive.split(",") if c] or None,
         "features": [c for c in spec.features.split(",") if c] or None,
         "missing": spec.missing,
+        "csv_sep": spec.csv_sep,
+        "csv_encoding": spec.csv_encoding,
     }
 
 

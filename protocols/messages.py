@@ -195,6 +195,10 @@ class DataSpec(_Schema):
     sensitive: str = ""
     features: str = ""
     missing: Literal["error", "drop"] = "error"
+    #: How a .csv dataset is read (`csv-sep`, `csv-encoding`): "" detects them, as the command line's checks did
+    #: (`client.data.generic.csv_format`), so a silo reads the file as they did either way.
+    csv_sep: str = Field(default="", max_length=1)
+    csv_encoding: str = Field(default="", max_length=64)
     num_silos: int = Field(ge=1, le=1000)
     partition: Literal["iid", "attribute", "classes", "dirichlet"] = "iid"
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -207,6 +211,32 @@ class DataSpec(_Schema):
     topology: Literal["silos", "divided", "central-sensitive", "general"] = "silos"
     sensitive_parties: int = Field(default=0, ge=0, le=1000)
     sensitive_by: str = Field(default="", max_length=200)
+
+    @classmethod
+    def from_run_config(cls, config: Any) -> DataSpec:
+        """The data spec of a run configuration (a `protocols.config.RunConfig`): what the server's setup round sends
+        the simulated silos, and the key under which a process's silos share one load (`client.silo_data`), so the
+        command line's checks (`client.data.preflight`) load exactly what the in-process silos then use."""
+        return cls(
+            dataset=config.dataset,
+            data_dir=config.data_dir,
+            target=config.target,
+            sensitive=config.sensitive,
+            features=config.features,
+            missing=config.missing,
+            csv_sep=config.csv_sep,
+            csv_encoding=config.csv_encoding,
+            num_silos=config.num_silos,
+            partition=config.partition,
+            heterogeneity=config.heterogeneity,
+            classes_per_silo=config.classes_per_silo,
+            dirichlet_alpha=config.dirichlet_alpha,
+            max_train_records=config.max_train_records,
+            seed=config.seed,
+            topology=config.topology_name,
+            sensitive_parties=config.sensitive_nodes,
+            sensitive_by=str(getattr(config, "sensitive_by", "")),
+        )
 
 
 class SiloInfo(_Schema):

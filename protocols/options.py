@@ -12,10 +12,11 @@ the seed, evaluation and fault handling.
 
 from __future__ import annotations
 
+import codecs
 import math
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocols.fairness_metrics import MIN_SUPPORT
 from protocols.messages import MAX_SERVER_VALUE
@@ -70,6 +71,28 @@ class OptionGroup(BaseModel):
         return value
 
 
+def csv_separator(value: str) -> str:
+    """`csv-sep` checked: one character that can separate fields ('tab' and a typed '\\t' mean a tab), or "" to
+    detect it. pandas would read a longer separator as a regular expression. Raises ValueError."""
+    value = "\t" if value.lower() in ("tab", "\\t") else value
+    if len(value) > 1 or value.isalnum() or value in ('"', "\n", "\r"):
+        raise ValueError(
+            "give one character that is not a letter, a digit, a quote or a line break (e.g. ';' or tab), or nothing "
+            "to detect it"
+        )
+    return value
+
+
+def csv_encoding(value: str) -> str:
+    """`csv-encoding` checked: an encoding Python knows, or "" to detect it. Raises ValueError."""
+    if value:
+        try:
+            codecs.lookup(value)
+        except LookupError:
+            raise ValueError("not an encoding Python knows; e.g. utf-8, latin-1, cp1252") from None
+    return value
+
+
 class DataOptions(OptionGroup):
     """Which data, and how it is dealt to the silos when they are simulated."""
 
@@ -89,6 +112,18 @@ class DataOptions(OptionGroup):
         description="a .csv/.parquet dataset's rows with a missing value in a used column: error (name the columns) "
         "or drop those rows",
     )
+    csv_sep: str = Field(
+        default="",
+        max_length=3,
+        description="separator of a .csv dataset, one character (',', ';', '|', tab or '\\t' for a tab, ...); empty: "
+        "detected among , ; tab | (said when it is not ',')",
+    )
+    csv_encoding: str = Field(
+        default="",
+        max_length=64,
+        description="text encoding of a .csv dataset (utf-8, latin-1, cp1252, ...); empty: utf-8, or latin-1 when the "
+        "file is not valid UTF-8 (said when it is latin-1)",
+    )
     num_silos: int = Field(default=3, ge=1, le=1000, description="silos of a simulated federation")
     partition: Partition = Field(default="iid", description="how records are dealt to simulated silos")
     heterogeneity: float = Field(default=0.0, ge=0.0, le=1.0, description="h in [0, 1] for partition 'attribute'")
@@ -97,6 +132,24 @@ class DataOptions(OptionGroup):
     max_train_records: int = Field(
         default=0, ge=0, description="cap on each silo's training records (seeded subsample); 0: all"
     )
+
+    @field_validator("csv_sep")
+    @classmethod
+    def _one_separator(cls, value: str) -> str:
+        return csv_separator(value)
+
+    @field_validator("csv_encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        return csv_encoding(value)
+
+    @model_validator(mode="after")
+    def _csv_options_for_csv(self) -> DataOptions:
+        if (self.csv_sep or self.csv_encoding) and not self.dataset.lower().endswith(".csv"):
+            raise ValueError(
+                f"'csv-sep' and 'csv-encoding' say how to read a .csv 'dataset'; {self.dataset!r} is not one: drop them"
+            )
+        return self
 
 
 class RunLengthOptions(OptionGroup):

@@ -4,7 +4,7 @@
     silofl data split DATASET --silos N --out DIR                 prepare one data folder per silo
     silofl privacy calibrate --epsilon E --delta D ...            noise multiplier for a privacy target
     silofl sweep FILE.toml [--workers 2]                           a grid of runs, resumable (server/sweep.py)
-    silofl plot fairness|privacy|mu2|fedsc RUN_DIR...             figures from run folders (server/plots.py)
+    silofl plot fairness|privacy|mu2|fedsc|run RUN_DIR...         figures from run folders (server/plots.py)
 
 `silofl run ALG` has one sub-command per registered algorithm (:mod:`protocols.algorithms`); its flags are the
 algorithm's run-config keys (`--batch-size` is `batch-size`), generated from its option model, so `silofl run ALG
@@ -51,6 +51,14 @@ def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
         _add_option_flags(p, spec)
         engine = p.add_argument_group("engine and output")
         engine.add_argument("--engine", default="inprocess", choices=["inprocess", "ray"], help="(default: inprocess)")
+        engine.add_argument(
+            "--ray-address",
+            default="",
+            metavar="ADDRESS",
+            help="with --engine ray: join this running Ray cluster (e.g. ray://head:10001 or head:6379; default: the "
+            "environment's RAY_ADDRESS, else a local Ray on this machine). Every Ray node needs silofl installed, at "
+            "this version, and the data at the same path (README, Engines)",
+        )
         engine.add_argument(
             "--resume",
             dest="resume_dir",
@@ -136,7 +144,18 @@ def run_command(args: argparse.Namespace) -> int:
 
         config = resume_config(config, args.resume_dir, out_given=bool(getattr(args, "out_dir", "")))
     node_configs = _silo_node_configs(config, args)
-    result = run_job(config, engine=args.engine, progress=not args.no_progress, node_configs=node_configs)
+    from client.data.preflight import preflight
+
+    # the data checked before anything starts: refusals raise ConfigError (exit 2), warnings one line each
+    for warning in preflight(config, share_with_silos=args.engine == "inprocess"):
+        print(f"silofl: warning: {warning}", file=sys.stderr)
+    result = run_job(
+        config,
+        engine=args.engine,
+        progress=not args.no_progress,
+        node_configs=node_configs,
+        ray_address=getattr(args, "ray_address", ""),
+    )
     final = result["final"]
     spec = config.spec
     keys = dict(spec.summary_metrics)
@@ -188,6 +207,10 @@ def _print_summary(config: RunConfig, result: dict, engine: str, metrics: dict[s
     console = Console()
     console.print(table)
     console.print(f"result: {Path(config.out_dir) / 'result.json'}")
+    from server.privacy_statement import privacy_lines
+
+    for line in privacy_lines(config.spec, config, privacy):
+        console.print(line, markup=False, highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     from client.silo_cli import add_silo_parser
     from protocols.privacy.calibrate_cli import add_privacy_parser
     from server.deploy.cli import add_deploy_parser
+    from server.model_cli import add_model_parsers
     from server.plots import add_plot_parser
     from server.sweep import add_sweep_parser
 
@@ -209,20 +233,33 @@ def build_parser() -> argparse.ArgumentParser:
     add_silo_parser(subparsers)
     add_sweep_parser(subparsers)
     add_plot_parser(subparsers)
+    add_model_parsers(subparsers)
     return parser
 
 
 def _check_extra_flags(args: argparse.Namespace, extras: list[str]) -> None:
     """Flags `silofl run ALG` does not have, explained as a run config would be: another algorithm's option names
     the algorithms that have it (`--epsilon` for fedavg), a typo gets the closest key. Raises :class:`ConfigError`
-    unless every extra flag asks for what the algorithm does anyway (`--epsilon inf` for fedavg)."""
+    unless every extra flag asks, with a value, for what the algorithm does anyway (`--epsilon inf` for fedavg); a
+    flag without a value (`--dry-run`, `--verbose`, `--epsilonn`) is always an error, never ignored."""
     values: dict[str, str] = {}
-    tokens = iter(extras)
-    for token in tokens:
+    tokens = list(extras)
+    hint = f"`silofl run {args.algorithm} --help` lists the options"
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
         if not token.startswith("--"):
-            raise ConfigError(f"unexpected argument {token!r}; `silofl run {args.algorithm} --help` lists the options")
-        key, _, value = token[2:].partition("=")
-        values[key] = value or next(tokens, "")
+            raise ConfigError(f"unexpected argument {token!r}; {hint}")
+        key, has_value, value = token[2:].partition("=")
+        if not has_value:
+            following = tokens[i + 1] if i + 1 < len(tokens) else None
+            if following is None or (following.startswith("--") and len(following) > 2):
+                raise ConfigError(f"unknown flag '--{key}' (without a value); {hint}")
+            value, i = following, i + 1
+        if not value:
+            raise ConfigError(f"unknown flag '--{key}' with an empty value; {hint}")
+        values[key] = value
+        i += 1
     RunConfig.parse({"algorithm": args.algorithm, "rounds": 1, **values})
 
 
@@ -235,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extras:
             _check_extra_flags(args, extras)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as exc:
+        print(_interrupted(exc, args, argv if argv is not None else sys.argv[1:]), file=sys.stderr)
+        return 130
     except ConfigError as exc:
         print(f"silofl: {exc}", file=sys.stderr)
         return 2
@@ -244,6 +284,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"silofl: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _interrupted(exc: KeyboardInterrupt, args: argparse.Namespace, argv: Sequence[str]) -> str:
+    """What Ctrl-C leaves: where the state after the last completed round is, and the command that continues it."""
+    import shlex
+
+    from server.orchestrator import RunInterrupted
+
+    if not isinstance(exc, RunInterrupted):
+        return "silofl: interrupted (Ctrl-C) before the rounds started or on an engine that keeps no state here"
+    text = f"silofl: {exc}"
+    if exc.path is not None:
+        text += f"; the state after round {exc.completed} is in {exc.path}"
+    if exc.resumable and exc.path is not None:
+        kept, skip = [], False
+        for token in argv:  # the same command, its --out / --resume replaced by --resume on this run's folder
+            if skip:
+                skip = False
+            elif token in ("--out", "--out-dir", "--resume"):
+                skip = True
+            elif not token.startswith(("--out=", "--out-dir=", "--resume=")):
+                kept.append(token)
+        text += f"\ncontinue it with: silofl {shlex.join([*kept, '--resume', str(exc.path.parent)])}"
+    elif exc.path is not None:
+        text += f" ({args.algorithm} runs cannot be resumed: run it again to finish)"
+    return text
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,15 +45,20 @@ def run_job(
     engine: str = "inprocess",
     progress: bool = True,
     node_configs: Sequence[Mapping[str, str | int | float | bool]] | None = None,
+    ray_address: str = "",
 ) -> dict[str, Any]:
     """Run `config` on `engine` and return its result (also written to `config.out_dir` when set).
 
     `node_configs` gives each node (by partition id) node config entries, e.g. `data-path` for silos that hold
     their own data folder as in a deployment, or a silo's `policy` and `state-dir` (:func:`simulated_node_configs`).
+    `ray_address` (or the environment's RAY_ADDRESS): the Ray engine joins that running cluster instead of starting
+    a local one (:func:`ray_init_args`).
     """
     from client.app import app as client_app
     from server.app import make_server_app
 
+    if ray_address and engine != "ray":
+        raise ValueError(f"--ray-address {ray_address} is for the Ray engine: add --engine ray")
     results: list[dict[str, Any]] = []
     server_app = make_server_app(config, sink=results.append, engine=engine, progress=progress)
     if engine == "inprocess":
@@ -65,7 +70,6 @@ def run_job(
     elif engine == "ray":
         from flwr.simulation import run_simulation
 
-        cpus = os.cpu_count() or 1
         node_configs = with_party_secret(config, node_configs)  # the in-process grid makes its own
         if node_configs is not None:
             if len(node_configs) != config.num_nodes:
@@ -77,14 +81,28 @@ def run_job(
             num_supernodes=config.num_nodes,
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": cpus, "include_dashboard": False},
+                "init_args": ray_init_args(ray_address),
             },
         )
     else:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if not results:
         raise RuntimeError(f"the {engine} engine finished without a result; see the log above for the ServerApp error")
+    if config.out_dir:  # a tabular model's artifact beside result.json (server/model_artifact.py); else nothing
+        from server.model_artifact import write_run_artifact
+
+        write_run_artifact(config, results[0], node_configs)
     return results[0]
+
+
+def ray_init_args(address: str = "") -> dict[str, Any]:
+    """`ray.init`'s arguments for the Ray engine: join the cluster at `address` (or at the environment's RAY_ADDRESS,
+    which `ray.init` reads itself), whose resources are the cluster's own; else start a local Ray on this machine's
+    cores. Ray refuses `num_cpus` when it joins a cluster, and starts no dashboard for it."""
+    address = address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        return {"address": address}
+    return {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
 
 
 def with_party_secret(

@@ -18,6 +18,7 @@ continues from that checkpoint instead of starting at round 1. A run that stops 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from logging import INFO
@@ -51,24 +52,7 @@ SETUP_TIMEOUT = 600.0
 
 def setup_round(grid: Grid, config: RunConfig, *, expected_silos: int | None = None) -> Federation:
     """Ask every connected silo to load its data and describe it."""
-    spec = msg.DataSpec(
-        dataset=config.dataset,
-        data_dir=config.data_dir,
-        target=config.target,
-        sensitive=config.sensitive,
-        features=config.features,
-        missing=config.missing,
-        num_silos=config.num_silos,
-        partition=config.partition,
-        heterogeneity=config.heterogeneity,
-        classes_per_silo=config.classes_per_silo,
-        dirichlet_alpha=config.dirichlet_alpha,
-        max_train_records=config.max_train_records,
-        seed=config.seed,
-        topology=config.topology_name,
-        sensitive_parties=config.sensitive_nodes,
-        sensitive_by=str(getattr(config, "sensitive_by", "")),
-    )
+    spec = msg.DataSpec.from_run_config(config)
     nodes = _wait_for_nodes(grid, expected_silos or config.num_nodes, config.round_timeout)
     messages = [
         Message(RecordDict({msg.CONFIG: spec.to_config_record()}), node, msg.SETUP, group_id="setup") for node in nodes
@@ -325,12 +309,31 @@ def run_federation(
         history = strategy.start(
             grid, initial, num_rounds=rounds, eval_every=eval_every, on_round=after_round, **resume_from
         )
-    except (RoundError, msg.MessageError) as exc:
+    except (RoundError, msg.MessageError, KeyboardInterrupt) as exc:
         # Keep the server's state as of the last completed round (the model, W, the rounds) with the reason the run
-        # stopped; then stop loudly. The privacy block reports the latest answers the silos sent, even from the
-        # round that failed: what they spent is never under-reported.
+        # stopped (Ctrl-C included); then stop loudly. The privacy block reports the latest answers the silos sent,
+        # even from the round that failed: what they spent is never under-reported.
         history, error = strategy.history or RunHistory(arrays=initial), exc
         history.silo_reports = {**history.silo_reports, **strategy.silo_reports}
+    with _no_second_interrupt():  # a second Ctrl-C must not leave a half-written result or checkpoint
+        return _finish(config, federation, history, error, writer, resumed, rounds, delta, engine, t_start, t_rounds)
+
+
+def _finish(
+    config: RunConfig,
+    federation: Federation,
+    history: RunHistory,
+    error: BaseException | None,
+    writer: Any,
+    resumed: Any,
+    rounds: int,
+    delta: float,
+    engine: str,
+    t_start: float,
+    t_rounds: float,
+) -> dict[str, Any]:
+    """Write the checkpoint and result.json of a run that completed, failed or was interrupted; then return the
+    result, or raise what stopped it (a RoundError naming where its state is, or :class:`RunInterrupted`)."""
     checkpoint_path = writer.write() if writer is not None else None
     t_end = time.perf_counter()
     result = build_result(
@@ -344,23 +347,51 @@ def run_federation(
         round_seconds=t_end - t_rounds,
     )
     completed = len(history.rounds)
+    interrupted = isinstance(error, KeyboardInterrupt)
     result["status"] = {
         "completed": error is None,
-        "state": "completed" if error is None else "stopped",
+        "state": "completed" if error is None else "interrupted" if interrupted else "stopped",
         "rounds_completed": completed,
-        "error": error and str(error),
+        "error": f"interrupted (Ctrl-C) after round {completed}" if interrupted else error and str(error),
         "resumed_from": resumed.completed if resumed is not None else None,
         "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
     }
     path = write_result(result, Path(config.out_dir)) if config.out_dir else None
     if path is not None and config.spec.model_output == "npz":
         np.savez(path.parent / "model.npz", **{name: a.numpy() for name, a in history.arrays.items()})
+    if interrupted:
+        raise RunInterrupted(completed, rounds, path, resumable=writer is not None) from None
     if error is not None:
         if path is not None:
             how = f"; continue it with resume=true (silofl run ... --resume {config.out_dir})" if writer else ""
             raise RoundError(f"{error}\n(the state after round {completed} is in {path}{how})") from error
         raise error
     return result
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the rounds, after the run's state was written: `completed` of `rounds` rounds, result.json at
+    `path` (None without an out-dir), and whether the checkpoint lets `--resume` continue it."""
+
+    def __init__(self, completed: int, rounds: int, path: Path | None, *, resumable: bool) -> None:
+        super().__init__(f"interrupted after round {completed} of {rounds}")
+        self.completed, self.rounds, self.path, self.resumable = completed, rounds, path, resumable
+
+
+@contextlib.contextmanager
+def _no_second_interrupt():
+    """Ignore SIGINT while the result is written (on the main thread, where Python delivers it), then restore it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _resume_point(config: RunConfig):

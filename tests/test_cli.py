@@ -54,27 +54,26 @@ def test_unknown_dataset_is_a_clear_error(tmp_path, capsys) -> None:
     assert "'nosuch' is neither a built-in dataset" in capsys.readouterr().err
 
 
-def test_a_silo_failure_stops_the_run_with_exit_1(tmp_path, capsys) -> None:
-    code = main(
-        [
-            "run",
-            "fedavg",
-            "--dataset",
-            str(tmp_path / "missing.csv"),
-            "--target",
-            "y",
-            "--sensitive",
-            "s",
-            "--rounds",
-            "1",
-            "--no-progress",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+def test_a_silo_failure_stops_the_run_with_exit_1(tmp_path, capsys, monkeypatch) -> None:
+    """A silo that fails to load its data after the command line's checks passed stops the run: exit 1."""
+    import client.app
+
+    def broken(context, spec):
+        raise OSError("disk gone: /data/silo.csv")
+
+    monkeypatch.setattr(client.app, "load_silo_data", broken)
+    code = main(["run", "fedavg", "--rounds", "1", "--no-progress", "--out", str(tmp_path / "run")])
     assert code == 1
     err = capsys.readouterr().err
-    assert "the run stopped" in err and "missing.csv" in err
+    assert "the run stopped" in err and "disk gone" in err
+
+
+def test_a_missing_file_is_refused_before_the_run_with_exit_2(tmp_path, capsys) -> None:
+    missing = tmp_path / "missing.csv"
+    argv = ["run", "fedavg", "--dataset", str(missing), "--target", "y", "--sensitive", "s", "--rounds", "1"]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--dataset" in err and str(missing) in err and "the run stopped" not in err
 
 
 def test_default_length_is_the_algorithms_own(tmp_path) -> None:

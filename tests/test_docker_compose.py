@@ -337,7 +337,7 @@ def _compose_run(
     # 1. Data, keys, results folder, the `flwr` connection.
     _silofl("data", "split", "synthetic", *split, "--out", str(data))
     _silofl("deploy", "certs", "--out", str(certs), *split, "--hosts", "superlink")
-    assert sorted(p.name for p in data.iterdir()) == sorted(nodes)
+    assert sorted(p.name for p in data.iterdir() if p.is_dir()) == sorted(nodes)
     # The containers run as uid 49999: they must read the private keys and the data folders, which are written
     # readable by their owner only.
     private = [certs / "superlink.key", *(certs / f"{name}.key" for name in nodes), *data.rglob("*")]

@@ -96,7 +96,7 @@ def test_silos_with_their_own_data_folders(tmp_path) -> None:
     from server.cli import main
 
     assert main(["data", "split", "synthetic", "--silos", "3", "--out", str(tmp_path / "split")]) == 0
-    folders = sorted((tmp_path / "split").iterdir())
+    folders = sorted(p for p in (tmp_path / "split").iterdir() if p.is_dir())  # beside them: preprocessing.json
     assert [f.name for f in folders] == ["silo_0", "silo_1", "silo_2"]
     config = _config("fedavg", tmp_path, rounds=3, lr=0.1)
     seeded = [{"data-path": str(f), "deterministic-noise": True} for f in folders]

@@ -76,7 +76,14 @@ def _ran(test: Callable[[], None], planned: int) -> None:
 
 # -- schema fields ------------------------------------------------------------------------------------------------
 def _bounds(field: Any) -> dict[str, float | int | None]:
-    out: dict[str, float | int | None] = {"ge": None, "gt": None, "le": None, "lt": None, "min_length": None}
+    out: dict[str, float | int | None] = {
+        "ge": None,
+        "gt": None,
+        "le": None,
+        "lt": None,
+        "min_length": None,
+        "max_length": None,
+    }
     for meta in field.metadata:
         for key in out:
             if getattr(meta, key, None) is not None:
@@ -123,7 +130,7 @@ def valid_value(schema: type[BaseModel], name: str) -> st.SearchStrategy[Any]:
     if kind == "literal":
         return st.sampled_from(typing.get_args(field.annotation))
     if kind == "str":
-        return st.text(min_size=b["min_length"] or 0, max_size=20)
+        return st.text(min_size=b["min_length"] or 0, max_size=min(20, b["max_length"] or 20))
     return st.lists(st.text(max_size=8), max_size=6).map(tuple)
 
 
@@ -185,8 +192,11 @@ def invalid_value(schema: type[BaseModel], name: str) -> st.SearchStrategy[Any]:
     elif kind == "literal":
         choices = typing.get_args(field.annotation)
         options.append(st.text(max_size=12).filter(lambda s: s not in choices))
-    elif kind == "str" and b["min_length"]:
-        options.append(st.just(""))
+    elif kind == "str":
+        if b["min_length"]:
+            options.append(st.just(""))
+        if b["max_length"]:
+            options.append(st.just("x" * (int(b["max_length"]) + 1)))
     elif kind == "names":
         options.append(st.lists(st.integers(), min_size=1, max_size=3))
     return st.one_of(options)

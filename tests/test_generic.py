@@ -13,7 +13,10 @@ from client.data.generic import (
     build_dataset,
     categorical_labels,
     load_table_dataset,
+    mostly_numeric_columns,
     read_table,
+    read_table_with_format,
+    sniff_separator,
     split_indices,
 )
 from client.data.loaders import load_dataset
@@ -45,8 +48,25 @@ def test_split_indices_sizes_disjoint_deterministic() -> None:
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 0.999])
 def test_split_indices_rejects_bad_fraction(fraction: float) -> None:
-    with pytest.raises(DataError, match="test_fraction"):
+    """In the command line's words (the flag, not the argument's name)."""
+    with pytest.raises(DataError, match="--test-fraction") as info:
         split_indices(10, fraction, seed=0)
+    assert "test_fraction" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("n", "empty"),
+    [(0, "the training and the test split empty"), (1, "the test split empty"), (3, None)],
+)
+def test_split_indices_names_the_empty_split(n: int, empty: str | None) -> None:
+    """A table too small says which split would be empty, training or test (3 records: 1 test, 2 training)."""
+    if empty is None:
+        assert [part.size for part in split_indices(n, 0.25, seed=0)] == [2, 1]
+        return
+    with pytest.raises(DataError, match=empty):
+        split_indices(n, 0.25, seed=0)
+    with pytest.raises(DataError, match="leave the training split empty"):
+        split_indices(4, 0.9, seed=0)
 
 
 def test_build_dataset_layout_and_sensitive_excluded() -> None:
@@ -236,3 +256,59 @@ def test_generic_loader_errors(tmp_path: Path) -> None:
     broken.write_bytes(b"not parquet")
     with pytest.raises(DataError, match="cannot read it as parquet"):
         read_table(broken)
+
+
+@pytest.mark.parametrize("sep", [",", ";", "\t", "|"])
+def test_csv_separator_and_encoding_are_detected(tmp_path: Path, sep: str) -> None:
+    """Every candidate separator, in a Latin-1 file with a quoted field holding the other separators."""
+    frame = toy_frame(40).assign(city="Zürich, Genève; Basel|Bern")
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, sep=sep, index=False, encoding="latin-1")
+    read, fmt = read_table_with_format(path)
+    assert (fmt.sep, fmt.encoding) == (sep, "latin-1") and fmt.sep_detected and fmt.encoding_detected
+    pd.testing.assert_frame_equal(read, frame, check_dtype=False)
+    note = fmt.note(path)
+    assert note is not None and "latin-1" in note and "\n" not in note
+    assert (sep == ",") == ("--csv-sep" not in note)  # a comma is the default: not worth a word
+    given = read_table_with_format(path, csv_sep=sep, csv_encoding="latin-1")[1]
+    assert given.note(path) is None
+
+
+def test_utf8_with_a_byte_order_mark_reads_as_plain_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeffsex;y\nF;1\nM;0\n".encode())
+    frame, fmt = read_table_with_format(path)
+    assert list(frame.columns) == ["sex", "y"] and fmt.encoding == "utf-8" and fmt.note(path) is not None
+    assert sniff_separator("a\n1\n2\n") is None  # one column: nothing splits it (read with ',')
+
+
+def test_csv_options_errors(tmp_path: Path) -> None:
+    parquet = tmp_path / "t.parquet"
+    toy_frame(10).to_parquet(parquet, index=False)
+    with pytest.raises(DataError, match=r"apply to a \.csv file"):
+        read_table(parquet, csv_sep=";")
+    with pytest.raises(DataError, match="--csv-sep and --csv-encoding"):
+        load_dataset("synthetic", csv_encoding="latin-1")
+    path = tmp_path / "t.csv"
+    toy_frame(10).to_csv(path, index=False)
+    with pytest.raises(DataError, match="not an encoding Python knows"):
+        read_table(path, csv_encoding="klingon")
+    path.write_bytes(b"")
+    with pytest.raises(DataError, match="is empty: it has no header row"):
+        read_table(path)
+
+
+def test_mostly_numeric_columns() -> None:
+    frame = pd.DataFrame(
+        {
+            "age": ["30", "41", "?", "52"] * 5,  # 15 of 20 numbers: below 90%
+            "income": ["1.5", "2.5", "3.5", "x"] + ["4.5"] * 16,  # 19 of 20
+            "rate": ["1,5", "2,25"] * 10,  # decimal commas
+            "city": ["a", "b"] * 10,
+        }
+    )
+    found = {m.column: m for m in mostly_numeric_columns(frame, list(frame.columns))}
+    assert set(found) == {"income", "rate"}
+    assert (found["income"].numbers, found["income"].values, found["income"].offending) == (19, 20, ("x",))
+    assert found["rate"].decimal_comma and found["rate"].records == 0
+    assert [m.column for m in mostly_numeric_columns(frame, ["age"], threshold=0.75)] == ["age"]

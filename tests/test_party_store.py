@@ -91,7 +91,8 @@ def test_silofl_data_split_writes_one_directory_per_party(argv, dirs, tmp_path: 
     out = tmp_path / "out"
     common = ["data", "split", "synthetic", "--silos", "3", "--partition", "attribute", "--heterogeneity", "0.75"]
     assert main([*common, *argv, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == dirs
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == dirs
+    assert (out / "preprocessing.json").is_file()  # beside the folders: how a raw record is encoded
     loaded = [load_party(out / d) for d in dirs]
     features = [p for p in loaded if isinstance(p, FeaturePartyData)]
     sensitive = [p for p in loaded if isinstance(p, SensitivePartyData)]
@@ -101,7 +102,7 @@ def test_silofl_data_split_writes_one_directory_per_party(argv, dirs, tmp_path: 
     # the old silos of an earlier split in the same folder are replaced with --overwrite only
     assert main([*common, "--out", str(out)]) == 2
     assert main([*common, "--out", str(out), "--overwrite"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["silo_0", "silo_1", "silo_2"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["silo_0", "silo_1", "silo_2"]
 
 
 @pytest.mark.parametrize(

@@ -316,7 +316,7 @@ def test_a_csv_the_tests_never_saw_split_central_sensitive_trains_fairer_with_la
     split += ["--sensitive", "gender", "--topology", "central-sensitive", "--out", str(out)]
     done = subprocess.run(split, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    folders = sorted(out.iterdir())
+    folders = sorted(p for p in out.iterdir() if p.is_dir())  # beside them: preprocessing.json
     assert [f.name for f in folders] == ["features_0", "features_1", "features_2", "sensitive_0"]
     configs = [{"data-path": str(f), pm.ROLE_KEY: f.name.rpartition("_")[0]} for f in folders]
     finals = {}

@@ -43,3 +43,17 @@ def test_a_deployed_silo_is_loaded_once_and_again_when_its_files_change(tmp_path
     reloaded = silo_data.load_silo_data(context, spec)
     assert len(loads) == 2 and reloaded is not first
     np.testing.assert_array_equal(reloaded.train.nonsensitive.features, silos[1].train.nonsensitive.features)
+
+
+def test_the_silos_read_a_csv_file_with_the_runs_separator(tmp_path) -> None:
+    """A ';'-separated file that also splits on ',' into as many fields: detection picks ',' (the first of a tie);
+    `csv-sep = ";"` must reach the simulated silos through the setup round's DataSpec."""
+    from client.data.generic import csv_format
+
+    rows = ["f,1,2;sex;y"] + [f"{i},5,7;{'FM'[i % 2]};{i % 3 == 0:d}" for i in range(200)]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    assert csv_format(path).sep == ","  # what a silo reads without the option
+    spec = DataSpec(dataset=str(path), target="y", sensitive="sex", num_silos=2, csv_sep=";")
+    info = silo_data._partitioned(spec)[0].info
+    assert info.sensitive_columns == ("sex",) and info.group_names == ("F", "M")

@@ -138,7 +138,7 @@ def test_split_command_writes_silos_and_prints_summary(tmp_path: Path, capsys: p
     )
     assert args.func is split_command
     assert split_command(args) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["silo_0", "silo_1", "silo_2"]
+    assert sorted(p.name for p in out.iterdir()) == ["preprocessing.json", "silo_0", "silo_1", "silo_2"]
     expected = partition_dataset(load_dataset("synthetic", seed=4), 3, method="attribute", heterogeneity=0.75, seed=4)
     for k in range(3):
         assert_same_silo(expected[k], load_silo(out / f"silo_{k}"))
@@ -153,7 +153,8 @@ def test_split_command_refuses_to_clobber_and_cleans_stale_silos(tmp_path: Path,
     assert split_command(parse(["data", "split", "synthetic", "--silos", "2", "--out", str(out)])) == 2
     assert "pass --overwrite" in capsys.readouterr().err
     assert split_command(parse(["data", "split", "synthetic", "--silos", "2", "--out", str(out), "--overwrite"])) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["silo_0", "silo_1"]  # silo_2, silo_3 of the old split removed
+    # silo_2, silo_3 of the old split removed; the encoding of the records written anew beside the folders
+    assert sorted(p.name for p in out.iterdir()) == ["preprocessing.json", "silo_0", "silo_1"]
     assert load_silo(out / "silo_1").num_silos == 2
 
 

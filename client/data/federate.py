@@ -26,6 +26,8 @@ def load_federation(
     heterogeneity: float = 0.0,
     classes_per_silo: int = 2,
     dirichlet_alpha: float = 0.5,
+    csv_sep: str = "",
+    csv_encoding: str = "",
 ) -> tuple[TabularDataset, list[SiloData]]:
     """Load `dataset` (:func:`~client.data.loaders.load_dataset`) and partition it over `num_silos` silos
     (:func:`~client.data.partition.partition_dataset`), both deterministic in `seed`."""
@@ -39,6 +41,8 @@ def load_federation(
         features=features,
         download=download,
         missing=missing,
+        csv_sep=csv_sep,
+        csv_encoding=csv_encoding,
     )
     silos = partition_dataset(
         ds,

@@ -21,7 +21,7 @@ removed from the features, and an `age` sort key for Algorithm 3. Per dataset:
 * **synthetic**: `synthetic.make_synthetic` with its defaults (no files).
 * **mnist**, **fashion-mnist**: the official 60,000 / 10,000 split of the idx files, 784 pixel features in [0, 1],
   labels 0..9, no sensitive attribute (one group "all"); see `images.py`. `seed` does not apply (no re-splitting) and
-  `test_fraction` must stay at its default.
+  the test share (`test_fraction`, `--test-fraction`) must stay at its default.
 * **digits**: scikit-learn's bundled 8x8 digits (1,797 images, no files), 64 pixel features in [0, 1], split 3:1 by
   `seed` like the tabular datasets; no sensitive attribute.
 * **cifar10**: the official 50,000 / 10,000 split of Krizhevsky's python batches, 3,072 channel-major pixel features
@@ -233,7 +233,7 @@ def _load_image(
     if test_fraction != _DEFAULT_TEST_FRACTION:
         official = "50,000 / 10,000" if key in CIFAR_DATASETS else "60,000 / 10,000"
         raise DataError(
-            f"test_fraction={test_fraction} does not apply to {key!r}: it keeps its official {official} "
+            f"--test-fraction {test_fraction} does not apply to {key!r}: it keeps its official {official} "
             "train/test split; drop --test-fraction"
         )
     if key in CIFAR_DATASETS:
@@ -252,6 +252,8 @@ def load_dataset(
     features: Sequence[str] | None = None,
     download: bool = True,
     missing: str = "error",
+    csv_sep: str = "",
+    csv_encoding: str = "",
 ) -> TabularDataset:
     """Load and preprocess a dataset: a name of `BUILTIN_DATASETS` or a path to a `.csv`/`.parquet` file.
 
@@ -261,10 +263,14 @@ def load_dataset(
     only `sensitive` and `features` may be overridden (image datasets: nothing). download: fetch missing built-in files
     from their canonical address. missing: a file dataset's rows with a missing value in a used column: "error"
     (default) or "drop" (`generic.build_dataset`); the built-ins handle their own (see the module docstring).
+    csv_sep / csv_encoding: a `.csv` file's separator and encoding; "" (default) detects them
+    (`generic.read_table_with_format`). Refused for any other dataset.
     """
     sens = _as_list(sensitive)
     feats = _as_list(features)
     key = str(name).lower()
+    if (csv_sep or csv_encoding) and Path(str(name)).suffix.lower() != ".csv":
+        raise DataError(f"--csv-sep and --csv-encoding say how to read a .csv file; {name!r} is not one: drop them")
     if key in BUILTIN_DATASETS:
         if target is not None:
             raise DataError(
@@ -308,6 +314,8 @@ def load_dataset(
             seed=seed,
             test_fraction=test_fraction,
             missing=missing,
+            csv_sep=csv_sep,
+            csv_encoding=csv_encoding,
         )
     raise DataError(
         f"unknown dataset {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or a path to a .csv or .parquet file"

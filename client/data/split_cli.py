@@ -2,13 +2,21 @@
 
     silofl data split DATASET --silos N [--partition iid|attribute|classes|dirichlet] [--heterogeneity H]
         [--classes-per-silo K] [--dirichlet-alpha A] [--seed S] [--test-fraction F] [--data-dir D] [--no-download]
-        [--target COL --sensitive COL[,COL] --features COL,...]
+        [--target COL --sensitive COL[,COL] --features COL,...] [--csv-sep SEP] [--csv-encoding ENC]
         [--topology silos|divided|central-sensitive|general [--sensitive-parties S]] --out DIR [--overwrite]
 
 Writes DIR/silo_0, DIR/silo_1, ... (see `silo_store.py`), or with a topology other than `silos` one directory per
 party (`client.data.topology`, `party_store.py`): DIR/features_0 ... DIR/features_<N-1> (N = --silos feature
-parties, split as the silos would be) and DIR/sensitive_0 ...; prints a summary table. `add_data_parser` registers
-the command on the `silofl` console script's subparsers; the parsed namespace carries ``func=split_command``.
+parties, split as the silos would be) and DIR/sensitive_0 ...; and DIR/preprocessing.json, how a raw record is
+encoded (`client.data.preprocessing_file`: what `silofl model pack RUN --preprocessing FILE` needs to turn a run
+trained on these folders into a usable model; not differentially private, it stays with the data); prints a summary
+table. `add_data_parser` registers the command on the `silofl` console script's subparsers; the parsed namespace
+carries ``func=split_command``.
+
+Before anything is written the input gets the checks of `silofl run` that apply without an algorithm
+(`client.data.preflight`): a missing or header-only file, missing columns, a training or test split too small for
+--silos and a silo or party below the minimum are refused; a detected separator or encoding, a numeric column read as
+text and a single sensitive group are warned about on stderr (`silofl: warning: ...`).
 """
 
 from __future__ import annotations
@@ -24,14 +32,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from client.data.federate import load_federation
+from client.data.generic import recording_preprocessing
 from client.data.loaders import BUILTIN_DATASETS, load_dataset
-from client.data.partition import PARTITIONS
+from client.data.partition import PARTITIONS, partition_dataset
 from client.data.party_store import save_party
+from client.data.preflight import Node, check_nodes, check_table, is_file_dataset, single_group_warning, split_problem
+from client.data.preprocessing_file import PREPROCESSING_FILE, write_preprocessing
 from client.data.silo_store import INFO_FILE, save_silo
 from client.data.sources import DATA_DIR_ENV
-from client.data.tabular import DataError, DatasetInfo, SiloData
+from client.data.tabular import DataError, DatasetInfo, SiloData, TabularDataset
 from client.data.topology import TOPOLOGIES, FeaturePartyData, SensitivePartyData, split_parties
+from protocols.config import ConfigError
+from protocols.options import csv_encoding, csv_separator
+from protocols.preprocessing import Preprocessing, PreprocessingError
 
 __all__ = ["add_data_parser", "split_command"]
 
@@ -41,6 +54,18 @@ def _columns(text: str) -> list[str]:
     if not columns:
         raise argparse.ArgumentTypeError(f"expected one or more comma-separated column names, got {text!r}")
     return columns
+
+
+def _checked(check: Any) -> Any:
+    """An argparse type from a `protocols.options` check, its message kept (argparse would print only its name)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -108,6 +133,20 @@ def add_data_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("error", "drop"),
         default="error",
         help="file datasets: rows with a missing value in a used column: error (default) or drop them",
+    )
+    split.add_argument(
+        "--csv-sep",
+        type=_checked(csv_separator),
+        default="",
+        metavar="SEP",
+        help="separator of a .csv file, one character (';', '|', tab, ...); default: detected among , ; tab |",
+    )
+    split.add_argument(
+        "--csv-encoding",
+        type=_checked(csv_encoding),
+        default="",
+        metavar="ENC",
+        help="encoding of a .csv file (utf-8, latin-1, cp1252, ...); default: utf-8, else latin-1 when not valid UTF-8",
     )
     split.add_argument(
         "--topology",
@@ -184,7 +223,40 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
         "features": args.features,
         "download": not args.no_download,
         "missing": args.missing,
+        "csv_sep": args.csv_sep,
+        "csv_encoding": args.csv_encoding,
     }
+
+
+def _warn(lines: list[str]) -> None:
+    """Print each warning of the checks on stderr, one line each, as `silofl run` does."""
+    for line in lines:
+        print(f"silofl: warning: {line}", file=sys.stderr)
+
+
+def _load_checked(args: argparse.Namespace) -> TabularDataset:
+    """The dataset, after the checks of `client.data.preflight` that apply without an algorithm: the file and its
+    columns before loading (warnings printed), the training and test splits against --silos after."""
+    if is_file_dataset(args.dataset):
+        _warn(
+            check_table(
+                args.dataset,
+                target=args.target,
+                sensitive=args.sensitive or [],
+                features=args.features,
+                csv_sep=args.csv_sep,
+                csv_encoding=args.csv_encoding,
+                silos=args.silos,
+                flag="DATASET",
+            )
+        )
+    ds = load_dataset(args.dataset, **_source(args))
+    problem = split_problem(len(ds.train), len(ds.test), args.silos)
+    if problem:
+        raise ConfigError(problem)
+    warning = single_group_warning(ds.info, args.dataset)
+    _warn([warning] if warning else [])
+    return ds
 
 
 def _partition(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,7 +279,8 @@ def _split_parties(args: argparse.Namespace, console: Console) -> None:
     count = args.sensitive_parties or defaults.get(args.topology, 0)
     if count < 1:
         raise DataError("--topology general needs --sensitive-parties S (S >= 1)")
-    ds = load_dataset(args.dataset, **_source(args))
+    with recording_preprocessing() as recorded:
+        ds = _load_checked(args)
     features, sensitive = split_parties(
         ds,
         args.topology,
@@ -217,12 +290,31 @@ def _split_parties(args: argparse.Namespace, console: Console) -> None:
         sensitive_by=args.sensitive_by,
         **_partition(args),
     )
+    check_nodes(
+        [Node(f"features_{p.party_id}", len(p.train_ids), len(p.test_ids)) for p in features]
+        + [Node(f"sensitive_{p.party_id}", len(p.train_ids), len(p.test_ids)) for p in sensitive]
+    )
     _prepare_out(args.out, args.overwrite)
     for party in features:
         save_party(party, args.out / f"features_{party.party_id}", num_parties=len(features))
     for party in sensitive:
         save_party(party, args.out / f"sensitive_{party.party_id}", num_parties=len(sensitive))
+    note = _save_preprocessing(args.out, recorded, args.dataset)
     console.print(_party_summary(ds.info, features, sensitive, args.out))
+    console.print(note, highlight=False, soft_wrap=True)
+
+
+def _save_preprocessing(out: Path, recorded: list[Preprocessing | PreprocessingError], dataset: str) -> str:
+    """Write OUT/preprocessing.json from a `recording_preprocessing` block and say so (or why there is none) in a
+    line for the summary."""
+    try:
+        path = write_preprocessing(out, recorded, dataset)
+    except PreprocessingError as exc:
+        return f"no {PREPROCESSING_FILE}: {escape(str(exc))}"
+    return (
+        f"preprocessing: {escape(str(path))} (how a raw record is encoded; not differentially private: keep it with "
+        f"the data; `silofl model pack RUN --preprocessing {escape(str(path))}` makes a run on these folders usable)"
+    )
 
 
 _OUTPUT_DIRS = ("silo_*", "features_*", "sensitive_*")
@@ -252,14 +344,20 @@ def split_command(args: argparse.Namespace) -> int:
         for flag, given in (("--sensitive-parties", args.sensitive_parties), ("--sensitive-by", args.sensitive_by)):
             if given:
                 raise DataError(f"{flag} is for --topology general")
-        ds, silos = load_federation(args.dataset, args.silos, **_source(args), **_partition(args))
+        with recording_preprocessing() as recorded:
+            ds = _load_checked(args)
+        options = _partition(args)
+        silos = partition_dataset(ds, args.silos, method=options.pop("partition"), seed=args.seed, **options)
+        check_nodes([Node(f"silo_{s.silo_id}", len(s.train), len(s.test)) for s in silos])
         _prepare_out(args.out, args.overwrite)
         for silo in silos:
             save_silo(silo, args.out / f"silo_{silo.silo_id}")
+        note = _save_preprocessing(args.out, recorded, args.dataset)
     except (ValueError, OSError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     console.print(_summary(ds.info, silos, args.out))
+    console.print(note, highlight=False, soft_wrap=True)
     return 0
 
 

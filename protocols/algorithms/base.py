@@ -34,6 +34,15 @@ if TYPE_CHECKING:
 #: What the privacy report lists as not covered when the silos answer evaluations exactly (`server.result` drops it
 #: from a run whose every evaluation every silo answered noised, under its operator's policy).
 EXACT_EVALUATION = "federated evaluation: exact confusion counts of each silo's held-out test split"
+#: `Algorithm.protects` of the record-level algorithms (every release of a silo noised over its whole records).
+RECORD_PROTECTED = (
+    "every training record of a silo (its features, label and sensitive attribute; neighbours: one record added or "
+    "removed)"
+)
+#: `Algorithm.protects` of SteFFLe and Tran et al. (only the sensitive division's releases are noised).
+SENSITIVE_PROTECTED = (
+    "the sensitive attribute of each training record only (neighbours: one record's sensitive attribute replaced)"
+)
 
 #: How rounds follow from `epochs`: (config, each silo's training records) -> rounds.
 RoundsRule = Callable[["RunConfig", Sequence[int]], int]
@@ -101,6 +110,13 @@ class Algorithm:
     #: DP-FedSGD noises a silo's whole records; SteFFLe noises only the sensitive attribute, which is all a sensitive
     #: party holds but not all a silo holds (its loss gradient is in the clear).
     noised_for: tuple[str, ...] = ()
+    #: What a private run's (epsilon, delta) covers, in plain words for the console's last lines
+    #: (`server.privacy_statement`): whose data, which part of a record, the neighbour relation when the privacy
+    #: block names none, against whom. Empty: the algorithm adds no noise.
+    protects: str = ""
+    #: What leaves a node un-noised although it depends on its data, beyond `not_covered` (e.g. SteFFLe's loss
+    #: gradient): the console says it is not protected.
+    in_clear: str = ""
     #: Whether the run asks the nodes for evaluations (confusion counts of their test splits); FedSC evaluates its
     #: encoder on the server's own probe data instead. The server checks at setup that every node answers them.
     federated_evaluation: bool = True

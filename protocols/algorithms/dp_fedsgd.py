@@ -4,7 +4,7 @@ public batch size m; the server averages and steps. Server: `strategies.gradient
 `client.rounds.dp_fedsgd`."""
 
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm
+from protocols.algorithms.base import RECORD_PROTECTED, Algorithm
 from protocols.options import (
     ClipOptions,
     GroupReportOptions,
@@ -25,6 +25,7 @@ SPEC = register(
         defaults=MINIBATCH_DEFAULTS,
         aliases=("dpfedsgd", "dp_fedsgd"),
         noised_for=("silo",),
+        protects=RECORD_PROTECTED,
         strategy="strategies.gradient_step:build",
         silo={"train": "client.rounds.dp_fedsgd:train_round"},
         plots=("fairness", "privacy"),

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm
+from protocols.algorithms.base import RECORD_PROTECTED, Algorithm
 from protocols.options import (
     ClipOptions,
     GroupReportOptions,
@@ -76,6 +76,7 @@ SPEC = register(
         defaults=DEFAULTS,
         aliases=("fed-fdp", "ling2024"),
         noised_for=("silo",),
+        protects=RECORD_PROTECTED,
         strategy="strategies.fedfdp:build",
         silo={"train": "client.rounds.fedfdp:train_round"},
         plots=("fairness", "privacy"),

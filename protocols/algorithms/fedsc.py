@@ -152,6 +152,7 @@ SPEC = register(
         silo={"train": "client.rounds.fedsc:train_round", "query.correlation": "client.rounds.fedsc:correlation_reply"},
         **SSL_ENTRY,
         mechanism=mechanism,
+        protects="the correlation matrices each silo shares (DP-CalR)",
         not_covered=SSL_NOT_COVERED,
         privacy_report="protocols.algorithms.fedsc:privacy_report",
     )

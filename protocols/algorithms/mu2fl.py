@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm, single_pass_rounds
+from protocols.algorithms.base import RECORD_PROTECTED, Algorithm, single_pass_rounds
 from protocols.options import PrivacyOptions, SinglePassOptions
 
 #: The paper's Tables 1 and 2 (docs/RESULTS.md, benchmarks/sweeps/mu2_mnist.toml): one pass with b = 1.
@@ -55,6 +55,7 @@ SPEC = register(
         defaults=SINGLE_PASS_DEFAULTS,
         aliases=("dp-mu2-fl", "mu2"),
         noised_for=("silo",),
+        protects=RECORD_PROTECTED,
         strategy="strategies.anytime:build_mu2fl",
         silo={"train": "client.rounds.mu2fl:train_round"},
         rounds=single_pass_rounds,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm, single_pass_rounds
+from protocols.algorithms.base import RECORD_PROTECTED, Algorithm, single_pass_rounds
 from protocols.algorithms.mu2fl import SINGLE_PASS_DEFAULTS, check_rho, single_pass_report
 from protocols.options import PrivacyOptions, SinglePassOptions
 
@@ -24,6 +24,7 @@ SPEC = register(
         defaults=SINGLE_PASS_DEFAULTS,
         aliases=("noisy_sgd",),
         noised_for=("silo",),
+        protects=RECORD_PROTECTED,
         strategy="strategies.anytime:build_noisy_sgd",
         silo={"train": "client.rounds.mu2fl:train_round_noisy_sgd"},
         rounds=single_pass_rounds,

@@ -11,7 +11,7 @@ from typing import Any
 
 from protocols import shuffled_epochs
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm
+from protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
 from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
 from protocols.options import (
     ClipOptions,
@@ -178,6 +178,13 @@ def check(config: Any) -> None:
         )
 
 
+#: What leaves a silo un-noised (the console says it is not protected).
+IN_CLEAR = (
+    "the features and labels: each silo's (or feature party's) loss gradient and the s-independent part of its "
+    "W-gradient reach the server without noise"
+)
+
+
 SPEC = register(
     Algorithm(
         name="steffle",
@@ -209,5 +216,7 @@ SPEC = register(
         label=label,
         privacy_report="protocols.algorithms.steffle:privacy_report",
         mechanism=mechanism,
+        protects=SENSITIVE_PROTECTED,
+        in_clear=IN_CLEAR,
     )
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm
+from protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
 from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
 from protocols.algorithms.steffle import RELATION, SAMPLERS, sampling_report
 from protocols.options import (
@@ -51,6 +51,10 @@ def check(config: Any) -> None:
         raise ValueError(problem)
 
 
+#: What leaves a silo un-noised (the console says it is not protected).
+IN_CLEAR = "the features and labels: each silo's loss gradient reaches the server without noise"
+
+
 SPEC = register(
     Algorithm(
         name="tran",
@@ -73,6 +77,8 @@ SPEC = register(
         plots=("fairness", "privacy"),
         privacy_report="protocols.algorithms.tran:privacy_report",
         mechanism=mechanism,
+        protects=SENSITIVE_PROTECTED,
+        in_clear=IN_CLEAR,
         check=check,
     )
 )
