@@ -137,6 +137,7 @@ def test_the_ray_engine_joins_a_running_ray_cluster(tmp_path, capsys) -> None:
     import socket
     import subprocess
     import sys
+    import tempfile
 
     ray = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
     with socket.socket() as probe:
@@ -144,10 +145,12 @@ def test_the_ray_engine_joins_a_running_ray_cluster(tmp_path, capsys) -> None:
         port = probe.getsockname()[1]
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
     env.pop("RAY_ADDRESS", None)
-    head = ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={tmp_path / 'ray'}"]
-    subprocess.run(
-        [ray, "start", *head, "--disable-usage-stats"], check=True, env=env, capture_output=True, timeout=120
-    )
+    # Ray's sockets live under its temp dir, and a Unix socket's path has at most 107 bytes: a short folder
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    head = [ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
+    head += [f"--temp-dir={temp}", "--disable-usage-stats"]
+    started = subprocess.run(head, env=env, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
     try:
         argv = ["run", "fedavg", "--rounds", "2", "--no-progress", "--engine", "ray"]
         joined = [*argv, "--ray-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "ray")]
@@ -155,6 +158,7 @@ def test_the_ray_engine_joins_a_running_ray_cluster(tmp_path, capsys) -> None:
         assert main(["run", "fedavg", "--rounds", "2", "--no-progress", "--out", str(tmp_path / "local")]) == 0
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
     on_ray = json.loads((tmp_path / "ray" / "result.json").read_text())
     local = json.loads((tmp_path / "local" / "result.json").read_text())
     assert on_ray["final"] == local["final"] and on_ray["engine"] == "ray"
