@@ -126,14 +126,12 @@ def _answer(
 
 
 @functools.lru_cache(maxsize=8)
-def _model_shell(kind: str, num_features: int, num_labels: int, hidden: int) -> torch.nn.Module:
-    """A model of the right architecture, reused across messages in one process (every message overwrites all of
-    its parameters, so nothing carries over; building one costs ~1 ms, a large part of a small model's round)."""
-    return build_model(kind, num_features, num_labels, hidden=hidden)
-
-
-def _model_from_message(message: Message, silo: SiloData, kind: str, hidden: int, what: str) -> torch.nn.Module:
-    return _model_from_arrays(message, silo.info, kind, hidden, what)
+def _model_shell(kind: str, num_features: int, num_labels: int, hidden: int, device: str = "cpu") -> torch.nn.Module:
+    """A model of the right architecture on `device` (a resolved torch device: "cpu", "cuda"), reused across messages
+    in one process (every message overwrites all of its parameters, so nothing carries over; building one costs
+    ~1 ms, a large part of a small model's round). A user's model (`module:factory`) is imported and built here, once
+    per process, after :func:`client.silo_policy.check_model` allowed it."""
+    return build_model(kind, num_features, num_labels, hidden=hidden).to(device)
 
 
 @functools.lru_cache(maxsize=8)
@@ -142,10 +140,42 @@ def _shell_spec(kind: str, num_features: int, num_labels: int, hidden: int) -> t
     return tuple(parameter_spec(_model_shell(kind, num_features, num_labels, hidden)))
 
 
-def _model_from_arrays(message: Message, info, kind: str, hidden: int, what: str) -> torch.nn.Module:
+def _device_name(instr: msg.TrainInstruction | msg.EvaluateInstruction, what: str) -> str:
+    """The run's `device` resolved on this node ("auto": cuda if torch sees a GPU here); an instruction without the
+    option (mu2fl, noisy-sgd, an older server's) runs on the CPU. MessageError for cuda on a node without a GPU."""
+    from protocols.devices import resolve_device
+
+    name = getattr(instr, "device", "cpu")
+    if name == "cpu":
+        return "cpu"
+    try:
+        return str(resolve_device(name))
+    except ValueError as exc:
+        raise msg.MessageError(f"{what}: {exc}") from None
+
+
+def _model_from_arrays(
+    message: Message,
+    info,
+    instr: msg.TrainInstruction | msg.EvaluateInstruction,
+    what: str,
+    context: Context,
+) -> torch.nn.Module:
+    """The instruction's model with the message's (checked) parameters, on the run's device. A user's model is built
+    only if the node's operator allows its module (`client.silo_policy.check_model`: a deployed node's policy key
+    `model-modules`), before anything of it is imported."""
+    from protocols.models import ModelError
+
+    kind, hidden = instr.model, getattr(instr, "hidden", 64)
+    silo_policy.check_model(context, kind, what)
+    device = _device_name(instr, what)
     key = (kind, info.num_features, info.num_labels, hidden)
-    params = msg.check_arrays(message.content, msg.MODEL, _shell_spec(*key), what=what, max_abs=msg.MAX_SERVER_VALUE)
-    model = _model_shell(*key)
+    try:
+        spec = _shell_spec(*key)
+        model = _model_shell(*key, device)
+    except ModelError as exc:
+        raise msg.MessageError(f"{what}: {exc}") from None
+    params = msg.check_arrays(message.content, msg.MODEL, spec, what=what, max_abs=msg.MAX_SERVER_VALUE)
     set_parameters(model, params)
     return model
 
@@ -221,7 +251,7 @@ def train(message: Message, context: Context) -> Message:
         with _single_thread():
             model = None
             if round_fn.needs_model:
-                model = _model_from_message(message, silo, instr.model, getattr(instr, "hidden", 64), what)
+                model = _model_from_arrays(message, silo.info, instr, what, context)
             arrays, report = round_fn(model, silo, instr, context, message)
         return RecordDict(
             {**{name: msg.arrays_record(a) for name, a in arrays.items()}, msg.REPORT: report.to_metric_record()}
@@ -277,7 +307,7 @@ def evaluate(message: Message, context: Context) -> Message:
     msg.check_records(message.content, {msg.MODEL, msg.CONFIG}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
     noised = _noised(context, _evaluation_mode(context, what), silo.silo_id, f"silo {silo.silo_id}")
-    model = _model_from_message(message, silo, instr.model, instr.hidden, what)
+    model = _model_from_arrays(message, silo.info, instr, what, context)
     if noised is not None:  # charged before anything of the test split is computed
         noised.charge(instr.server_round)
     with _single_thread():
@@ -312,7 +342,7 @@ def _feature_train(message: Message, context: Context) -> Message:
 
     def compute() -> RecordDict:
         with _single_thread():
-            model = _model_from_arrays(message, party.info, instr.model, getattr(instr, "hidden", 64), what)
+            model = _model_from_arrays(message, party.info, instr, what, context)
             return round_fn(model, party, instr, context, message)
 
     return _answer(
@@ -371,7 +401,7 @@ def confusion(message: Message, context: Context) -> Message:
     if records.noised_evaluation:
         mode = "noised"
     noised = _noised(context, mode, party.party_id, what, radius=COUNTS_RADIUS)
-    model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
+    model = _model_from_arrays(message, party.info, instr, what, context)
     return Message(_party_module().confusion(model, party, records, instr, noised), reply_to=message)
 
 
@@ -386,7 +416,7 @@ def loss(message: Message, context: Context) -> Message:
     msg.check_records(message.content, {msg.CONFIG, msg.MODEL}, what=what)
     instr = msg.read_config(message.content, msg.EvaluateInstruction, what=what)
     noised = _noised(context, _evaluation_mode(context, what), party.party_id, what, radius=LOSS_RADIUS)
-    model = _model_from_arrays(message, party.info, instr.model, instr.hidden, what)
+    model = _model_from_arrays(message, party.info, instr, what, context)
     return Message(_party_module().feature_loss(model, party, instr, noised), reply_to=message)
 
 

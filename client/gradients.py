@@ -8,7 +8,10 @@ mean, :func:`mean_gradient`.
 
 Flat vectors follow :func:`protocols.models.parameter_spec` order (the ``state_dict`` order), which is the layout
 :func:`unflatten` inverts. Every function requires the model's ``state_dict`` to hold exactly its parameters (no
-buffers), as all models from :func:`protocols.models.build_model` do.
+buffers), as all models from :func:`protocols.models.build_model` do (a user's model is checked for it).
+
+Device: every function computes where the model and the batch are (a silo's `device`, `protocols.devices`) and
+returns its result there; the caller moves a sum to the CPU before it adds noise.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cli
     x, y = _check_batch(x, y)
     if x.shape[0] == 0:
         params = list(_parameters(model).values())
-        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     if isinstance(model, TabularModel):
         return _linear_stack_clipped_sum(model, x, y, clip_norm)
     n = x.shape[0]
@@ -198,7 +201,7 @@ def weighted_clipped_gradient_sum(
         a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
     if x.shape[0] == 0:
         params = list(_parameters(model).values())
-        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     if isinstance(model, TabularModel):
         if model.hidden is None:
             return head_clipped_sum(
@@ -259,8 +262,8 @@ def _loss_logit_grads(logits: torch.Tensor, y: torch.Tensor, *, reduction: str) 
     then ``_log_softmax_backward_data``), so the gradient is autograd's, bit for bit (tests compare them). For "sum"
     row i is record i's own loss gradient w.r.t. its logits, what per-record clipping needs."""
     log_probs = torch.log_softmax(logits, dim=1)
-    total_weight = torch.tensor(float(logits.shape[0]), dtype=logits.dtype)
-    upstream = torch.ones((), dtype=logits.dtype)
+    total_weight = torch.tensor(float(logits.shape[0]), dtype=logits.dtype, device=logits.device)
+    upstream = torch.ones((), dtype=logits.dtype, device=logits.device)
     # -100: cross_entropy's default ignore_index (labels are >= 0)
     nll = torch.ops.aten.nll_loss_backward(upstream, log_probs, y, None, _REDUCTION[reduction], -100, total_weight)
     return torch.ops.aten._log_softmax_backward_data(nll, log_probs, 1, log_probs.dtype)

@@ -16,7 +16,10 @@ What the silo checks, and when (every check depends on the message and the polic
   rho) must fit the job's cap, and the job's whole planned run must fit the lifetime ledger
   (`client.lifetime_ledger`);
 * :func:`allow_trusted`: DP-mu2-FL's trusted mode, which sends the momentum un-noised;
-* :func:`evaluation_mode`: how evaluations are answered (noised, exact, refused).
+* :func:`evaluation_mode`: how evaluations are answered (noised, exact, refused);
+* :func:`check_model`, on every message that builds the run's model (and in :func:`check_job`): a user's model
+  (``--model MODULE:FACTORY``) is imported by a deployed node only if its policy lists the module in
+  `model-modules`.
 """
 
 from __future__ import annotations
@@ -93,9 +96,35 @@ def has_policy(context: Context) -> bool:
     return bool(config.get(POLICY_KEY)) or config.get(BUDGET_KEY) is not None or ALLOW_TRUSTED_KEY in config
 
 
+def check_model(context: Context, kind: str, what: str) -> None:
+    """Refuse to build a user's model (`kind` = ``module:factory``) whose module this node may not import: a
+    deployed node (its own data folder) imports only the modules, or the packages' modules, its operator lists in
+    the policy's `model-modules` (default: none). A built-in model, and any model at a simulated silo (the user's own
+    process runs it), passes. Checked before the module is imported, so a refused module never runs here.
+
+    Why an opt-in: the server names the model; without it, a server naming any module installed at the silo (the
+    standard library's included) would make the silo import it and call one of its functions."""
+    from client.silo_data import is_deployed
+    from protocols.model_names import is_custom_model, model_module
+
+    if not is_custom_model(kind) or not is_deployed(context):
+        return
+    policy = node_policy(context)
+    module = model_module(kind)
+    if not policy.allows_model_module(module):
+        listed = f"lists model-modules = {list(policy.model_modules)}" if policy.model_modules else "lists none"
+        raise msg.MessageError(
+            f"{what}: the server asked for the user model {kind!r}, which would make this node import module "
+            f"{module!r} and run its code; this node's policy {listed}. Its operator allows it by installing the "
+            f'package here and adding model-modules = ["{module}"] to the policy file (`silofl silo start --policy`)'
+        )
+
+
 def check_job(context: Context, instr: msg.TrainInstruction, *, role: str, records: int, what: str) -> SiloPolicy:
-    """Refuse a job the policy does not answer (the algorithm, the delta), naming the key and the value asked;
-    returns the policy. Called on every message of a job, before it is opened or anything is computed."""
+    """Refuse a job the policy does not answer (the model's module, the algorithm, the delta), naming the key and the
+    value asked; returns the policy. Called on every message of a job, before it is opened or anything is
+    computed."""
+    check_model(context, str(getattr(instr, "model", "")), what)
     policy = node_policy(context)
     if policy is PERMISSIVE:
         return policy

@@ -722,7 +722,8 @@ def _check_x(x: object, n: int) -> torch.Tensor:
 def _theta_inputs(
     model: nn.Module, x: torch.Tensor, groups: torch.Tensor, W: torch.Tensor, prior: GroupPrior, labels: Any
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Validated ``(params, x, a)`` for the theta-gradient routes; ``a`` detached, in the model's dtype."""
+    """Validated ``(params, x, a)`` for the theta-gradient routes; ``a`` detached, in the model's dtype, on ``x``'s
+    device (a silo's `device`: the cotangents are computed where ``groups`` and ``W`` are, the CPU, then moved)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     params = _model_params(model)
@@ -730,8 +731,8 @@ def _theta_inputs(
     groups = _check_index("groups", groups, prior.num_groups, None)
     x = _check_x(x, groups.shape[0])
     dtype = next(iter(params.values())).dtype
-    a = psi_output_cotangents(groups, W.detach() if isinstance(W, torch.Tensor) else W, prior, labels).to(dtype)
-    return params, x.to(dtype), a
+    a = psi_output_cotangents(groups, W.detach() if isinstance(W, torch.Tensor) else W, prior, labels)
+    return params, x.to(dtype), a.to(dtype=dtype, device=x.device)
 
 
 def _softmax_output(logits: torch.Tensor, prior: GroupPrior) -> torch.Tensor:

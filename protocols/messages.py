@@ -30,11 +30,14 @@ import io
 import math
 import pickle
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from protocols.devices import Device
+from protocols.model_names import check_evaluated_model_name
 
 SETUP = "query.setup"
 GROUPS = "query.groups"
@@ -363,11 +366,13 @@ class ExchangeSetup(_Schema):
 
 
 class EvaluateInstruction(_Schema):
-    """Server -> silo: evaluate this model on the silo's local test split."""
+    """Server -> silo: evaluate this model on the silo's local test split (on the run's `device`, resolved by the
+    silo; a message without it, from an older server, evaluates on the CPU)."""
 
     server_round: int = Field(ge=0)
-    model: Literal["logreg", "mlp", "cnn", "resnet20"] = "logreg"
+    model: Annotated[str, AfterValidator(check_evaluated_model_name)] = Field(default="logreg", max_length=300)
     hidden: int = Field(default=64, ge=1, le=65536)
+    device: Device = "cpu"
 
 
 class EvaluateReport(_Schema):

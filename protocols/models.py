@@ -12,10 +12,17 @@ equals BCE-with-logits on ``z`` (the released SteFFLe code trains with ``BCEWith
 full ``l = 2`` form the spec requires (it forbids the released code's 1x1 reduction of the fairness block), while the
 parameter count matches the papers' logistic regression (``d + 1``). Multi-class heads (``num_labels > 2``) are an
 ordinary multinomial ``Linear(d, l)``.
+
+A user's own model (``--model module.path:factory``, docs/CUSTOM_MODEL.md) is built by calling
+``factory(num_features, num_labels)`` with torch's global RNG seeded from the run's seed (and restored afterwards),
+so the server and the silos build the same module; :func:`check_model` is what the server checks before any round.
+It must return logits ``(n, num_labels)`` as well: the loss is :func:`loss_fn` on them, whatever the model, and a
+binary model returns two logits (``[0, z]`` as above, or any two).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Mapping
 
@@ -24,10 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from protocols.model_names import MODEL_KINDS, is_custom_model
+
 __all__ = [
     "MODEL_KINDS",
+    "ModelError",
     "TabularModel",
     "build_model",
+    "check_model",
     "get_parameters",
     "loss_fn",
     "parameter_spec",
@@ -35,7 +46,10 @@ __all__ = [
     "set_parameters",
 ]
 
-MODEL_KINDS: tuple[str, ...] = ("logreg", "mlp")
+
+class ModelError(ValueError):
+    """A user's model (``--model module:factory``) that silofl cannot train: the message names ``--model``, what is
+    wrong and the fix."""
 
 
 class TabularModel(nn.Module):
@@ -97,20 +111,24 @@ def _init_linear(layer: nn.Linear, generator: torch.Generator) -> None:
         nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
 
 
-def build_model(kind: str, num_features: int, num_labels: int, *, hidden: int = 64, seed: int = 0) -> TabularModel:
+def build_model(kind: str, num_features: int, num_labels: int, *, hidden: int = 64, seed: int = 0) -> nn.Module:
     """Build a float32 model returning logits ``(n, num_labels)``.
 
-    ``kind`` is ``"logreg"`` (the papers' model) or ``"mlp"`` (``d -> hidden -> ReLU -> head``); the head rule for
-    ``num_labels == 2`` is described in the module docstring. Initialisation is a deterministic function of ``seed``
-    through a private ``torch.Generator``, so building a model never changes the global RNG state, and the server and
-    the silos get the same initial weights from the same seed. ``hidden`` is ignored for ``logreg``.
+    ``kind`` is ``"logreg"`` (the papers' model), ``"mlp"`` (``d -> hidden -> ReLU -> head``) or a user's
+    ``"module:factory"`` (:func:`build_custom_model`); the head rule for ``num_labels == 2`` is described in the
+    module docstring. Initialisation is a deterministic function of ``seed`` through a private ``torch.Generator``
+    (a custom model: torch's global generator, seeded and restored), so building a model never changes the global
+    RNG state, and the server and the silos get the same initial weights from the same seed. ``hidden`` is ignored
+    for ``logreg`` and custom models.
     """
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
     num_features = _check_positive_int("num_features", num_features, 1)
     num_labels = _check_positive_int("num_labels", num_labels, 2)
-    hidden = _check_positive_int("hidden", hidden, 1)
     seed = _check_positive_int("seed", seed, 0)
+    if is_custom_model(kind):
+        return build_custom_model(kind, num_features, num_labels, seed=seed)
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"kind must be one of {MODEL_KINDS} or MODULE:FACTORY, got {kind!r}")
+    hidden = _check_positive_int("hidden", hidden, 1)
 
     model = TabularModel(num_features, num_labels, hidden if kind == "mlp" else None)
     generator = torch.Generator().manual_seed(seed)
@@ -118,6 +136,192 @@ def build_model(kind: str, num_features: int, num_labels: int, *, hidden: int = 
         _init_linear(model.hidden, generator)
     _init_linear(model.head, generator)
     return model.float()
+
+
+# -- a user's model (--model module:factory) ----------------------------------------------------------------------
+
+_MODEL_DOC = "docs/CUSTOM_MODEL.md"
+
+
+def load_factory(kind: str) -> Callable[[int, int], nn.Module]:
+    """The factory a custom model's name (``module.path:factory``) names, imported; ModelError naming ``--model``,
+    the module and the fix when it cannot be (the module is not installed where this process runs, or lacks the
+    attribute, or the attribute is not callable)."""
+    module_name, _, attribute = kind.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(
+            f"--model {kind}: module {module_name!r} cannot be imported here ({exc}); install the package that holds "
+            "it where the server and every silo run (pip install -e ., or PYTHONPATH), or run `silofl run` from the "
+            f"folder that holds it ({_MODEL_DOC})"
+        ) from exc
+    except Exception as exc:  # the user's module failed while it was imported: say so, with its own error
+        raise ModelError(
+            f"--model {kind}: importing module {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        raise ModelError(
+            f"--model {kind}: module {module_name!r} has no attribute {attribute!r}; name a function "
+            f"{attribute}(num_features, num_labels) -> torch.nn.Module defined in it ({_MODEL_DOC})"
+        )
+    if not callable(factory):
+        raise ModelError(
+            f"--model {kind}: {kind} is an object of type {type(factory).__name__}, not a function "
+            "(num_features, num_labels)"
+        )
+    return factory
+
+
+def build_custom_model(kind: str, num_features: int, num_labels: int, *, seed: int = 0) -> nn.Module:
+    """``factory(num_features, num_labels)`` of the user's ``module:factory``, built on the CPU with torch's global
+    RNG seeded by ``seed`` (restored afterwards: building never moves the caller's RNG), then checked for what every
+    silofl round needs of its structure (:func:`check_model_structure`). ModelError naming ``--model`` otherwise."""
+    factory = load_factory(kind)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = factory(num_features, num_labels)
+        except Exception as exc:
+            raise ModelError(
+                f"--model {kind}: {kind}({num_features}, {num_labels}) raised {type(exc).__name__}: {exc}; the "
+                "factory is called with the number of encoded features and of labels of the run's data"
+            ) from exc
+    check_model_structure(kind, model)
+    return model
+
+
+def check_model_structure(kind: str, model: object) -> None:
+    """What silofl's rounds need of a model's structure, without running it: a ``torch.nn.Module``; no BatchNorm
+    and no Dropout; at least one parameter; every parameter float32, finite and trainable; and a ``state_dict`` that
+    holds exactly the parameters, in their order (the wire layout of every update: `parameter_spec`). ModelError
+    naming ``--model``, the layer or parameter, and the fix.
+
+    Why each: BatchNorm normalizes a record with its batch's statistics, so a record's gradient depends on the other
+    records and per-sample gradients (DP clipping, `torch.func` vmap) are not defined; its running statistics are
+    buffers besides. Dropout draws from torch's global RNG: a silo's round would no longer be a function of the run's
+    seed, and vmap refuses random operations. Buffers and tied weights would not travel (silofl sends, averages and
+    checks the parameters only). A float64 parameter would be cut to float32 on the wire, a frozen one updated all
+    the same."""
+    if not isinstance(model, nn.Module):
+        raise ModelError(
+            f"--model {kind}: the factory returned a {type(model).__name__}, not a torch.nn.Module ({_MODEL_DOC})"
+        )
+    for name, layer in model.named_modules():
+        where = f"layer {name!r} ({type(layer).__name__})" if name else f"the model ({type(layer).__name__})"
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+            raise ModelError(
+                f"--model {kind}: {where} is a BatchNorm: it normalizes each record with the statistics of its "
+                "batch, so a record's gradient depends on the other records and per-sample gradients (the "
+                "per-record clipping of DP, torch.func vmap) are not defined for it; use LayerNorm or GroupNorm, "
+                "which normalize each record on its own"
+            )
+        if isinstance(layer, nn.modules.dropout._DropoutNd):
+            raise ModelError(
+                f"--model {kind}: {where} is a Dropout: it draws from torch's global RNG, so a silo's round would "
+                "no longer follow from the run's seed (and torch.func vmap refuses random operations); remove it"
+            )
+    params = list(model.named_parameters())
+    if not params:
+        raise ModelError(f"--model {kind}: the model has no parameters to train")
+    for name, p in params:
+        if p.dtype != torch.float32:
+            raise ModelError(
+                f"--model {kind}: parameter {name!r} is {p.dtype}; silofl's models and updates are float32: build "
+                "the model in the default dtype (or return model.float())"
+            )
+        if not p.requires_grad:
+            raise ModelError(
+                f"--model {kind}: parameter {name!r} is frozen (requires_grad=False), yet it would be sent and "
+                "averaged; make a constant a buffer with register_buffer(..., persistent=False)"
+            )
+        if not bool(torch.isfinite(p.detach()).all()):
+            raise ModelError(f"--model {kind}: parameter {name!r} holds NaN or inf values after the factory built it")
+    state = list(model.state_dict())
+    names = [name for name, _ in params]
+    if state != names:
+        extra = [n for n in state if n not in names]
+        why = (
+            f"its state_dict also holds {extra}: buffers (or tied weights) that silofl would not send or average; "
+            "make a constant buffer non-persistent (register_buffer(..., persistent=False))"
+            if extra
+            else "its state_dict lists the parameters in another order"
+        )
+        raise ModelError(f"--model {kind}: {why}")
+
+
+def check_model(kind: str, num_features: int, num_labels: int, *, seed: int = 0, probe: int = 4) -> None:
+    """The server's checks of the run's model before any round (`server.orchestrator`, and `silofl run`'s preflight
+    before the federation starts): nothing for silofl's own models; for a user's ``module:factory``, that it is
+    importable here and builds (:func:`build_custom_model`), and that on a probe batch of `probe` records
+
+    * its output is a float32 tensor of logits ``(n, num_labels)`` with finite values (what :func:`loss_fn`,
+      softmax fairness terms and predictions read);
+    * each record's output does not depend on the other records of the batch (one record's contribution must be
+      bounded on its own: the per-record sensitivity every noised release assumes);
+    * per-sample gradients of the loss through ``torch.func`` (``functional_call`` + ``vmap(grad)``), what DP-SGD
+      clips, work and are finite and shaped as the parameters.
+
+    ModelError naming ``--model``, what failed and the fix. The probe batch is a fixed draw (no data of any silo)."""
+    if not is_custom_model(kind):
+        return
+    from torch.func import functional_call, grad, vmap  # the server's check only: a silo's import path stays light
+
+    model = build_model(kind, num_features, num_labels, seed=seed)
+    x = torch.randn(probe, num_features, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(probe) % num_labels
+    try:
+        with torch.no_grad():
+            out = model(x)
+            single = [model(x[i : i + 1]) for i in range(probe)]
+    except Exception as exc:
+        raise ModelError(
+            f"--model {kind}: the model fails on a batch of {probe} records of {num_features} float32 features: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (probe, num_labels):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(
+            f"--model {kind}: the model returns {shape} for a batch of {probe} records; silofl needs logits "
+            f"(n, num_labels) = ({probe}, {num_labels}): one per label, two for a binary target (cross-entropy on "
+            "them is the loss)"
+        )
+    if out.dtype != torch.float32:
+        raise ModelError(f"--model {kind}: the model returns {out.dtype} logits; return float32")
+    if not bool(torch.isfinite(out).all()):
+        raise ModelError(f"--model {kind}: the model returns NaN or inf logits at its initial parameters")
+    if not torch.allclose(torch.cat(single), out, rtol=1e-4, atol=1e-5):
+        raise ModelError(
+            f"--model {kind}: a record's output depends on the other records of its batch (model(x)[i] differs "
+            "from model(x[i:i+1])); each record's contribution to a noised release must be bounded on its own: "
+            "normalize per record (LayerNorm), never across the batch"
+        )
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def one_record_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return loss_fn(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    try:
+        grads = vmap(grad(one_record_loss), in_dims=(None, 0, 0))(params, x, y)
+    except Exception as exc:
+        raise ModelError(
+            f"--model {kind}: per-sample gradients (torch.func functional_call + vmap(grad)), which the private "
+            f"algorithms clip record by record, fail on this model: {type(exc).__name__}: {exc}; keep to layers "
+            "that treat each record on its own (Linear, LayerNorm, activations, Conv on a reshaped record)"
+        ) from exc
+    for name, p in params.items():
+        g = grads[name]
+        if tuple(g.shape) != (probe, *p.shape) or not bool(torch.isfinite(g).all()):
+            raise ModelError(
+                f"--model {kind}: the per-sample gradient of parameter {name!r} is not finite or not shaped "
+                f"({probe}, *{tuple(p.shape)}) (got {tuple(g.shape)})"
+            )
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device the model's parameters live on (the silo's resolved `device`; the CPU for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def parameter_spec(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
@@ -336,11 +540,12 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def test_outputs(model: nn.Module, features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
     """A model on a test split: each record's predicted label, the summed loss (the mean loss times n, as every
     evaluation reports it) and each record's loss (float64, for a noised evaluation's clipping)."""
-    x, y = torch.from_numpy(features), torch.from_numpy(labels)
+    device = model_device(model)  # the CPU unless the run asked for a device: then the forward pass runs there
+    x, y = torch.from_numpy(features).to(device), torch.from_numpy(labels).to(device)
     logits = model(x)
     loss_sum = float(loss_fn(logits, y)) * len(y) if len(y) else 0.0
-    losses = F.cross_entropy(logits, y, reduction="none").numpy().astype(np.float64)
-    return logits.argmax(dim=1).numpy(), loss_sum, losses
+    losses = F.cross_entropy(logits, y, reduction="none").cpu().numpy().astype(np.float64)
+    return logits.argmax(dim=1).cpu().numpy(), loss_sum, losses
 
 
 @torch.no_grad()
@@ -352,4 +557,4 @@ def predict(model: nn.Module, x: np.ndarray | torch.Tensor) -> np.ndarray:
     tensor = torch.as_tensor(x, dtype=torch.float32)
     if tensor.ndim != 2:
         raise ValueError(f"x must be 2-D (n, num_features), got shape {tuple(tensor.shape)}")
-    return model(tensor).argmax(dim=1).cpu().numpy().astype(np.int64)
+    return model(tensor.to(model_device(model))).argmax(dim=1).cpu().numpy().astype(np.int64)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import codecs
 import math
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from protocols.devices import Device
 from protocols.fairness_metrics import MIN_SUPPORT
 from protocols.messages import MAX_SERVER_VALUE
+from protocols.model_names import MODEL_HELP, check_tabular_model_name
 
 #: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
 SILO: dict[str, Any] = {"silo": True}
@@ -214,15 +216,33 @@ class PrivacyOptions(OptionGroup):
         return value
 
 
+#: A tabular model's name: ``logreg``, ``mlp`` or a user's ``module:factory`` (`protocols.model_names`). A type, not a
+#: validator of the group, so that the train instruction's copy of the field checks it too.
+TabularModelName = Annotated[str, AfterValidator(check_tabular_model_name)]
+
+
 class TabularModelOptions(OptionGroup):
-    """A supervised model on feature vectors."""
+    """A supervised model on feature vectors: silofl's own or the user's (docs/CUSTOM_MODEL.md)."""
 
     heading: ClassVar[str] = "model"
 
-    model: Literal["logreg", "mlp"] = Field(
-        default="logreg", description="logistic regression or a one-hidden-layer MLP", json_schema_extra=SILO
-    )
+    model: TabularModelName = Field(default="logreg", max_length=300, description=MODEL_HELP, json_schema_extra=SILO)
     hidden: int = Field(default=64, ge=1, le=65536, description="hidden units of model mlp", json_schema_extra=SILO)
+
+
+class DeviceOptions(OptionGroup):
+    """Where the silos' torch maths run (`protocols.devices`)."""
+
+    heading: ClassVar[str] = "hardware"
+
+    device: Device = Field(
+        default="cpu",
+        description="torch device of the silos' model, per-sample gradients and sums (the noise is drawn on the CPU "
+        "from the silo's seeded generator, so cpu gives the same numbers as before); auto: cuda where the silo "
+        "sees a GPU, else cpu; cuda is refused on a machine without one. mu2fl and noisy-sgd compute with numpy on "
+        "the CPU and have no device option",
+        json_schema_extra=SILO,
+    )
 
 
 class SgdOptions(OptionGroup):
@@ -516,7 +536,7 @@ class SslOptions(OptionGroup):
         description="'central' = linear probe and kNN on the dataset's train/test split at the server "
         "(the paper's protocol; simulation or a server with its own copy); 'none' = no evaluation",
     )
-    device: Literal["cpu", "cuda", "auto"] = Field(
+    device: Device = Field(
         default="cpu",
         description="torch device of silo training and evaluation; auto: cuda if available",
         json_schema_extra=SILO,

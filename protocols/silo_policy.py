@@ -16,17 +16,24 @@ and validated before the silo joins anything, so a mistake in it stops the silo 
     evaluation = "noised"         # "noised" | "exact" | "refuse"; default "noised" with a budget, else "exact"
     evaluation-noise = 20.0       # std of the Gaussian noise on each confusion count of a noised evaluation
     evaluation-loss-bound = 10.0  # a test record's loss is clipped to this in a noised evaluation
+    model-modules = ["mypkg.models"]  # the user models (--model MODULE:FACTORY) this node may import: a module or a
+                                  # package (and its submodules); default none, a deployed node refuses them
 
 A *budget* is a finite `lifetime-epsilon` or `max-epsilon-per-job`. Without one, and without a policy at all, a silo
 behaves as it did before policies existed (simulation gives the same numbers). A policy the silo cannot satisfy for a
 job (an algorithm it does not allow, a delta above `max-delta`, a job its lifetime budget cannot hold, a trusted
 server it does not allow) stops that job before anything is released, with an error naming the key and the value the
 server asked for (`client.silo_policy`).
+
+`model-modules` is not about privacy but about code: a run's `--model MODULE:FACTORY` makes every silo import
+MODULE and call FACTORY, i.e. run code the server names. A deployed node does it only for the modules its operator
+lists (installed there for the purpose); a simulated silo, which runs in the user's own processes, always may.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -34,6 +41,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 EVALUATION_MODES = ("noised", "exact", "refuse")
+#: A dotted module path (`model-modules`).
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: std of the Gaussian noise on each count of a noised evaluation, unless the policy says otherwise: about 1 % of
 #: accuracy on a test split of 5,000 records (8 cells), and an epsilon of about 0.3 per evaluation at delta 1e-6.
 DEFAULT_EVALUATION_NOISE = 20.0
@@ -69,6 +78,18 @@ class SiloPolicy(BaseModel):
     evaluation_loss_bound: float = Field(
         default=DEFAULT_EVALUATION_LOSS_BOUND, alias="evaluation-loss-bound", gt=0, le=1e6
     )
+    model_modules: tuple[str, ...] = Field(default=(), alias="model-modules")
+
+    @field_validator("model_modules")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not _MODULE.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a module name (a dotted Python module or package path such as mypkg.models; "
+                    "no ':FACTORY', no wildcard)"
+                )
+        return value
 
     @field_validator("algorithms")
     @classmethod
@@ -137,6 +158,11 @@ class SiloPolicy(BaseModel):
         from protocols import algorithms
 
         return role in algorithms.get(algorithm).noised_for
+
+    def allows_model_module(self, module: str) -> bool:
+        """Whether a deployed node may import `module` for a user's model: it, or a package above it, is listed in
+        `model-modules` (``mypkg`` allows ``mypkg.models``; ``mypkg.models`` does not allow ``mypkg``)."""
+        return any(module == allowed or module.startswith(allowed + ".") for allowed in self.model_modules)
 
     def allowed_algorithms(self, role: str) -> list[str]:
         """The registry names this policy answers in `role` (for messages and `silofl silo budget`)."""

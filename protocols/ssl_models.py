@@ -228,14 +228,3 @@ def feature_dim(model: nn.Module) -> int:
     if not isinstance(model, SSLModel):
         raise ValueError(f"model must be an SSLModel built by build_ssl_model, got {type(model).__name__}")
     return model.feature_dim
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device for a run's `device` setting: "cpu", "cuda" (refused clearly without one) or "auto"."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device here; use device 'cpu' or 'auto'")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {name!r}")
-    return torch.device(name)

@@ -258,7 +258,8 @@ def clipped_constraint_gradient_sum(
     dtype = next(iter(params.values())).dtype
     if x.shape[0] == 0:
         return torch.zeros(sum(p.numel() for p in params.values()), dtype=dtype)
-    a = constraint_cotangents(groups, c.detach().to(dtype), prior, labels)
+    # the cotangents where the groups and c are (the CPU), then to the device of x and the model (`protocols.devices`)
+    a = constraint_cotangents(groups, c.detach().to(dtype), prior, labels).to(x.device)
     x = x.to(dtype)
     if isinstance(model, TabularModel):
         return linear_stack_clipped_sum(model, x, lambda logits: (a * torch.softmax(logits, dim=1)).sum(), clip)

@@ -139,6 +139,8 @@ def run_command(args: argparse.Namespace) -> int:
     from server.engines import run_job
 
     config = config_from_args(args)
+    _check_device(config, args)  # before anything runs: a run for a GPU on a machine without one
+    _user_model_path(config)
     if getattr(args, "resume_dir", ""):
         from server.checkpoint import resume_config
 
@@ -164,6 +166,36 @@ def run_command(args: argparse.Namespace) -> int:
     metrics = {label: final.get(key) for label, key in keys.items()}
     _print_summary(config, result, args.engine, metrics)
     return 0
+
+
+def _check_device(config: RunConfig, args: argparse.Namespace) -> None:
+    """Refuse `--device cuda` when the silos would run on this machine (the in-process engine, or a local Ray) and
+    torch sees no GPU here: ConfigError (exit 2) before the data is loaded. On a Ray cluster (`--ray-address` or
+    RAY_ADDRESS) the GPUs are the cluster's: a node without one refuses the run's first message instead."""
+    import os
+
+    from protocols.devices import device_problem, visible_gpus
+
+    device = str(getattr(config, "device", "cpu"))
+    on_cluster = args.engine == "ray" and bool(getattr(args, "ray_address", "") or os.environ.get("RAY_ADDRESS"))
+    if device != "cuda" or on_cluster:
+        return
+    problem = device_problem(device, visible_gpus())
+    if problem:
+        raise ConfigError(problem)
+
+
+def _user_model_path(config: RunConfig) -> None:
+    """Let `--model module:factory` name a module in the current folder, as `python -m` would: the folder is added
+    at the END of the import path (an installed package of the same name wins), for the in-process silos and, through
+    Flower's PYTHONPATH, a local Ray's workers. A deployed silo imports it from its own installation instead."""
+    import os
+
+    from protocols.model_names import is_custom_model
+
+    cwd = os.getcwd()
+    if is_custom_model(str(getattr(config, "model", ""))) and cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def _silo_node_configs(config: RunConfig, args: argparse.Namespace) -> list[dict] | None:

@@ -80,7 +80,7 @@ def run_job(
             client_app=client_app,
             num_supernodes=config.num_nodes,
             backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "client_resources": client_resources(config, ray_address),
                 "init_args": ray_init_args(ray_address),
             },
         )
@@ -93,6 +93,19 @@ def run_job(
 
         write_run_artifact(config, results[0], node_configs)
     return results[0]
+
+
+def client_resources(config: RunConfig, address: str = "") -> dict[str, float]:
+    """Each simulated node's Ray resources for the run: one CPU, and a GPU share from the run's `device`
+    (`protocols.devices.ray_client_resources`: cpu -> none; cuda, or auto on a machine with GPUs -> a share such that
+    every node fits on this machine's GPUs at once). On a Ray cluster (`address`, or the environment's RAY_ADDRESS)
+    this machine cannot count the cluster's GPUs before it joins: cuda then takes one GPU per node."""
+    from protocols.devices import ray_client_resources, visible_gpus
+
+    device = str(getattr(config, "device", "cpu"))
+    on_cluster = bool(address or os.environ.get("RAY_ADDRESS", ""))
+    gpus = None if on_cluster else (visible_gpus() if device != "cpu" else 0)
+    return ray_client_resources(device, config.num_nodes, gpus)
 
 
 def ray_init_args(address: str = "") -> dict[str, Any]:

@@ -379,6 +379,14 @@ def _not_tabular_message(run: Path, result: Mapping[str, Any]) -> str:
             f"{run} is a {algorithm} run: its model is an image encoder ({model}, in model.npz), not a classifier; "
             f"export it with `silofl export {run} --format onnx --out FILE`"
         )
+    from protocols.model_names import is_custom_model
+
+    if isinstance(model, str) and is_custom_model(model):
+        return (
+            f"{run}: the {algorithm} run trained your own model ({model}); silofl's artifact, predict, evaluate and "
+            "export rebuild only its own models (logreg, mlp). Load the weights of result.json's `model` into your "
+            "module as docs/CUSTOM_MODEL.md shows"
+        )
     return f"{run}: the {algorithm} run's model ({model!r}) is not a logistic regression or MLP held in result.json"
 
 

@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 
 from protocols import messages as msg
 from protocols.algorithms.base import resolve
+from protocols.algorithms.common import check_run_model
 from protocols.config import RunConfig
 from server.result import build_result, write_result
 from strategies.base import (
@@ -185,7 +186,9 @@ def evaluate_instruction(config: RunConfig) -> msg.EvaluateInstruction:
     """What the silos are told to evaluate: the model's architecture (the supervised algorithms' federated
     evaluation; the self-supervised ones evaluate at the server)."""
     values = config.model_dump()
-    return msg.EvaluateInstruction(server_round=0, model=values["model"], hidden=values.get("hidden", 64))
+    return msg.EvaluateInstruction(
+        server_round=0, model=values["model"], hidden=values.get("hidden", 64), device=values.get("device", "cpu")
+    )
 
 
 def groups_round(
@@ -247,6 +250,8 @@ def run_federation(
     t_start = time.perf_counter()
     resumed = _resume_point(config)
     federation = setup_round(grid, config)
+    # a user's model (--model module:factory) is checked here, before anything is asked of a silo's data
+    check_run_model(config, federation.info.num_features, federation.info.num_labels)
     rounds = resolve_rounds(config, federation)
     delta = resolve_delta(config, federation)
     if resumed is not None:

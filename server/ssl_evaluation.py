@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from protocols.config import RunConfig
+from protocols.devices import resolve_device
 from protocols.models import set_parameters
 from protocols.ssl_eval import extract_features, knn_accuracy, linear_probe
-from protocols.ssl_models import build_ssl_model, image_shape, resolve_device
+from protocols.ssl_models import build_ssl_model, image_shape
 
 MONITOR_MEMORY = 10_000
 MONITOR_QUERIES = 2_000

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from protocols import algorithms
 from protocols import messages as msg
+from protocols.model_names import check_evaluated_model_name, check_tabular_model_name
 from tests import fuzz_cases
 
 #: Every schema a message is read with, and the record kind it travels in (reports are MetricRecords).
@@ -91,10 +92,32 @@ def _bounds(field: Any) -> dict[str, float | int | None]:
     return out
 
 
+#: The model names a schema accepts (`protocols.model_names`): its validator -> valid names to draw from.
+MODEL_NAMES = {
+    check_tabular_model_name: ("logreg", "mlp", "pkg.models:tiny", "m:f"),
+    check_evaluated_model_name: ("logreg", "mlp", "cnn", "resnet20", "pkg.models:tiny"),
+}
+
+
+def _name_check(field: Any) -> Callable[[str], str] | None:
+    """The model-name validator of a field, if it has one (a str field whose values are names, not free text)."""
+    return next((m.func for m in field.metadata if getattr(m, "func", None) in MODEL_NAMES), None)
+
+
+def _is_valid_name(check: Callable[[str], str], value: str) -> bool:
+    try:
+        check(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _kind(field: Any) -> str:
     ann = field.annotation
     if typing.get_origin(ann) is typing.Literal:
         return "literal"
+    if _name_check(field) is not None:
+        return "model-name"
     if typing.get_origin(ann) is tuple:
         return "names"
     return {int: "int", float: "float", str: "str"}[ann]
@@ -129,6 +152,8 @@ def valid_value(schema: type[BaseModel], name: str) -> st.SearchStrategy[Any]:
         return floats | st.just(math.inf) if inf else floats
     if kind == "literal":
         return st.sampled_from(typing.get_args(field.annotation))
+    if kind == "model-name":
+        return st.sampled_from(MODEL_NAMES[_name_check(field)])
     if kind == "str":
         return st.text(min_size=b["min_length"] or 0, max_size=min(20, b["max_length"] or 20))
     return st.lists(st.text(max_size=8), max_size=6).map(tuple)
@@ -158,7 +183,7 @@ def _wrong_types(kind: str) -> st.SearchStrategy[Any]:
         return common | text | st.booleans() | non_integral | st.integers(-5, 5).map(float)
     if kind == "float":
         return common | text | st.booleans() | st.lists(st.floats(0, 1), min_size=1, max_size=2)
-    if kind in ("literal", "str"):
+    if kind in ("literal", "str", "model-name"):
         return common | st.integers() | st.floats(allow_nan=False) | st.booleans()
     return st.integers() | st.floats(allow_nan=False) | st.booleans() | st.text(max_size=3) | common
 
@@ -192,6 +217,9 @@ def invalid_value(schema: type[BaseModel], name: str) -> st.SearchStrategy[Any]:
     elif kind == "literal":
         choices = typing.get_args(field.annotation)
         options.append(st.text(max_size=12).filter(lambda s: s not in choices))
+    elif kind == "model-name":
+        check = _name_check(field)
+        options.append(st.text(max_size=12).filter(lambda v: not _is_valid_name(check, v)))
     elif kind == "str":
         if b["min_length"]:
             options.append(st.just(""))

@@ -20,6 +20,7 @@ from torch import nn
 
 from client.data.tabular import NonSensitiveDivision
 from client.gradients import clipped_gradient_sum
+from protocols.models import model_device
 from protocols.privacy.gaussian import GaussianMechanism
 
 
@@ -38,6 +39,13 @@ def step_sample(n: int, rate: float, rng: np.random.Generator | None, sample: np
     return poisson_sample(n, rate, rng)
 
 
+def step_batch(model: nn.Module, data: NonSensitiveDivision, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features and labels of the records `idx` as tensors on the model's device (`protocols.devices`: the
+    silo's `device`; on the CPU the very arrays' views, as before the option)."""
+    device = model_device(model)
+    return torch.from_numpy(data.features[idx]).to(device), torch.from_numpy(data.labels[idx]).to(device)
+
+
 def noisy_gradient(
     model: nn.Module,
     data: NonSensitiveDivision,
@@ -49,7 +57,9 @@ def noisy_gradient(
     sample_rng: np.random.Generator,
     noise_generator: torch.Generator,
 ) -> torch.Tensor:
-    """The private release: (sum of clipped per-sample gradients + Gaussian noise) / m, flattened (m = batch_size).
+    """The private release: (sum of clipped per-sample gradients + Gaussian noise) / m, flattened (m = batch_size),
+    on the CPU. The clipped sum is computed on the model's device and moved to the CPU before the noise is drawn
+    from `noise_generator` (a CPU generator): the same draw on every device.
 
     Finite whatever finite model the server sends: a record whose gradient, or its norm, is not finite contributes 0
     (`client.gradients.clipped_gradient_sum`), so the release never turns NaN because one record is there."""
@@ -57,9 +67,8 @@ def noisy_gradient(
         raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     n = len(data.labels)
     idx = poisson_sample(n, sampling_rate, sample_rng)
-    x = torch.from_numpy(data.features[idx])
-    y = torch.from_numpy(data.labels[idx])
-    total = clipped_gradient_sum(model, x, y, clip)
+    x, y = step_batch(model, data, idx)
+    total = clipped_gradient_sum(model, x, y, clip).cpu()  # the noise is drawn on the CPU (`protocols.devices`)
     mechanism = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier)
     released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total
     return released / batch_size

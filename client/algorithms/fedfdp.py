@@ -3,6 +3,9 @@ noised loss release, on tensors. The math is `protocols.fedfdp`; the Flower roun
 
 With lambda = 0 the fair clipping is plain clipping and the step is DP-FedSGD's: :func:`fair_noisy_gradient` then
 calls DP-FedSGD's own :func:`client.algorithms.dp_fedsgd.noisy_gradient` (same sample, same noise, same numbers).
+
+Device (`--device`, `protocols.devices`): the losses and the clipped gradient sum are computed on the model's device
+and moved to the CPU before their noise is drawn; both releases leave on the CPU.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.algorithms.dp_fedsgd import noisy_gradient, poisson_sample
+from client.algorithms.dp_fedsgd import noisy_gradient, poisson_sample, step_batch
 from client.data.tabular import NonSensitiveDivision
 from client.gradients import per_sample_losses, weighted_clipped_gradient_sum
 from protocols import fedfdp
@@ -56,10 +59,9 @@ def fair_noisy_gradient(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     idx = poisson_sample(len(data.labels), sampling_rate, sample_rng)
-    x = torch.from_numpy(data.features[idx])
-    y = torch.from_numpy(data.labels[idx])
+    x, y = step_batch(model, data, idx)
     weights = fedfdp.fair_weights(per_sample_losses(model, x, y), global_loss, lam)
-    total = weighted_clipped_gradient_sum(model, x, y, weights, clip)
+    total = weighted_clipped_gradient_sum(model, x, y, weights, clip).cpu()  # noised on the CPU
     mechanism = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier)
     released = mechanism.release(total, noise_generator) if noise_multiplier > 0 else total
     return released / batch_size
@@ -89,9 +91,7 @@ def loss_release(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sum), got {batch_size}")
     idx = poisson_sample(len(data.labels), sampling_rate, sample_rng)
-    x = torch.from_numpy(data.features[idx])
-    y = torch.from_numpy(data.labels[idx])
-    losses = per_sample_losses(model, x, y)
+    losses = per_sample_losses(model, *step_batch(model, data, idx)).cpu()  # clipped, summed and noised on the CPU
     if noise_multiplier == 0:
         values = losses.detach().to(torch.float64)
         values = torch.where(torch.isfinite(values), torch.clamp(values, min=0.0), torch.zeros_like(values))

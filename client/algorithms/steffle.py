@@ -24,6 +24,9 @@ functions are handed their records (`sample`: the round's batch of the division'
 `client.batches`) instead of drawing a Poisson sample; the sums are still divided by q n_j = min(m, n_j). The balls
 above are unchanged, but nothing is amplified: the silo accounts each epoch as one unsampled release of the two
 (`protocols.shuffled_epochs` has the argument).
+
+Device (`--device`, `protocols.devices`): the model's forward and per-sample backward passes run on the model's
+device; the sensitive attributes, labels, W, the W-sums and the noise stay on the CPU, and what leaves is on the CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.algorithms.dp_fedsgd import step_sample
+from client.algorithms.dp_fedsgd import step_batch, step_sample
 from client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from client.gradients import mean_gradient_and_logits
 from protocols.ermi import (
@@ -44,7 +47,7 @@ from protocols.ermi import (
     psi_output_cotangents_checked,
     psi_w_sensitive_sum_checked,
 )
-from protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum
+from protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
 from protocols.privacy.gaussian import GaussianMechanism
 
 
@@ -103,9 +106,10 @@ def nonsensitive_step(
     idx = step_sample(len(data.labels), rate, rng, sample)
     if len(idx) == 0:
         return torch.zeros(sum(p.numel() for p in model.parameters())), torch.zeros_like(w)
-    x, y = torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx])
-    g, logits = mean_gradient_and_logits(model, x, y)  # one forward pass for both g and F
-    return g, w_gradient_base(torch.softmax(logits, dim=1), y, w, prior)
+    x, y = step_batch(model, data, idx)
+    g, logits = mean_gradient_and_logits(model, x, y)  # one forward pass for both g and F, on the model's device
+    # W's part on the CPU, where W arrived (on the CPU `.cpu()` is the tensor itself: the same numbers as before)
+    return g.cpu(), w_gradient_base(torch.softmax(logits, dim=1).cpu(), y.cpu(), w, prior)
 
 
 def fairness_gradients(
@@ -148,18 +152,21 @@ def fairness_gradients(
     (`protocols.privacy.gaussian`).
     """
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
-    x = torch.from_numpy(data.features[idx])
+    # Only the features go to the model's device (the forward and per-sample backward passes); the groups, labels and
+    # W stay on the CPU, with the cotangents and the W-sum computed from them, and the noise (`protocols.devices`).
+    x = torch.from_numpy(data.features[idx]).to(model_device(model))
     y = torch.from_numpy(data.labels[idx])
     s = torch.from_numpy(sensitive.groups[idx])
     w_sum = torch.zeros_like(w)
     if len(idx):
         theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
+        theta_sum, probs = theta_sum.cpu(), probs.cpu()
         # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
         # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`). Inputs checked
         # where they entered the silo (W at the message boundary, s and y with the silo's data, probs its own).
         w_sum = psi_w_sensitive_sum_checked(probs, s, prior, labels=y)
     else:
-        theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)  # zeros
+        theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y).cpu()  # zeros
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
@@ -217,7 +224,7 @@ def _clipped_theta_sum_and_outputs(
     bits. Other models take `clipped_psi_theta_sum` and a forward pass.
     """
     if isinstance(model, TabularModel):
-        a = psi_output_cotangents_checked(s, w, prior, labels=y)
+        a = psi_output_cotangents_checked(s, w, prior, labels=y).to(x.device)
         kept: list[torch.Tensor] = []
         if model.hidden is None:  # logistic regression: closed-form d/d logits, no backward pass (the same bits)
 

@@ -21,7 +21,10 @@ Refused:
   :class:`protocols.options.FairnessOptions`: a fairness notion over the groups and the group counts its prior comes
   from; SteFFLe and Tran et al. today): it would spend part of its epsilon on those counts and report no fairness;
 * a single-pass algorithm (its entry's rounds rule is `single_pass_rounds`) whose rounds x batch exceed a silo's
-  records: the silo would refuse the first round.
+  records: the silo would refuse the first round;
+* a user's model (`--model module:factory`) that silofl cannot train on this data's dimensions
+  (`protocols.algorithms.common.check_run_model`: it must import, build, return float32 logits (n, num_labels)
+  record by record and give per-sample gradients), so that a Ray run does not start its workers for it.
 
 Warned, one line each:
 
@@ -66,6 +69,7 @@ from client.data.generic import (
     separator_name,
 )
 from client.data.tabular import DataError, DatasetInfo
+from protocols.algorithms.common import check_run_model
 from protocols.config import ConfigError
 from protocols.options import TABULAR_BUILTINS, FairnessOptions
 
@@ -472,6 +476,7 @@ def preflight(config: RunConfig, *, share_with_silos: bool = True) -> list[str]:
     if problem:
         raise ConfigError(problem)
     check_nodes(nodes)
+    check_run_model(config, info.num_features, info.num_labels)
     warnings += _group_checks(config, info, nodes)
     warnings += _batch_checks(config, nodes)
     warnings += _delta_checks(config, nodes)

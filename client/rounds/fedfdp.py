@@ -110,7 +110,7 @@ def train_round(
         noise_generator=noise,
     )
     spec = parameter_spec(model)
-    current = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float64)
+    current = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().to(torch.float64)
     stepped = algo.local_step(current, grad.to(torch.float64), instr.lr)
     update = {name: t.numpy().astype(np.float32) for name, t in unflatten(stepped, spec).items()}
     set_parameters(model, update)  # w_i as sent: the loss release is computed at the model the server receives

@@ -33,6 +33,7 @@ from client.data.tabular import SiloData
 from client.round_privacy import RoundPrivacy
 from client.rounds import RoundResult, with_records
 from protocols import messages as msg
+from protocols.devices import resolve_device
 from protocols.fedsc import normalize_rows
 from protocols.models import get_parameters, parameter_spec, set_parameters
 from protocols.privacy.calr import (
@@ -43,7 +44,7 @@ from protocols.privacy.calr import (
     release_noise_scale,
 )
 from protocols.privacy.mechanism import Mechanism, Release
-from protocols.ssl_models import SSLModel, build_ssl_model, image_shape, resolve_device
+from protocols.ssl_models import SSLModel, build_ssl_model, image_shape
 
 SHARES_KEY = "silofl.fedsc.shares"
 #: randomness streams of this module (distinct from client.randomness's SHUFFLE and NOISE)

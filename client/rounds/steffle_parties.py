@@ -161,7 +161,7 @@ def sensitive_round(
     info = party.info
     prior, w, prior_digest = _prior(message.content, info, instr, what)
     records = party_exchange.stored(context, what)
-    model = _model_from_arrays(message, info, instr.model, getattr(instr, "hidden", 64), what)  # checked first
+    model = _model_from_arrays(message, info, instr, what, context)  # checked first
     rate = records.sampling_rate(instr.batch_size)
     privacy = open_privacy(context, party, instr, rate)
     privacy.bind("prior", prior_digest)

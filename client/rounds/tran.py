@@ -43,7 +43,7 @@ from flwr.app import Context, Message
 from torch import nn
 
 from client import batches, randomness
-from client.algorithms.dp_fedsgd import step_sample
+from client.algorithms.dp_fedsgd import step_batch, step_sample
 from client.data.tabular import SiloData
 from client.gradients import mean_gradient, unflatten
 from client.round_privacy import digest
@@ -52,7 +52,7 @@ from client.rounds import steffle as steffle_round
 from protocols import messages as msg
 from protocols import tran
 from protocols.ermi import GroupPrior
-from protocols.models import parameter_spec
+from protocols.models import model_device, parameter_spec
 from protocols.privacy.gaussian import GaussianMechanism
 from protocols.privacy.mechanism import Mechanism, Release
 
@@ -91,15 +91,17 @@ def fairness_release(
     `sample`, a shuffled epoch's batch) / (q n_j)."""
     data, sensitive = silo.train.nonsensitive, silo.train.sensitive
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
-    x = torch.from_numpy(data.features[idx])
+    # the features on the model's device (forward and per-sample backward passes); groups, labels, the multipliers,
+    # the group mass and the noise on the CPU (`protocols.devices`)
+    x = torch.from_numpy(data.features[idx]).to(model_device(model))
     y = torch.from_numpy(data.labels[idx])
     s = torch.from_numpy(sensitive.groups[idx])
     with torch.no_grad():
-        probs = torch.softmax(model(x), dim=1) if len(idx) else torch.zeros(0, silo.info.num_labels)
+        probs = torch.softmax(model(x), dim=1).cpu() if len(idx) else torch.zeros(0, silo.info.num_labels)
     mass = tran.group_mass_sum(probs, s, prior, labels=y)
     active = bool(c.abs().sum() > 0)
     if active:
-        h = tran.clipped_constraint_gradient_sum(model, x, s, c, prior, clip, labels=y)
+        h = tran.clipped_constraint_gradient_sum(model, x, s, c, prior, clip, labels=y).cpu()
     else:  # sum c (.) nu with c = 0: exactly 0 whatever the data, released as is
         h = torch.zeros(sum(p.numel() for p in model.parameters()))
     if noise_multiplier > 0:
@@ -142,7 +144,7 @@ def train_round(
     data = silo.train.nonsensitive
     idx = sample(division="nonsensitive")
     if len(idx):
-        g = mean_gradient(model, torch.from_numpy(data.features[idx]), torch.from_numpy(data.labels[idx]))
+        g = mean_gradient(model, *step_batch(model, data, idx)).cpu()
     else:
         g = torch.zeros(sum(p.numel() for p in model.parameters()))
     # Sensitive division: an independent sample or batch; the clipped, noised constraint gradient and group mass.

@@ -7,6 +7,7 @@ from protocols.algorithms import register
 from protocols.algorithms.base import RECORD_PROTECTED, Algorithm
 from protocols.options import (
     ClipOptions,
+    DeviceOptions,
     GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
@@ -21,7 +22,15 @@ SPEC = register(
     Algorithm(
         name="dp-fedsgd",
         summary="record-level DP-FedSGD: clipped per-sample gradients, Gaussian noise added in each silo",
-        options=(PrivacyOptions, TabularModelOptions, SgdOptions, LrDecayOptions, ClipOptions, GroupReportOptions),
+        options=(
+            PrivacyOptions,
+            TabularModelOptions,
+            DeviceOptions,
+            SgdOptions,
+            LrDecayOptions,
+            ClipOptions,
+            GroupReportOptions,
+        ),
         defaults=MINIBATCH_DEFAULTS,
         aliases=("dpfedsgd", "dp_fedsgd"),
         noised_for=("silo",),

@@ -4,13 +4,19 @@ global model; the server averages the models weighted by records. Server: `strat
 
 from protocols.algorithms import register
 from protocols.algorithms.base import Algorithm, local_epochs_rounds
-from protocols.options import GroupReportOptions, LocalEpochsOptions, SgdOptions, TabularModelOptions
+from protocols.options import (
+    DeviceOptions,
+    GroupReportOptions,
+    LocalEpochsOptions,
+    SgdOptions,
+    TabularModelOptions,
+)
 
 SPEC = register(
     Algorithm(
         name="fedavg",
         summary="non-private FedAvg: local SGD epochs, the server averages the models",
-        options=(TabularModelOptions, SgdOptions, LocalEpochsOptions, GroupReportOptions),
+        options=(TabularModelOptions, DeviceOptions, SgdOptions, LocalEpochsOptions, GroupReportOptions),
         # the SteFFLe sweeps' FedAvg baseline (docs/RESULTS.md): 40 rounds of one local epoch at lr 0.25
         defaults={"epochs": 40.0, "lr": 0.25},
         strategy="strategies.fedavg:build",

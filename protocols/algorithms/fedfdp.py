@@ -16,6 +16,7 @@ from protocols.algorithms import register
 from protocols.algorithms.base import RECORD_PROTECTED, Algorithm
 from protocols.options import (
     ClipOptions,
+    DeviceOptions,
     GroupReportOptions,
     LossFairnessOptions,
     PrivacyOptions,
@@ -72,7 +73,15 @@ SPEC = register(
     Algorithm(
         name="fedfdp",
         summary="FedFDP (Ling et al. 2024): equal loss across silos with fair clipping, record-level DP in each silo",
-        options=(PrivacyOptions, TabularModelOptions, SgdOptions, ClipOptions, LossFairnessOptions, GroupReportOptions),
+        options=(
+            PrivacyOptions,
+            TabularModelOptions,
+            DeviceOptions,
+            SgdOptions,
+            ClipOptions,
+            LossFairnessOptions,
+            GroupReportOptions,
+        ),
         defaults=DEFAULTS,
         aliases=("fed-fdp", "ling2024"),
         noised_for=("silo",),

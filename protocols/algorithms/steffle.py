@@ -15,6 +15,7 @@ from protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
 from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
 from protocols.options import (
     ClipOptions,
+    DeviceOptions,
     ErmiOptions,
     FairnessOptions,
     GroupReportOptions,
@@ -192,6 +193,7 @@ SPEC = register(
         options=(
             PrivacyOptions,
             TabularModelOptions,
+            DeviceOptions,
             GroupReportOptions,
             SgdOptions,
             SamplingOptions,

@@ -12,6 +12,7 @@ from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
 from protocols.algorithms.steffle import RELATION, SAMPLERS, sampling_report
 from protocols.options import (
     ClipOptions,
+    DeviceOptions,
     DualOptions,
     FairnessOptions,
     GroupReportOptions,
@@ -62,6 +63,7 @@ SPEC = register(
         options=(
             PrivacyOptions,
             TabularModelOptions,
+            DeviceOptions,
             GroupReportOptions,
             SgdOptions,
             SamplingOptions,

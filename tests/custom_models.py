@@ -1,0 +1,81 @@
+"""Small user models for the tests of `--model module:factory` (docs/CUSTOM_MODEL.md): what a user would write.
+
+Each factory has the signature silofl calls, ``factory(num_features, num_labels) -> torch.nn.Module``, and returns
+logits ``(n, num_labels)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    """Two Linear layers with a LayerNorm between them (the example of docs/CUSTOM_MODEL.md)."""
+
+    def __init__(self, num_features: int, num_labels: int, hidden: int = 16) -> None:
+        super().__init__()
+        self.inner = nn.Linear(num_features, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.norm(self.inner(x))))
+
+
+def tiny(num_features: int, num_labels: int) -> nn.Module:
+    """The documented example: Linear -> LayerNorm -> ReLU -> Linear, 16 hidden units."""
+    return Tiny(num_features, num_labels)
+
+
+def with_batchnorm(num_features: int, num_labels: int) -> nn.Module:
+    """A model silofl must refuse: BatchNorm mixes the records of a batch (no per-sample gradients)."""
+    return nn.Sequential(nn.Linear(num_features, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, num_labels))
+
+
+def batch_mixing(num_features: int, num_labels: int) -> nn.Module:
+    """A model without any BatchNorm layer or buffer whose output still depends on the other records of the batch
+    (it subtracts the batch mean): refused by the server's record-by-record check."""
+
+    class Centred(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(num_features, num_labels)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(x - x.mean(dim=0, keepdim=True))
+
+    return Centred()
+
+
+def one_logit(num_features: int, num_labels: int) -> nn.Module:
+    """A binary model written as one output (BCE style): refused, silofl's loss reads (n, num_labels) logits."""
+    return nn.Linear(num_features, 1)
+
+
+def float64(num_features: int, num_labels: int) -> nn.Module:
+    """A model in float64: refused (updates are float32 on the wire)."""
+    return nn.Linear(num_features, num_labels).double()
+
+
+NOT_A_FACTORY = 3
+
+
+class LogregTwin(nn.Module):
+    """silofl's binary logistic regression written as a user would: one Linear output z, logits [0, z]. Its
+    parameters have the built-in model's names, so the two can hold the same weights (tests compare the maths of
+    the built-in model's closed-form routes with the torch.func route a user's model takes)."""
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(num_features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.head(x)
+        return torch.cat([torch.zeros_like(z), z], dim=-1)
+
+
+def logreg_twin(num_features: int, num_labels: int) -> nn.Module:
+    if num_labels != 2:
+        raise ValueError("logreg_twin is a binary model")
+    return LogregTwin(num_features)
