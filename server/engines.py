@@ -7,8 +7,9 @@ deployment runs them too, through `flwr run .` (see README). Same seed, same res
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flwr.app import Context, RecordDict
@@ -75,15 +76,16 @@ def run_job(
             if len(node_configs) != config.num_nodes:
                 raise ValueError(f"{len(node_configs)} node configs for {config.num_nodes} nodes")
             client_app = _with_node_configs(client_app, node_configs)
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=config.num_nodes,
-            backend_config={
-                "client_resources": client_resources(config, ray_address),
-                "init_args": ray_init_args(ray_address),
-            },
-        )
+        with _environment_kept():  # Flower's Ray backend sets PYTHONPATH in this process's environment
+            run_simulation(
+                server_app=server_app,
+                client_app=client_app,
+                num_supernodes=config.num_nodes,
+                backend_config={
+                    "client_resources": client_resources(config, ray_address),
+                    "init_args": ray_init_args(ray_address),
+                },
+            )
     else:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if not results:
@@ -106,6 +108,22 @@ def client_resources(config: RunConfig, address: str = "") -> dict[str, float]:
     on_cluster = bool(address or os.environ.get("RAY_ADDRESS", ""))
     gpus = None if on_cluster else (visible_gpus() if device != "cpu" else 0)
     return ray_client_resources(device, config.num_nodes, gpus)
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Restore PYTHONPATH after a Ray simulation. Flower's Ray backend writes the driver's whole `sys.path` into
+    `os.environ["PYTHONPATH"]` (for its workers) and leaves it there: every later subprocess of this process then
+    imported this environment's packages first (a system `docker-compose` crashed on the virtual environment's
+    urllib3 after a Ray run in the same test session)."""
+    before = os.environ.get("PYTHONPATH")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def ray_init_args(address: str = "") -> dict[str, Any]:

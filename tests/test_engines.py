@@ -79,8 +79,12 @@ def test_same_seed_same_result_and_other_seed_differs(tmp_path) -> None:
     ],
 )
 def test_ray_simulation_gives_the_inprocess_result(tmp_path, algorithm: str, extra: dict) -> None:
+    import os
+
     config = _config(algorithm, tmp_path, rounds=3, **extra)
+    pythonpath = os.environ.get("PYTHONPATH")
     ray = run_job(config, engine="ray", progress=False)
+    assert os.environ.get("PYTHONPATH") == pythonpath  # Flower's Ray backend sets it; run_job puts it back
     local = run_job(config, engine="inprocess", progress=False)
     assert ray["engine"] == "ray" and local["engine"] == "inprocess"
     for name, value in _model(local).items():
