@@ -308,24 +308,24 @@ def _group_checks(config: RunConfig, info: DatasetInfo, nodes: Sequence[Node]) -
         if spec.fairness_metrics and tabular:
             warnings.append(f"{_one_group(info, config.dataset)}: the run reports no fairness violation")
         return warnings
-    groups = [n.groups for n in nodes if n.groups is not None]
-    if groups:
-        counts = np.bincount(np.concatenate(groups), minlength=info.num_groups)
-        absent = [info.group_names[g] for g in np.flatnonzero(counts == 0)]
-        if absent:
-            warnings.append(
-                f"sensitive group(s) {', '.join(map(repr, absent))} of --sensitive "
-                f"{','.join(info.sensitive_columns)} have no training record: the training never sees them"
-            )
-    labels = [n.labels for n in nodes if n.labels is not None]
-    if labels:
-        counts = np.bincount(np.concatenate(labels), minlength=info.num_labels)
-        absent = [info.label_names[k] for k in np.flatnonzero(counts == 0)]
-        if absent:
-            warnings.append(
-                f"label(s) {', '.join(map(repr, absent))} have no training record: the model never learns them"
-            )
+    absent = _absent([n.groups for n in nodes if n.groups is not None], info.group_names)
+    if absent:
+        warnings.append(
+            f"sensitive group(s) {', '.join(map(repr, absent))} of --sensitive "
+            f"{','.join(info.sensitive_columns)} have no training record: the training never sees them"
+        )
+    absent = _absent([n.labels for n in nodes if n.labels is not None], info.label_names)
+    if absent:
+        warnings.append(f"label(s) {', '.join(map(repr, absent))} have no training record: the model never learns them")
     return warnings
+
+
+def _absent(columns: list[np.ndarray], names: Sequence[str]) -> list[str]:
+    """The `names` whose index occurs in none of `columns` (none when no node reported the column)."""
+    if not columns:
+        return []
+    counts = np.bincount(np.concatenate(columns), minlength=len(names))
+    return [names[k] for k in np.flatnonzero(counts == 0)]
 
 
 def _batch_checks(config: RunConfig, nodes: Sequence[Node]) -> list[str]:
