@@ -418,7 +418,11 @@ def _resume_and_check(dep: local.Deployment, out: Path, seed: int, known: set[Pa
     resumed = Submitted(dep, _run_config(out, seed, resume=True))
     code = resumed.wait(240)
     result = _result(out, resumed.output, dep)
-    assert code == 0 and result["status"]["completed"], (result["status"]["error"], resumed.output[-3000:])
+    if code != 0 or not result["status"]["completed"]:
+        raise AssertionError(
+            f"the resumed run did not complete (exit {code}; result.json: {result['status']['error']}); flwr run "
+            f"said:\n{resumed.output[-3000:]}{_logs(dep)}"
+        )
     assert result["status"]["resumed_from"] is not None and len(result["rounds"]) == ROUNDS
     for k in range(SILOS):
         path = _job_file(dep, k, known)
