@@ -4,7 +4,7 @@
     silofl data split DATASET --silos N --out DIR                 prepare one data folder per silo
     silofl privacy calibrate --epsilon E --delta D ...            noise multiplier for a privacy target
     silofl sweep FILE.toml [--workers 2]                           a grid of runs, resumable (server/sweep.py)
-    silofl plot fairness|privacy|mu2|fedsc|run RUN_DIR...         figures from run folders (server/plots.py)
+    silofl plot fairness|privacy|mu2|fedsc|run RUN_DIR...         figures from run folders (server/plots/)
 
 `silofl run ALG` has one sub-command per registered algorithm (:mod:`protocols.algorithms`); its flags are the
 algorithm's run-config keys (`--batch-size` is `batch-size`), generated from its option model, so `silofl run ALG
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     from protocols.privacy.calibrate_cli import add_privacy_parser
     from server.deploy.cli import add_deploy_parser
     from server.model_cli import add_model_parsers
-    from server.plots import add_plot_parser
+    from server.plots.cli import add_plot_parser
     from server.sweep import add_sweep_parser
 
     parser = argparse.ArgumentParser(

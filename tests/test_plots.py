@@ -15,22 +15,13 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.text import Text
 
 from server.cli import main
-from server.plots import (
-    LEGEND_WRAP,
-    ROUND_METRICS,
-    RunRecord,
-    build_figures,
-    config_defaults,
-    default_method,
-    distinguishing_labels,
-    fairness_figures,
-    filter_runs,
-    load_runs,
-    mean_sd,
-    run_figures,
-    save_figures,
-    varied_keys,
-)
+from server.plots.fairness import fairness_figures
+from server.plots.figures import build_figures
+from server.plots.files import save_figures
+from server.plots.labels import ROUND_METRICS, distinguishing_labels
+from server.plots.layout import LEGEND_WRAP
+from server.plots.rounds import run_figures
+from server.plots.runs import RunRecord, config_defaults, default_method, filter_runs, load_runs, mean_sd, varied_keys
 from server.sweep import load_sweep, run_sweep
 
 TABULAR = """
@@ -293,7 +284,7 @@ def _every_algorithms_keys(config: dict) -> dict:
     """`config` as result.json files of versions before the algorithm registry stored it: every key of every
     algorithm (here each algorithm's default), the run's own values over them."""
     from protocols import algorithms
-    from server.plots import config_defaults
+    from server.plots.runs import config_defaults
 
     return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
 

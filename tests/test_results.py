@@ -89,7 +89,7 @@ def _every_algorithms_keys(config: dict) -> dict:
     """`config` as result.json files of versions before the algorithm registry stored it: every key of every
     algorithm (here each algorithm's default), the run's own values over them."""
     from protocols import algorithms
-    from server.plots import config_defaults
+    from server.plots.runs import config_defaults
 
     return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
 
@@ -339,7 +339,7 @@ def test_sweep_with_only_steffle_runs_says_there_is_no_reduction_yet(tmp_path: P
 
 
 def test_fedsc_benchmark_runs_are_grouped_by_configuration_with_the_command_that_made_them():
-    from server.plots import RunRecord
+    from server.plots.runs import RunRecord
 
     paper = {"rounds": 20, "max-train-records": 500, "local-epochs": 5, "batch-size": 128, "alpha-end": 0.2}
     exact = {"rounds": 60, "max-train-records": 300, "local-epochs": 1, "batch-size": 100}

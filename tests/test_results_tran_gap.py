@@ -16,7 +16,7 @@ gap = results._tran_gap_module()
 
 
 def _record(tmp_path: Path, method: str, eps: float, lam: float, error: float, violation: float, seed: int = 0):
-    from server.plots import RunRecord
+    from server.plots.runs import RunRecord
 
     config = {"algorithm": "steffle", "num-silos": 3, "heterogeneity": 0.0, "epsilon": eps, "lambda": lam, "seed": seed}
     return RunRecord(tmp_path, method, config, {"error": error, "dp_violation": violation})
