@@ -7,7 +7,7 @@
 Every number of the document is read by this script from a run file: a run folder's `result.json` (and the sweep's
 `run.json` for the method name), or a cell cached by benchmarks/mu2_tables.py (`runs/mu2_tables/*.json`). The only
 constants are the papers' own numbers, quoted as such. A section whose runs are missing says "not generated yet" and
-names the command that makes them. The figures are drawn by `server/plots.py` (the functions behind `silofl plot`)
+names the command that makes them. The figures are drawn by `server/plots/` (the functions behind `silofl plot`)
 and written as PNG next to the document (`--figures`), linked relatively.
 
 SteFFLe's figures and tables come from the four sweeps `steffle_{adult,credit}_{dp,eo}` (run folders under
