@@ -1,6 +1,6 @@
 """FedSC against FedAvg+SC under label skew, on a CPU: Fashion-MNIST, 10 silos with one class each.
 
-    SILOFL_DATA_DIR=../shared/data python benchmarks/fedsc_fmnist.py [--out docs/fedsc_fmnist.md] [--seeds 0]
+    SILOFL_DATA_DIR=../shared/data python benchmarks/fedsc_fmnist.py [--out docs/results/fedsc_fmnist.md] [--seeds 0]
         [--rounds 20] [--records 500] [--workers 3]
 
 Three runs with the same seed, data, model and number of rounds (`silofl run` through the real ServerApp and
@@ -111,7 +111,7 @@ RUN_FLAGS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/fedsc_fmnist.md")
+    parser.add_argument("--out", default="docs/results/fedsc_fmnist.md")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--records", type=int, default=500, help="training images per silo")

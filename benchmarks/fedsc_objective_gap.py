@@ -1,6 +1,6 @@
 """How much FedSC's objective is worth under label skew, without federation: a central diagnostic.
 
-    SILOFL_DATA_DIR=../shared/data python benchmarks/fedsc_objective_gap.py [--out docs/fedsc_objective_gap.md]
+    SILOFL_DATA_DIR=../shared/data python benchmarks/fedsc_objective_gap.py [--out docs/results/fedsc_objective_gap.md]
         [--steps 600] [--per-class 13] [--records 500] [--optimizers sgd,adam]
 
 FedSC's local gradients sum to the gradient of the global spectral contrastive loss (eq. 6): -Tr R+ + 1/2 ||R||_F^2
@@ -90,7 +90,7 @@ def train(mode: str, optimizer: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/fedsc_objective_gap.md")
+    parser.add_argument("--out", default="docs/results/fedsc_objective_gap.md")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--per-class", type=int, default=13, help="images of each class per step (batch 10x this)")
     parser.add_argument("--records", type=int, default=500, help="training images per class")

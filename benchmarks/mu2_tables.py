@@ -1,6 +1,6 @@
 """Regenerate the DP-mu2-FL paper's Tables 1 and 2 (MNIST, untrusted and trusted) with silofl, next to the paper's.
 
-    SILOFL_DATA_DIR=../shared/data python benchmarks/mu2_tables.py [--out docs/mu2_tables.md] [--workers 2]
+    SILOFL_DATA_DIR=../shared/data python benchmarks/mu2_tables.py [--out docs/results/mu2_tables.md] [--workers 2]
         [--silos 1,10,100] [--rhos 4,8,16] [--seeds 0,1,2]
         [--partitions iid,classes-2] [--batch-size 1] [--algorithms mu2fl,noisy-sgd]
 
@@ -204,7 +204,7 @@ def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: f
             "per silo, unbalanced with K = 2 (some classes sit on four silos, others on one). With the tiny domain "
             "(D = 0.1) the logits stay close to uniform and the bias terms decide many predictions, which is why "
             "an unbalanced mix costs so much accuracy at almost the same loss. Compare with the IID cells of "
-            "docs/mu2_tables.md (same M, rho and seed).",
+            "docs/results/mu2_tables.md (same M, rho and seed).",
             "",
         ]
     lines += [
@@ -225,7 +225,7 @@ def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/mu2_tables.md")
+    parser.add_argument("--out", default="docs/results/mu2_tables.md")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--silos", default="1,10,100")
     parser.add_argument("--rhos", default="4,8,16")

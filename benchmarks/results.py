@@ -1186,7 +1186,8 @@ def mu2_section(
     """The DP-mu2-FL tables (Tables 1 and 2 of the paper next to silofl's cells) and the figure.
 
     Source: the mu2_mnist sweep's run folders when all its runs are finished, else benchmarks/mu2_tables.py's cell
-    cache (the source of docs/mu2_tables.md and docs/mu2_seeds.md), else whatever the sweep has finished."""
+    cache (the source of docs/results/mu2_tables.md and docs/results/mu2_seeds.md), else whatever the sweep has
+    finished."""
     tables = _load_module("silofl_mu2_tables", ROOT / "benchmarks" / "mu2_tables.py")
     folder = sweeps / "mu2_mnist"
     records, _ = plots.load_runs([folder]) if folder.is_dir() else ([], 0)
@@ -1209,12 +1210,12 @@ def mu2_section(
         cells = cache_cells
         source = (
             f"the cells benchmarks/mu2_tables.py cached in `{_rel(cache)}` ({len(cells)} cells: every IID, batch-1 "
-            "cell and seed found; the same computations as docs/mu2_tables.md and docs/mu2_seeds.md)"
+            "cell and seed found; the same computations as docs/results/mu2_tables.md and docs/results/mu2_seeds.md)"
         )
         commands = [
-            f"{DATA_ENV} python benchmarks/mu2_tables.py --out docs/mu2_tables.md",
+            f"{DATA_ENV} python benchmarks/mu2_tables.py --out docs/results/mu2_tables.md",
             f"{DATA_ENV} python benchmarks/mu2_tables.py --silos 100 --rhos 4,8 --trusts untrusted --seeds 0,1,2,3 "
-            "--skip-non-private --algorithms mu2fl --out docs/mu2_seeds.md",
+            "--skip-non-private --algorithms mu2fl --out docs/results/mu2_seeds.md",
         ]
         for c in cells:
             files.add(c.get("seconds"), None)

@@ -1,7 +1,7 @@
-"""The parties' record exchange (the second version of ../shared/specs/steffle-hybrid.md,
-"Revision"): each feature party hands every sensitive party, once, the features and labels of the records whose
-sensitive attribute that party holds, sealed end to end (`protocols.party_keys`), joined by pseudonym. Pure code;
-the messages are in `client.rounds.steffle_parties` (parties) and `server.parties` (the relay).
+"""The parties' record exchange (the second version of the separate parties, SECURITY.md, "`steffle` with separate
+parties"): each feature party hands every sensitive party, once, the features and labels of the records whose sensitive
+attribute that party holds, sealed end to end (`protocols.party_keys`), joined by pseudonym. Pure code; the messages are
+in `client.rounds.steffle_parties` (parties) and `server.parties` (the relay).
 
 1. Holdings (:func:`holdings_boxes`): sensitive party c seals to every feature party the pseudonyms of the train and
    test records it holds.

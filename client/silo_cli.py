@@ -19,9 +19,9 @@ the short polls but answers each message in a fresh process, as Flower does. ``f
 
 The folder is a silo's (`silo_k`: both divisions of its records, role ``silo``) or a party's (`silofl data split
 --topology ...` writes `features_k`: record ids, features and labels; `sensitive_c`: record ids and sensitive groups;
-../shared/specs/steffle-hybrid.md). The node's role is the one the folder's info.json names; `--role` states it
-explicitly and must agree with the folder (a bank's node started on the census bureau's data, or the other way
-round, is refused here, before the SuperNode exists).
+SteFFLe Section 4; docs/DEPLOYMENT.md, "Parties"). The node's role is the one the folder's info.json names; `--role`
+states it explicitly and must agree with the folder (a bank's node started on the census bureau's data, or the other
+way round, is refused here, before the SuperNode exists).
 
 Secure by default: TLS (the federation's CA certificate, `--root-certificates`) and SuperNode authentication (the
 site's OpenSSH ECDSA private key, `--auth-key`; its public key must be registered on the SuperLink with

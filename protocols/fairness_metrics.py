@@ -5,7 +5,7 @@ for its test split; the server sums the silos' arrays and calls :func:`fairness_
 function of those counts only, so the federated figure is exactly the one a central evaluation on the pooled test sets
 would give.
 
-Definitions (``specs/steffle.md``, "Metrics"; SteFFLe paper Appendix E.1, eqs. (11)-(12)), with ``P`` the empirical
+Definitions (SteFFLe paper Appendix E.1, eqs. (11)-(12)), with ``P`` the empirical
 probability:
 
 - demographic parity violation, eq. (11): ``max_{y', s1, s2} |P[yhat=y' | s1] - P[yhat=y' | s2]|``;

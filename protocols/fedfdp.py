@@ -1,15 +1,17 @@
 """FedFDP (Ling et al. 2024, arXiv 2402.16028, v6 numbering): the pure math, no Flower, no silo state.
 
-Spec: ``../shared/specs/fedfdp.md``. FedFDP targets "balanced performance fairness" (equal loss across clients): the
-objective ``F(w) + (lambda/2) sum_i p_i (F_i(w) - F(w))^2`` (Eq. 6). Client i treats the broadcast global loss F_t as
-a constant and minimizes, per record, ``f(w; x_j) + (lambda/2)(f(w; x_j) - F_t)^2``, whose gradient is
+Paper: "FedFDP: Fairness-Aware Federated Learning with Differential Privacy" (v6; the 2024 versions, which the SteFFLe
+paper cites, are titled "... Federated Learning with Fairness and Differential Privacy"). FedFDP targets "balanced
+performance fairness" (equal loss across clients): the objective ``F(w) + (lambda/2) sum_i p_i (F_i(w) - F(w))^2``
+(Eq. 6). Client i treats the broadcast global loss F_t as a constant and minimizes, per record,
+``f(w; x_j) + (lambda/2)(f(w; x_j) - F_t)^2``, whose gradient is
 
     (1 + lambda Delta_j) grad f(w; x_j),    Delta_j = f(w_t; x_j) - F_t                     (Eqs. 10-11)
 
-One round of client i (Alg. 2; the spec's decisions marked "Decision"):
+One round of client i (Alg. 2; silofl's choices where the paper leaves one open marked "Decision"):
 
 * B ~ Poisson(q) over D_i; fair clipping ``c_j = min(max(0, 1 + lambda Delta_j), C / ||g_j||)`` (Eq. 13; the
-  ``max(0, .)`` is the spec's decision: without it a negative factor escapes the bound C);
+  ``max(0, .)`` is a decision: without it a negative factor escapes the bound C);
 * ``w_i = w_t - (eta / m) (sum_{j in B} c_j g_j + N(0, sigma^2 C^2 I))`` (Eq. 12), m the public expected batch size;
 * on a fresh Poisson(q) batch B' (Decision: independent of B), with w_i:
   ``F~_i = (sum_{j in B'} min(C_l, max(0, f(w_i; x_j))) + N(0, sigma_l^2 C_l^2)) / m`` (Eqs. 14-15, Alg. 2 l.16-20);
@@ -44,20 +46,21 @@ import torch
 
 #: The loss bound's starting value C_l0 (the paper's and the authors' code's).
 LOSS_BOUND_INIT = 2.5
-#: The floor of the adaptive loss bound (spec Decision: noise can push F~_i to 0 or below, and a bound of 0 sticks).
+#: The floor of the adaptive loss bound (Decision: noise can push F~_i to 0 or below, and a bound of 0 sticks).
 LOSS_BOUND_FLOOR = 1e-3
 #: sigma_l / sigma: the paper's 5 / 2 (sigma 2, sigma_l 5), kept when sigma is calibrated for a target epsilon.
 LOSS_NOISE_RATIO = 2.5
 #: The global loss before any release (F_0 = 0, as in the authors' code).
 INITIAL_GLOBAL_LOSS = 0.0
 #: RDP orders of the paper's gradient-only figure: the integers 2..64. With the improved conversion (Balle et al.
-#: 2020) they reproduce the spec's T = 6/114/267/463/702 (sigma 1/1.5/2/2.5/3, eps 2, q 0.05, delta 1e-5) and
-#: T = 776 at eps 3.52, sigma 2 (dp-accounting's default orders, with fractional ones, give 268 and 782).
+#: 2020) they give T = 6/114/267/463/702 (sigma 1/1.5/2/2.5/3, eps 2, q 0.05, delta 1e-5; the paper's Fig. 4 reports
+#: 6/115/268/463/708, from the gradient term alone) and T = 776 at eps 3.52, sigma 2 (dp-accounting's default orders,
+#: with fractional ones, give 268 and 782).
 PAPER_RDP_ORDERS = tuple(range(2, 65))
 
 
 def fair_weights(losses: torch.Tensor, global_loss: float, lam: float) -> torch.Tensor:
-    """``max(0, 1 + lambda (f(w_t; x_j) - F_t))`` per record (Eqs. 10-11, clamped at 0 as the spec decides).
+    """``max(0, 1 + lambda (f(w_t; x_j) - F_t))`` per record (Eqs. 10-11, clamped at 0: a decision).
 
     The weight of record j's loss gradient in the fair objective's gradient; 1 for every record when lambda = 0.
     A record whose loss is not finite (huge parameters from the server can overflow it), or whose weight overflows,
@@ -75,7 +78,7 @@ def fair_weights(losses: torch.Tensor, global_loss: float, lam: float) -> torch.
 
 
 def fair_clip_factors(weights: torch.Tensor, grad_norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """Fair clipping ``c_j = min(max(0, 1 + lambda Delta_j), C / ||g_j||)`` (Eq. 13 with the spec's clamp), from the
+    """Fair clipping ``c_j = min(max(0, 1 + lambda Delta_j), C / ||g_j||)`` (Eq. 13 with the clamp at 0), from the
     weights of :func:`fair_weights` and the per-record gradient norms ``||g_j||``.
 
     ``0 <= c_j`` and ``||c_j g_j|| <= C``. ``c_j g_j = clip(a_j g_j, C)`` with ``a_j`` the weight: the silo
@@ -106,14 +109,14 @@ def clipped_loss_sum(losses: torch.Tensor, bound: float) -> torch.Tensor:
 
 
 def next_loss_bound(released: float) -> float:
-    """The next round's bound: the client's own last release, floored (``C_l <- max(1e-3, F~_i)``, spec Decision)."""
+    """The next round's bound: the client's own last release, floored (``C_l <- max(1e-3, F~_i)``, Decision)."""
     if not math.isfinite(released):
         raise ValueError(f"the released loss must be finite, got {released!r}")
     return max(LOSS_BOUND_FLOOR, float(released))
 
 
 def server_average(values: Sequence[np.ndarray], records: Sequence[int]) -> np.ndarray:
-    """``sum_i p_i v_i`` with ``p_i = n_i / n`` (the server's update of w and F, spec "Server"), in float64."""
+    """``sum_i p_i v_i`` with ``p_i = n_i / n`` (the server's update of w and F, Alg. 2), in float64."""
     n = np.asarray(records, dtype=np.float64)
     if n.ndim != 1 or len(n) != len(values) or len(n) == 0 or (n < 0).any() or n.sum() <= 0:
         raise ValueError(f"records must be one count >= 0 per value with a positive total, got {list(records)}")

@@ -1,7 +1,8 @@
 """FedSC's pure math: the spectral contrastive (SC) losses, the alpha schedule, and the server's correlation algebra.
 
-Source: "Provable federated self-supervised learning with spectral contrastive objective" (FedSC,
-``shared/papers/fedsc-federated-spectral-contrastive.txt``) as resolved by ``shared/specs/fedsc.md``. No Flower, no data
+Source: Jing, Yu, Zhang, Zhang, "FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive
+Objective over Non-i.i.d. Data", ICML 2024 (Algorithm 1, eqs. 1-6, 80); silofl's choices where it leaves one open:
+docs/FEDSC.md, "Protocol". No Flower, no data
 loading: the client trains with :func:`local_loss` (torch, differentiable) and the server keeps its cache of correlation
 matrices with :func:`aggregate` / :func:`others` (float64 numpy).
 

@@ -1,7 +1,7 @@
 """DP-mu2-FL's pure math: constants, privacy units, noise and step size, the iteration, and a reference run.
 
-Source: "Private federated stochastic convex optimization" (`shared/papers/dp-mu2-private-federated-sco.txt`),
-Algorithm 1 (untrusted server) and Algorithm 2 (trusted server), as resolved by `shared/specs/mu2fl.md`. numpy float64
+Source: Reshef, Levy, "Private and Federated Stochastic Convex Optimization: Efficient Strategies for Centralized
+Systems", 2024, Algorithm 1 (untrusted server, Section 5) and Algorithm 2 (trusted server, Section 6). numpy float64
 only: no Flower, no torch, so the Flower strategy and client can call these functions and be checked against
 `run_mu2_reference` to 1e-10 or bit for bit.
 
@@ -15,7 +15,7 @@ The iteration (alpha_t = t, beta_t = 1/t, x_0 = x_1 = w_1, d_0 = 0; Algorithms 1
 
 x_{t+1} is the paper's (1 - alpha_{t+1}/alpha_{1:t+1}) x_t + alpha_{t+1}/alpha_{1:t+1} w_{t+1} with
 alpha_{t+1}/alpha_{1:t+1} = (t+1) / ((t+1)(t+2)/2) = 2/(t+2). K is the ball of radius D/2 around 0 (diameter D) and
-x_1 = 0 (spec, "Experiments").
+x_1 = 0 (Section 5.3 does not state it; this choice reproduces its near-ln(10) losses).
 
 Privacy (the paper's Theorems 5.1 / 6.1, proof sketches eqs. 10-12 and 14-16). With alpha_t = t, beta_t = 1/t,
 q_t = t g_t + (t-1)(d_{t-1} - g_prev) = q_{t-1} + t g_t - (t-1) g_prev, so (Lemma 4.1)
@@ -31,7 +31,7 @@ only s_tau*, and changes every q_t with t >= tau* by s_tau*(z) - s_tau*(z'), of 
 (alpha, alpha T (2S)^2 / (2 sigma^2))-RDP = (alpha, alpha rho^2 / 2)-RDP with rho = 2S sqrt(T) / sigma, i.e.
 sigma = 2S sqrt(T) / rho. Trusted server: the average over M silos has sensitivity 2S/M, so
 sigma_s = 2S sqrt(T) / (rho M).
-Minibatch extension (spec, not in the paper): with b records per round and mean gradients, s_t is a mean of b
+Minibatch extension (silofl's, not in the paper): with b records per round and mean gradients, s_t is a mean of b
 per-record terms, so one record moves it by at most 2S/b and sigma scales by 1/b (and T = n/b rounds).
 
 Units: the paper's rho is NOT the zCDP parameter. (alpha, alpha rho^2/2)-RDP for all alpha is (rho^2/2)-zCDP, and
@@ -344,7 +344,7 @@ def calibrate_noisy_sgd(
     batch_size: int = 1,
     delta: float = 1e-5,
 ) -> Mu2Calibration:
-    """The spec's baseline: single-pass noisy projected SGD at the same rho, for comparison with DP-mu2-FL.
+    """silofl's baseline (the paper runs none): single-pass noisy projected SGD at the same rho, against DP-mu2-FL.
 
     Each record is used in exactly one round, so (parallel composition) one Gaussian release per record: a silo's
     mean gradient over b records moves by at most 2G/b when one record is replaced, so sigma = 2G / (rho b) per silo

@@ -352,7 +352,7 @@ Topology = Literal["silos", "divided", "central-sensitive", "general"]
 
 
 class TopologyOptions(OptionGroup):
-    """Who holds which division of a record (../shared/specs/steffle-hybrid.md): silos holding both, or separate
+    """Who holds which division of a record (SteFFLe Section 4 and Appendix F): silos holding both, or separate
     feature and sensitive parties over one universal record index."""
 
     heading: ClassVar[str] = "parties (features and sensitive attributes apart)"

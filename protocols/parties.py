@@ -1,14 +1,14 @@
-"""What the server and the parties of a topology say to each other (../shared/specs/steffle-hybrid.md).
+"""What the server and the parties of a topology say to each other (SteFFLe Section 4).
 
 A node's role is data: node config ``role`` (``silo``, the default, both divisions on one node; ``features``: record
 ids, features and labels; ``sensitive``: record ids and sensitive groups). In a simulation the role follows from the
 node's `partition-id` and the run's topology (:func:`simulated_role`): partitions 0..N-1 are the feature parties,
 N..N+S-1 the sensitive ones.
 
-Messages beyond those of :mod:`protocols.messages` (every message goes through the server: Flower is a hub). The
-setup exchanges the feature parties' records once, sealed end to end (the spec's "Revision": no record id, feature,
-label, output or Jacobian reaches the server; `client.sealed_records`, `protocols.party_keys`), and the rounds carry
-the model and noised means only (ExchangeSetup: `protocols.messages.ExchangeSetup`):
+Messages beyond those of :mod:`protocols.messages` (every message goes through the server: Flower is a hub). The setup
+exchanges the feature parties' records once, sealed end to end (SECURITY.md, "`steffle` with separate parties": no
+record id, feature, label, output or Jacobian reaches the server; `client.sealed_records`, `protocols.party_keys`), and
+the rounds carry the model and noised means only (ExchangeSetup: `protocols.messages.ExchangeSetup`):
 
 * ``query.holdings`` server -> sensitive party: ExchangeSetup; reply ``sealed``: one uint8 box per feature
   party (``features-<j>``), the pseudonyms of the records it holds, sealed to that party.

@@ -50,7 +50,7 @@ release at the first round of the epoch it answers, before it computes anything 
 epoch at its start is conservative and correct (the worst-case record may sit in the epoch's first batch); the other
 rounds of the epoch charge nothing new (``client.privacy_state``). The calibration is the same event: ``RoundPrivacy``
 calibrates sigma for E_j unsampled steps (:func:`accounted_steps`), which is why shuffled epochs need far more noise
-than Poisson sampling at the same epsilon (README, "steffle": measured on Adult).
+than Poisson sampling at the same epsilon (docs/algorithms/steffle.md, "Shuffled epochs": measured on Adult).
 """
 
 from __future__ import annotations

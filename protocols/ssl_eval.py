@@ -1,6 +1,6 @@
 """Evaluation of self-supervised representations: feature extraction, the weighted kNN monitor, the linear probe.
 
-FedSC is evaluated like centralized SSL (paper Section 7.1 and Fig. 2; spec `fedsc.md`, "Evaluation"): the backbone is
+FedSC is evaluated like centralized SSL (paper Section 7.1 and Fig. 2): the backbone is
 frozen and its features are judged by
 
 * a **kNN monitor** (k = 200, tau = 0.1; the paper's convergence plots, Fig. 2): cosine similarity between

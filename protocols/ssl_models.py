@@ -1,6 +1,6 @@
 """Representation models for federated spectral contrastive learning (FedSC): a backbone plus a projector.
 
-The paper's representation ``z(x; theta) in R^H`` (Section 3, the SC objective; spec `fedsc.md`, "Objective") is the
+The paper's representation ``z(x; theta) in R^H`` (Section 3, the SC objective) is the
 projector's output; the linear probe and the kNN monitor read the backbone's features instead (Section 7.1; the usual
 SimCLR/SC protocol). :func:`build_ssl_model` builds the two architectures silofl supports:
 

@@ -1,5 +1,5 @@
-"""The server's setup steps of a run with separate feature and sensitive parties (protocols/parties.py; spec
-../shared/specs/steffle-hybrid.md, "Revision"; P_S and P_{S|Y} from the sensitive parties' DP histograms).
+"""The server's setup steps of a run with separate feature and sensitive parties (protocols/parties.py; the sealed
+records of SECURITY.md, "`steffle` with separate parties"; P_S and P_{S|Y} from the sensitive parties' DP histograms).
 
 1. :func:`sealed_exchange` (at every start of a job, a resumed one too: the sensitive parties keep the records for
    the run only): the feature parties' records reach the sensitive parties that hold their attributes, sealed end to

@@ -7,7 +7,8 @@ displacements) as a negative pseudo-gradient and updates the global model with A
 round, ``-Delta_t / lr_local`` is the participants' mean minibatch gradient, which for FedSC is a stochastic gradient of
 the global spectral contrastive loss (eq. 6), so FedSC + FedAdam is Adam on the global objective; FedAvg+SC + FedAdam is
 Adam on the sum of the per-silo objectives. Adam's per-parameter step sizes are what made central training on the
-global loss progress within a CPU budget (docs/fedsc_objective_gap.md: Adam reaches in 600 steps what SGD does not).
+global loss progress within a CPU budget (docs/results/fedsc_objective_gap.md: Adam reaches in 600 steps what SGD does
+not).
 
 The Adam itself is ``torch.optim.Adam`` (defaults betas (0.9, 0.999), eps 1e-8, with bias correction; Reddi et al.
 use a larger eps "tau" without bias correction, a detail we do not follow) over float32 copies of the parameters,

@@ -1,8 +1,8 @@
-"""SteFFLe's server with separate feature and sensitive parties (../shared/specs/steffle-hybrid.md, "Revision";
-SteFFLe Section 4 and Appendix F): the same SGDA step as :class:`strategies.noisy_aggregation.NoisyAggregation`,
-with two exchanges through the server per round, after the sealed record exchange of setup
-(`server.parties.sealed_exchange`: each sensitive party received the features and labels of the records whose
-sensitive attribute it holds, encrypted end to end).
+"""SteFFLe's server with separate feature and sensitive parties (SteFFLe Section 4 and Appendix F; the sealed records of
+SECURITY.md, "`steffle` with separate parties"): the same SGDA step as
+:class:`strategies.noisy_aggregation.NoisyAggregation`, with two exchanges through the server per round, after the
+sealed record exchange of setup (`server.parties.sealed_exchange`: each sensitive party received the features and labels
+of the records whose sensitive attribute it holds, encrypted end to end).
 
 1. theta_t, W_t and the prior -> every feature party j; reply: its mean loss gradient g_j and the mean s-independent
    part of the W-gradient, -2 W (.) F_i, over its Poisson sample at q = m / n_j (`client.rounds.steffle_parties`

@@ -91,7 +91,7 @@ def test_every_option_of_an_algorithm_is_a_flag_of_its_command(capsys) -> None:
 def test_a_key_of_another_algorithm_is_refused_with_its_owners_unless_it_asks_for_nothing() -> None:
     with pytest.raises(ConfigError, match="'lambda' is an option of steffle, tran, fedfdp, not of fedavg"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 3, "lambda": 2})
-    # epsilon = inf asks nothing of a non-private algorithm (the README's `flwr run` line for fedavg gives it)
+    # epsilon = inf asks nothing of a non-private algorithm (the `flwr run` line for fedavg in docs/USAGE.md gives it)
     assert RunConfig.parse({"algorithm": "fedavg", "rounds": 3, "epsilon": "inf"}).private is False
     with pytest.raises(ConfigError, match="'epsilon' is an option of"):
         RunConfig.parse({"algorithm": "fedavg", "rounds": 3, "epsilon": 1})

@@ -1,4 +1,4 @@
-"""FedFDP's silo side (Ling et al. 2024, Alg. 2; spec ``fedfdp.md``): one fair, clipped, noised DP-SGD step and the
+"""FedFDP's silo side (Ling et al. 2024, Alg. 2): one fair, clipped, noised DP-SGD step and the
 noised loss release, on tensors. The math is `protocols.fedfdp`; the Flower round is `client.rounds.fedfdp`.
 
 With lambda = 0 the fair clipping is plain clipping and the step is DP-FedSGD's: :func:`fair_noisy_gradient` then

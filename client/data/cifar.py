@@ -1,6 +1,6 @@
 """CIFAR-10 as a silofl dataset, read from Krizhevsky's "python version" batches.
 
-FedSC's CIFAR-10 experiment (paper Section 7.1; spec `fedsc.md`, "Experiments") splits the 50,000 training images into
+FedSC's CIFAR-10 experiment (paper Section 7.1) splits the 50,000 training images into
 10 clients of one class each. Like the other image datasets (`images.py`) each image becomes one record: its 3,072
 pixels as float32 features in [0, 1] (byte / 255), labels 0..9 with the official class names, the official
 50,000 / 10,000 train/test split (no re-splitting), and one pseudo sensitive group "all" (no protected attribute).

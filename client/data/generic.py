@@ -1,6 +1,6 @@
 """Turn a table (pandas DataFrame, CSV or Parquet file) into a preprocessed `TabularDataset`.
 
-The preprocessing is the papers' (SteFFLe, Appendix E.2.1; spec `steffle.md`, "Experiments"):
+The preprocessing is the papers' (SteFFLe, Appendix E.2.1):
 
 * a random train/test split by `seed` (3:1 by default; no stratification);
 * categorical (non-numeric, or explicitly listed) feature columns one-hot encoded;

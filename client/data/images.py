@@ -1,6 +1,6 @@
 """Image datasets as silofl datasets: MNIST, Fashion-MNIST (idx files) and scikit-learn's bundled 8x8 digits.
 
-These are the datasets of DP-mu2-FL's experiments (spec `mu2fl.md`, "Experiments"; paper Section 5.3): multinomial
+These are the datasets of DP-mu2-FL's experiments (paper Section 5.3): multinomial
 logistic regression on raw pixels. Each image becomes one record with its pixels, row-major, as features scaled to
 [0, 1] (float32, pixel / 255 for MNIST, pixel / 16 for digits). The features are NOT z-scored and no constant bias
 column is appended: the paper's constants (G = sqrt(2 * 785), L = 785 / 2, see `protocols.mu2.Mu2Constants`) assume

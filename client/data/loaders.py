@@ -1,6 +1,6 @@
 """`load_dataset`: the built-in datasets of the papers' experiments, the synthetic one, or any CSV/Parquet file.
 
-Preprocessing follows SteFFLe (Appendix E.2; spec `steffle.md`, "Experiments"): 3:1 random train/test split by seed,
+Preprocessing follows SteFFLe (Appendix E.2): 3:1 random train/test split by seed,
 one-hot categoricals, continuous columns z-scored with training statistics (see `generic.py`), sensitive columns
 removed from the features, and an `age` sort key for Algorithm 3. Per dataset:
 

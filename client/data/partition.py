@@ -7,7 +7,7 @@ Methods:
 
 * ``iid``: a uniformly random permutation cut into `num_silos` parts whose sizes differ by at most one. Written
   here rather than with flwr-datasets' IidPartitioner, which cuts the rows into contiguous shards without shuffling.
-* ``attribute``: Algorithm 3 of the SteFFLe paper (Appendix E.2.3; spec `steffle.md`, "Experiments"), lines cited
+* ``attribute``: Algorithm 3 of the SteFFLe paper (Appendix E.2.3), lines cited
   in `_attribute_partition`. Heterogeneity h in [0, 1]: h = 0 is iid, h = 1 gives each silo one block of the sorted
   attribute (age). Numpy, because flwr-datasets has no partitioner for it.
 * ``classes``: label skew, flwr-datasets' PathologicalPartitioner ("first-deterministic" class assignment, the

@@ -1,6 +1,6 @@
 """The in-memory data model of a silo: two divisions aligned by record index.
 
-Follows the data model of `shared/specs/steffle.md` ("Data model"): a record is (x, s, y); each silo splits its records
+Follows SteFFLe's data model (Gupta et al. 2024, Section 2): a record is (x, s, y); each silo splits its records
 into a *non-sensitive division* (features x and labels y, the only thing the model side sees) and a *sensitive
 division* (the joint protected category s, the only place s is read). Several sensitive columns form one categorical
 variable over their Cartesian product, so `SensitiveDivision.groups` is a single index in [0, num_groups).

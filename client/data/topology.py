@@ -1,11 +1,11 @@
-"""Parties with roles over one universal record index (../shared/specs/steffle-hybrid.md, "Parties and data";
-SteFFLe Section 4 and Appendix F): who holds which record's features and label, and who holds its sensitive
+"""Parties with roles over one universal record index (SteFFLe: Gupta et al. 2024,
+Section 4 and Appendix F, "General Case"): who holds which record's features and label, and who holds its sensitive
 attribute.
 
 * A *feature party* holds (id, x, y) for its ids P_j; the P_j partition the records.
 * A *sensitive party* holds (id, s) for its ids S_c; the S_c partition the records too, independently of the P_j.
 
-Topology presets (the spec's list):
+Topology presets (the modes of SteFFLe Section 4; `silofl data split --topology`):
 
 * ``silos``: today's silo, both divisions on the same ids in one party (p = s = N, S_c = P_c, same node);
 * ``divided``: each silo's two divisions on two nodes (p = s = N, S_c = P_c);

@@ -1,4 +1,4 @@
-"""FedFDP round on a silo (Ling et al. 2024, Alg. 2; spec ``fedfdp.md``): charge the ledger, then one fair, clipped,
+"""FedFDP round on a silo (Ling et al. 2024, Alg. 2): charge the ledger, then one fair, clipped,
 noised local step and the noised loss release, both computed in the silo.
 
 What leaves the silo, and why each is private under add/remove-one-record neighbours (FedFDP's record is the whole

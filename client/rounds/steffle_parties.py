@@ -1,7 +1,7 @@
-"""SteFFLe's answers at separate parties (../shared/specs/steffle-hybrid.md, "Revision"; SteFFLe Section 4 and
-Appendix F), named by the `steffle` registry entry per role. Each sensitive party received, at setup, the features and
-labels of the records whose sensitive attribute it holds (`client.party_exchange`, sealed end to end), so a round is
-a silo's round split between two nodes:
+"""SteFFLe's answers at separate parties (SteFFLe Section 4 and Appendix F; the sealed records of SECURITY.md,
+"`steffle` with separate parties"), named by the `steffle` registry entry per role. Each sensitive party received, at
+setup, the features and labels of the records whose sensitive attribute it holds (`client.party_exchange`, sealed end to
+end), so a round is a silo's round split between two nodes:
 
 * feature party, ``train``: :func:`feature_train` (a silo's non-sensitive division: the mean loss gradient and the
   mean s-independent part of the W-gradient over its Poisson sample at q = m / n_j). Nothing it sends depends on s.
@@ -12,10 +12,10 @@ a silo's round split between two nodes:
   fairness gradients). Charged to its ledger BEFORE anything is computed: a party over its budget refuses, releasing
   nothing.
 
-Privacy accounting of a sensitive party (spec, "Privacy (decisions)"): the silos' composed mechanism under the
-replace-one relation on s: the one-off histogram (radius sqrt(2)/2, `counts-share` of the budget), then T rounds of
-two Gaussian releases (theta and W, radii C and R_W = 2 / sqrt(rho), or the W rows scaled to radius 1 with per-group W
-noise) at one noise multiplier, amplified by its secret Poisson sampling at rate q = min(1, m N / n)
+Privacy accounting of a sensitive party (SECURITY.md, "`steffle` with separate parties"): the silos' composed mechanism
+under the replace-one relation on s: the one-off histogram (radius sqrt(2)/2, `counts-share` of the budget), then T
+rounds of two Gaussian releases (theta and W, radii C and R_W = 2 / sqrt(rho), or the W rows scaled to radius 1 with
+per-group W noise) at one noise multiplier, amplified by its secret Poisson sampling at rate q = min(1, m N / n)
 (`SealedRecords.sampling_rate`): nobody else knows the sample.
 """
 

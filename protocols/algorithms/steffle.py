@@ -30,7 +30,7 @@ from protocols.shuffled_epochs import ACCOUNTING_NOTE
 
 RELATION = "replace_one (the sensitive attribute of one record)"
 PARTIES_REPORT = (
-    "separate parties with sealed records (../shared/specs/steffle-hybrid.md, Revision): at setup "
+    'separate parties with sealed records (SECURITY.md, "`steffle` with separate parties"): at setup '
     "each feature party sends each sensitive party the (pseudonym, features, label) of the records whose sensitive "
     "attribute that party holds, encrypted end to end (X25519 + AES-GCM; pseudonyms: a keyed hash the server does not "
     "hold); each sensitive party owns its ledger and budget and samples the records it received with its own secret "

@@ -1,7 +1,8 @@
 """DP-CalR (FedSC, Algorithm 2): a client's differentially private correlation matrix, its sensitivity and its epsilon.
 
-Source: ``shared/papers/fedsc-federated-spectral-contrastive.txt`` (Algorithm 2, Proposition 6.6, Table 6) as resolved
-by ``shared/specs/fedsc.md``. The mechanism, for client ``j`` with records ``D_j`` (``n = |D_j|``):
+Source: Jing et al., "FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
+Non-i.i.d. Data", ICML 2024 (Algorithm 2, Proposition 6.6, Table 6); silofl's choices: docs/FEDSC.md, "Privacy".
+The mechanism, for client ``j`` with records ``D_j`` (``n = |D_j|``):
 
     for every record xbar: V augmented views x_1..x_V, z_v = NormClip(z(x_v; theta), sqrt(mu))
     R~_j = 1/(n V) sum_xbar sum_v z_v z_v^T  +  N(0, sigma^2) on each of the H x H entries

@@ -1,7 +1,7 @@
 """Which SuperNodes a deployment of a topology has, and what each is called.
 
 A deployment of topology ``silos`` has N silos, ``silo_0`` ... ``silo_<N-1>`` (both divisions of a record on one
-node, today's federation). Every other topology (../shared/specs/steffle-hybrid.md) has N *feature parties*
+node, today's federation). Every other topology (SteFFLe Section 4 and Appendix F) has N *feature parties*
 ``features_0`` ... ``features_<N-1>`` (record ids, features, labels) and S *sensitive parties* ``sensitive_0`` ...
 ``sensitive_<S-1>`` (record ids, sensitive groups): S = N for ``divided``, 1 for ``central-sensitive`` (a census
 bureau), `--sensitive-parties` for ``general``. The names are those of the folders `silofl data split --topology`
