@@ -27,7 +27,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from client import privacy_state, silo_policy
+from client import answer_journal, privacy_state, silo_policy
 from client.data.tabular import SiloData
 from client.rounds import RoundFunction
 from client.silo_data import describe, describe_party, load_party_data, load_silo_data, node_role
@@ -112,16 +112,16 @@ def _answer(
 ) -> Message:
     """Answer a checked request once (see `client.privacy_state`): check the job against the node's policy
     (`client.silo_policy`; `records`: the node's training records), bind the node's job, replay a journaled answer
-    to the same request, else compute it and journal it before it is released."""
+    to the same request, else compute it and journal it before it is released (`client.answer_journal`)."""
     silo_policy.check_job(context, instr, role=role, records=records, what=what)
     privacy_state.open_job(context, silo_id=silo_id, instr=instr, what=what, role=role)
-    digest = privacy_state.request_digest(message.content) if privacy_state.persistent(context) else ""
-    cached = privacy_state.replay(context, kind, instr, digest, what=what)
+    digest = answer_journal.request_digest(message.content) if privacy_state.persistent(context) else ""
+    cached = answer_journal.replay(context, kind, instr, digest, what=what)
     if cached is not None:
         return Message(cached, reply_to=message)
     content = compute()
     silo_policy.record_unnoised(context, instr, what)  # before the release: a job that calibrated no noise
-    privacy_state.answered(context, kind, instr.server_round, digest, content)
+    answer_journal.answered(context, kind, instr.server_round, digest, content)
     return Message(content, reply_to=message)
 
 

@@ -207,13 +207,13 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _save(directory: Path, ledger: LifetimeLedger, policy: SiloPolicy) -> None:
-    from client.privacy_state import _atomic_write
+    from protocols.atomic_files import atomic_write
 
     if math.isfinite(policy.lifetime_epsilon):
         ledger.budget = {"lifetime-epsilon": policy.lifetime_epsilon, "lifetime-delta": policy.lifetime_delta or 0.0}
     else:
         ledger.budget = {}
-    _atomic_write(path_of(directory), json.dumps(ledger.to_json(), indent=1).encode())
+    atomic_write(path_of(directory), json.dumps(ledger.to_json(), indent=1).encode())
 
 
 # -- admission and charges ----------------------------------------------------------------------------------------

@@ -13,17 +13,17 @@ Shuffled epochs (`protocols.shuffled_epochs`; a plan with `batches_per_epoch` > 
 steps, one per epoch, and charged per epoch (:func:`charge`): the first round of an epoch the silo answers charges the
 epoch's one release (q = 1) before anything of it is computed; the epoch's other rounds charge nothing new, but are
 admitted only in increasing order, once each (the last admitted round is kept in the state, like the ledger), and
-refused when the ledger is over budget. The pending mark and the journal below work for them as for charged rounds.
+refused when the ledger is over budget. The pending mark and the journal work for them as for charged rounds.
 
 Both live in `context.state`, a RecordDict that Flower keeps between the messages of a run. Flower forgets it when the
 silo's SuperNode restarts, and a server that restarts from its checkpoint starts a new Flower run (a fresh
 `context.state`). A silo whose node config names a `state-dir` therefore also keeps, per job, everything its state
 holds (ledger, calibration, DP-mu2-FL's momentum and record order, FedSC's share count) in a file there
-(:func:`open_job`, :func:`persist`), written atomically:
+(:func:`open_job`, :func:`persist`; encoded by `protocols.record_codec`, written by `protocols.atomic_files`):
 
 * when it charges its ledger, BEFORE it computes or releases the answer (the charge is marked pending);
-* when it has computed the answer, BEFORE it releases it: the answer itself is kept (the journal, one answer per
-  message kind) and the pending mark cleared.
+* when it has computed the answer, BEFORE it releases it: the answer itself is kept (the journal,
+  `client.answer_journal`, one answer per message kind) and the pending mark cleared.
 
 So after any crash the silo knows what it spent. A round asked again is answered once: if its answer was journaled it
 is replayed byte for byte (a second copy of one release costs no privacy), if the round was charged but its answer
@@ -34,19 +34,19 @@ join a private job after its first round (its ledger would start from zero and f
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context
 
+from protocols.atomic_files import atomic_write
 from protocols.messages import PER_ROUND_FIELDS, MessageError, RecordCache, TrainInstruction, flower_record
+from protocols.record_codec import decode_record, encode_record
 
 if TYPE_CHECKING:  # the accountants (dp-accounting) are imported when a silo first calibrates or charges: a deployed
     # ClientApp is a fresh process per message, and setup, evaluate and non-private rounds need neither
@@ -62,9 +62,6 @@ DATA_SPEC_KEY = "silofl.data-spec"
 JOB_KEY = "silofl.job"
 #: A charged answer that has not been released yet (the silo went down in between, or the round failed after it).
 PENDING_KEY = "silofl.pending"
-#: The last answer of each message kind: `silofl.journal.<kind>` (round, request digest, record names) and
-#: `silofl.journal.<kind>/<record>` (the reply's records).
-JOURNAL_KEY = "silofl.journal"
 #: Shuffled epochs: the last round this silo admitted (charged, or covered by its epoch's charge).
 ADMITTED_KEY = "silofl.admitted"
 #: The job's instruction as its first message gave it, every field but the per-round ones (:func:`bind_instruction`).
@@ -275,6 +272,24 @@ def spent(context: Context) -> float:
     return float(context.state[SPENT_KEY]["epsilon"])
 
 
+def _pending_round(context: Context) -> int | None:
+    return int(context.state[PENDING_KEY]["round"]) if PENDING_KEY in context.state else None
+
+
+def _already_hint(context: Context, exc: ValueError) -> str:
+    """What to do about a round the ledger refuses as already charged (or out of order); '' for other errors."""
+    if not any(
+        phrase in str(exc)
+        for phrase in ("already charged", "before the last charged round", "already answered", "last answered round")
+    ):
+        return ""
+    where = f" (its ledger is in {context.state[JOB_KEY]['path']})" if persistent(context) else ""
+    return (
+        f"{where}. This silo answers each round of a job once: a resumed server continues after its checkpoint, "
+        "and a new job with the same parameters needs another seed"
+    )
+
+
 # -- persistence across restarts (node config `state-dir`) ----------------------------------------------------------
 
 
@@ -303,7 +318,8 @@ def job_fingerprint(instr: TrainInstruction) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _private(instr: TrainInstruction) -> bool:
+def private_job(instr: TrainInstruction) -> bool:
+    """Whether `instr` is a private job: a finite epsilon, or a zCDP budget (rho > 0)."""
     return math.isfinite(instr.epsilon) or float(getattr(instr, "rho", 0.0)) > 0
 
 
@@ -327,7 +343,7 @@ def open_job(context: Context, *, silo_id: int, instr: TrainInstruction, what: s
     path = directory / f"{role}{silo_id}-job-{fingerprint}.json" if directory is not None else None
     if path is not None and path.is_file():
         _load_job(context, path, silo_id, fingerprint)
-    elif _private(instr) and instr.server_round > 1:
+    elif private_job(instr) and instr.server_round > 1:
         where = (
             f"no state for this job in its state-dir {directory}"
             if directory is not None
@@ -393,7 +409,7 @@ def persist(context: Context) -> None:
         "written_at": time.time(),
         "records": records,
     }
-    _atomic_write(Path(str(job["path"])), json.dumps(document).encode())
+    atomic_write(Path(str(job["path"])), json.dumps(document).encode())
 
 
 def _load_job(context: Context, path: Path, silo_id: int, fingerprint: str) -> None:
@@ -413,85 +429,13 @@ def _load_job(context: Context, path: Path, silo_id: int, fingerprint: str) -> N
         context.state[name] = record
 
 
-def request_digest(content: RecordDict) -> str:
-    """SHA-256 of a request's records (names, array bytes, config values): what a replayed answer must match."""
-    h = hashlib.sha256()
-    for name in sorted(content.keys()):
-        record = content[name]
-        h.update(f"\x00{name}\x00{type(record).__name__}\x00".encode())
-        if isinstance(record, ArrayRecord):
-            for key, array in record.items():
-                h.update(f"{key}\x00{array.dtype}\x00{tuple(array.shape)}\x00".encode())
-                h.update(array.data)
-        else:
-            h.update(json.dumps({k: _encode_value(v) for k, v in record.items()}, sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def replay(context: Context, kind: str, instr: TrainInstruction, digest: str, *, what: str) -> RecordDict | None:
-    """The journaled answer to this very request, if the silo already answered it (None: compute it).
-
-    A different request for a round the silo answered is refused in a private job (a second answer would be a
-    second release of its data); in a non-private one the answer is simply computed again.
-    """
-    name = f"{JOURNAL_KEY}.{kind}"
-    if not persistent(context) or name not in context.state:
-        return None
-    meta = context.state[name]
-    if int(meta["round"]) != instr.server_round:
-        return None
-    if meta["digest"] != digest:
-        if not _private(instr):
-            return None
-        raise MessageError(
-            f"{what}: this silo already answered round {instr.server_round} ({kind}) of this job, to a different "
-            "request; a second answer would be a second release of its data, so it refuses (a resumed server "
-            "sends the same request again; a new job needs another seed)"
-        )
-    return RecordDict({rec: _copy_record(context.state[f"{name}/{rec}"]) for rec in meta["records"]})
-
-
-def answered(context: Context, kind: str, server_round: int, digest: str, content: RecordDict) -> None:
-    """The answer is computed and about to be released: clear the pending charge; with a state-dir, journal the
-    answer and write everything to disk first."""
-    if PENDING_KEY in context.state:
-        del context.state[PENDING_KEY]
-    if not persistent(context):
-        return
-    name = f"{JOURNAL_KEY}.{kind}"
-    for old in [key for key in context.state if key.startswith(name + "/")]:
-        del context.state[old]
-    for rec, record in content.items():
-        context.state[f"{name}/{rec}"] = _copy_record(record)
-    context.state[name] = ConfigRecord({"round": server_round, "digest": digest, "records": list(content.keys())})
-    persist(context)
-
-
-def _pending_round(context: Context) -> int | None:
-    return int(context.state[PENDING_KEY]["round"]) if PENDING_KEY in context.state else None
-
-
-def _already_hint(context: Context, exc: ValueError) -> str:
-    """What to do about a round the ledger refuses as already charged (or out of order); '' for other errors."""
-    if not any(
-        phrase in str(exc)
-        for phrase in ("already charged", "before the last charged round", "already answered", "last answered round")
-    ):
-        return ""
-    where = f" (its ledger is in {context.state[JOB_KEY]['path']})" if persistent(context) else ""
-    return (
-        f"{where}. This silo answers each round of a job once: a resumed server continues after its checkpoint, "
-        "and a new job with the same parameters needs another seed"
-    )
-
-
 def save_run_spec(context: Context, record: ConfigRecord) -> None:
     """Keep the run's data spec (from `query.setup`) on disk, so that a silo restarted mid-run can continue it."""
     directory = state_dir(context)
     if directory is None:
         return
     document = {"format": STATE_FORMAT, "run_id": context.run_id, "record": encode_record(record)}
-    _atomic_write(directory / f"run-{context.run_id}.json", json.dumps(document).encode())
+    atomic_write(directory / f"run-{context.run_id}.json", json.dumps(document).encode())
 
 
 def load_run_spec(context: Context) -> ConfigRecord | None:
@@ -505,83 +449,3 @@ def load_run_spec(context: Context) -> ConfigRecord | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise MessageError(f"the silo's saved run spec {path} is unreadable ({exc})") from None
     return record if isinstance(record, ConfigRecord) else None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write-to-temporary, flush to disk, rename: a crash leaves the old file or the new one, never a mix.
-
-    Owner-only permissions (0600 files, 0700 new folders): the state holds a silo's ledger and, for DP-mu2-FL, its
-    un-noised momentum, which must not be readable by other users of the machine.
-    """
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _encode_value(value: object) -> object:
-    if isinstance(value, bytes):
-        return {"b64": base64.b64encode(value).decode()}
-    if isinstance(value, list):
-        return [_encode_value(v) for v in value]
-    return value
-
-
-def _decode_value(value: object) -> object:
-    if isinstance(value, dict):
-        return base64.b64decode(value["b64"])
-    if isinstance(value, list):
-        return [_decode_value(v) for v in value]
-    return value
-
-
-def encode_record(record: ConfigRecord | MetricRecord | ArrayRecord) -> dict[str, object]:
-    """A Flower record as JSON-able data, exactly (array bytes in base64); :func:`decode_record` reads it back."""
-    if isinstance(record, ArrayRecord):
-        return {
-            "type": "array",
-            "arrays": {
-                key: {
-                    "dtype": a.dtype,
-                    "shape": list(a.shape),
-                    "stype": a.stype,
-                    "data": base64.b64encode(a.data).decode(),
-                }
-                for key, a in record.items()
-            },
-        }
-    kind = "metric" if isinstance(record, MetricRecord) else "config"
-    return {"type": kind, "values": {k: _encode_value(v) for k, v in record.items()}}
-
-
-def decode_record(data: dict) -> ConfigRecord | MetricRecord | ArrayRecord:
-    """The record :func:`encode_record` encoded."""
-    if data["type"] == "array":
-        return ArrayRecord(
-            {
-                key: Array(a["dtype"], tuple(a["shape"]), a["stype"], base64.b64decode(a["data"]))
-                for key, a in data["arrays"].items()
-            }
-        )
-    values = {k: _decode_value(v) for k, v in data["values"].items()}
-    if data["type"] == "metric":
-        return MetricRecord(values)
-    if data["type"] == "config":
-        return ConfigRecord(values)
-    raise ValueError(f"unknown record type {data['type']!r}")
-
-
-def _copy_record(record: ConfigRecord | MetricRecord | ArrayRecord) -> ConfigRecord | MetricRecord | ArrayRecord:
-    """A copy sharing nothing mutable (array payloads are immutable bytes)."""
-    if isinstance(record, ArrayRecord):
-        return ArrayRecord({key: Array(a.dtype, tuple(a.shape), a.stype, a.data) for key, a in record.items()})
-    values = {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
-    return MetricRecord(values) if isinstance(record, MetricRecord) else ConfigRecord(values)

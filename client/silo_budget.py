@@ -33,8 +33,9 @@ def node_folders(directory: Path) -> list[Path]:
 
 def job_charges(directory: Path, key: str) -> dict[str, object]:
     """From a job's own file: the first and last round it charged and the epsilon its ledger reports."""
-    from client.privacy_state import LEDGER_KEY, decode_record
+    from client.privacy_state import LEDGER_KEY
     from protocols.privacy.ledger import PrivacyLedger
+    from protocols.record_codec import decode_record
 
     path = directory / f"{key}.json"
     if not path.is_file():

@@ -50,9 +50,9 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 
-from client.privacy_state import decode_record, encode_record
 from protocols import messages as msg
 from protocols.config import ConfigError, RunConfig
+from protocols.record_codec import decode_record, encode_record
 from strategies.base import Federation, RoundError, RoundRecord, RunHistory, SiloflStrategy
 
 FORMAT = 1

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from client import privacy_state
+from client import answer_journal, privacy_state
 from client.app import app as client_app
 from protocols import messages as msg
+from protocols import record_codec
 from protocols.config import ConfigError, RunConfig
 from protocols.privacy.ledger import PrivacyLedger
 from server import checkpoint
@@ -83,7 +84,7 @@ def _ledger_file(state_dir: Path) -> dict[str, Any]:
 
 
 def _ledger(state_dir: Path) -> PrivacyLedger:
-    record = privacy_state.decode_record(_ledger_file(state_dir)["records"][privacy_state.LEDGER_KEY])
+    record = record_codec.decode_record(_ledger_file(state_dir)["records"][privacy_state.LEDGER_KEY])
     return PrivacyLedger.from_dict(dict(record))
 
 
@@ -350,17 +351,17 @@ def test_no_privacy_ledger_goes_backwards_across_silo_and_server_restarts(tmp_pa
     silo's epsilon never decreases and ends where the uninterrupted run's ends, each round charged exactly once."""
     out, silos = tmp_path / "run", tmp_path / "silos"
     watch = LedgerWatch()
-    real_answered = privacy_state.answered
+    real_answered = answer_journal.answered
 
     def dies_before_release(context, kind, server_round, digest, content):
         if int(context.node_config["partition-id"]) == 1 and kind == "train" and server_round == 2:
             raise RuntimeError("silo 1 lost power after charging round 2, before its answer left")
         real_answered(context, kind, server_round, digest, content)
 
-    monkeypatch.setattr(privacy_state, "answered", dies_before_release)
+    monkeypatch.setattr(answer_journal, "answered", dies_before_release)
     with pytest.raises(RoundError, match=r"silo 1 \(node 1001\) failed in round 2"):
         _serve(InProcessGrid(watch, SILOS, node_configs=_state_dirs(silos)), _config(PRIVATE, out))
-    monkeypatch.setattr(privacy_state, "answered", real_answered)
+    monkeypatch.setattr(answer_journal, "answered", real_answered)
     assert _ledger(silos / "silo_1").rounds() == [1, 2]  # paid for, not released: pending in its file
     assert privacy_state.PENDING_KEY in _ledger_file(silos / "silo_1")["records"]
 
@@ -514,7 +515,7 @@ def test_state_records_round_trip_exactly() -> None:
         msg.arrays_record({"w": np.random.default_rng(0).standard_normal((3, 2)), "i": np.arange(4)}),
     ]
     for record in records:
-        back = privacy_state.decode_record(json.loads(json.dumps(privacy_state.encode_record(record))))
+        back = record_codec.decode_record(json.loads(json.dumps(record_codec.encode_record(record))))
         assert type(back) is type(record)
         if isinstance(record, ArrayRecord):
             assert {k: a.numpy().tolist() for k, a in back.items()} == {

@@ -1,12 +1,13 @@
 """client.privacy_state with shuffled epochs, on the real ClientApp of a SteFFLe silo: one unsampled release per
 epoch, charged at the epoch's first round before anything of it is computed; the ledger equals the accountant's
-composition; refusals past the budget and of a round asked again; the pending mark and the journal."""
+composition; refusals past the budget and of a round asked again; the pending mark and the journal
+(client.answer_journal)."""
 
 from __future__ import annotations
 
 import pytest
 
-from client import privacy_state
+from client import answer_journal, privacy_state
 from client.algorithms import steffle as steffle_algo
 from protocols import messages as msg
 from protocols.privacy.accountant import calibrate_noise, epsilon_spent
@@ -116,17 +117,17 @@ def test_a_pending_round_is_answered_once_and_then_replayed(tmp_path, monkeypatc
     state = {privacy_state.STATE_DIR_KEY: str(tmp_path / "silo")}
     driver = _silo(total_rounds=8, **state)
     driver.report(driver.train(1))
-    real_answered = privacy_state.answered
+    real_answered = answer_journal.answered
 
     def dies_before_release(context, kind, server_round, digest, content):
         if kind == "train" and server_round in (2, 5):
             raise RuntimeError(f"the silo lost power after admitting round {server_round}")
         real_answered(context, kind, server_round, digest, content)
 
-    monkeypatch.setattr(privacy_state, "answered", dies_before_release)
+    monkeypatch.setattr(answer_journal, "answered", dies_before_release)
     assert driver.train(2).has_error()
     assert privacy_state.PENDING_KEY in driver.context.state
-    monkeypatch.setattr(privacy_state, "answered", real_answered)
+    monkeypatch.setattr(answer_journal, "answered", real_answered)
     restarted = SiloDriver("steffle", spec=SPEC, node_config=state, total_rounds=8, **SHUFFLE)
     restarted.info = driver.info
     answer = restarted.train(2)
@@ -135,9 +136,9 @@ def test_a_pending_round_is_answered_once_and_then_replayed(tmp_path, monkeypatc
     assert restarted.train(2).content[msg.FAIR_UPDATE]["w"].data == answer.content[msg.FAIR_UPDATE]["w"].data
     for t in (3, 4):
         restarted.report(restarted.train(t))
-    monkeypatch.setattr(privacy_state, "answered", dies_before_release)
+    monkeypatch.setattr(answer_journal, "answered", dies_before_release)
     assert restarted.train(5).has_error()  # epoch 2 charged, its first answer never released
-    monkeypatch.setattr(privacy_state, "answered", real_answered)
+    monkeypatch.setattr(answer_journal, "answered", real_answered)
     assert restarted.ledger().rounds() == [0, 1, 5]
     restarted.report(restarted.train(5))
     assert restarted.ledger().rounds() == [0, 1, 5]  # answered now, not charged twice

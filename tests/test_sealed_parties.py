@@ -344,6 +344,7 @@ def test_a_census_restarted_mid_run_stops_it_and_resume_exchanges_again_and_cont
     finishes with the uninterrupted run's numbers, every round charged once."""
     from client import privacy_state
     from protocols.privacy.ledger import PrivacyLedger
+    from protocols.record_codec import decode_record
     from server.app import make_server_app
 
     base = {"rounds": 4, "eval-every": 2, "checkpoint-every": 1}
@@ -378,5 +379,5 @@ def test_a_census_restarted_mid_run_stops_it_and_resume_exchanges_again_and_cont
     (job,) = (tmp_path / "state" / "node3").glob("sensitive*-job-*.json")
     saved = json.loads(job.read_text())["records"]
     assert SEALED_KEY not in saved  # the banks' records never reach the census's disk
-    record = privacy_state.decode_record(saved[privacy_state.LEDGER_KEY])
+    record = decode_record(saved[privacy_state.LEDGER_KEY])
     assert PrivacyLedger.from_dict(dict(record)).rounds() == [0, 1, 2, 3, 4]  # the histogram, then each round once
