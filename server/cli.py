@@ -3,7 +3,7 @@
     silofl run ALGORITHM [--dataset NAME|FILE] [--silos N] ...   run a federated job on one machine
     silofl data split DATASET --silos N --out DIR                 prepare one data folder per silo
     silofl privacy calibrate --epsilon E --delta D ...            noise multiplier for a privacy target
-    silofl sweep FILE.toml [--workers 2]                           a grid of runs, resumable (server/sweep.py)
+    silofl sweep FILE.toml [--workers 2]                           a grid of runs, resumable (server/sweep/)
     silofl plot fairness|privacy|mu2|fedsc|run RUN_DIR...         figures from run folders (server/plots/)
 
 `silofl run ALG` has one sub-command per registered algorithm (:mod:`protocols.algorithms`); its flags are the
