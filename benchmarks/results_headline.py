@@ -32,17 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from results import (
-    STEFFLE,
-    Point,
-    SweepResult,
-    _fmt,
-    _pct,
-    mean_points,
-    pareto_front,
-)
-
+from benchmarks.results_runs import STEFFLE
+from benchmarks.results_steffle import SweepResult
+from benchmarks.results_text import fmt, pct
 from server import plots
+from server.analysis import Point, mean_points, pareto_front
 
 #: The methods of the headline: SteFFLe and the two baselines of the paper's headline numbers.
 HEADLINE_METHODS = (STEFFLE, "tran", "fedfdp")
@@ -186,7 +180,7 @@ def _name(method: str) -> str:
 
 def _interval_text(values: Sequence[float]) -> str:
     ci = t_interval(values)
-    return "-" if ci is None else f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+    return "-" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
 
 
 def headline_section(results: Sequence[SweepResult]) -> list[str]:
@@ -226,17 +220,17 @@ def headline_section(results: Sequence[SweepResult]) -> list[str]:
         if p.value is None:
             missing = ", ".join(_name(m) for m in HEADLINE_METHODS)
             lines.append(
-                f"| {plots.DATASET_NAMES.get(p.dataset, p.dataset)} | {p.fairness} | {_fmt(p.h)} | {_fmt(p.epsilon)} | "
+                f"| {plots.DATASET_NAMES.get(p.dataset, p.dataset)} | {p.fairness} | {fmt(p.h)} | {fmt(p.epsilon)} | "
                 f"no runs of all of {missing} |" + " |" * (len(HEADLINE_METHODS) + len(baselines))
             )
             continue
         vals = " | ".join(f"{p.value.violations[m]:.4f}" for m in HEADLINE_METHODS)
         reds = []
         for b in baselines:
-            seed_text = ", ".join(_pct(s) for s in p.seed_values(b))
-            reds.append(f"{_pct(p.value.reduction(b))} ({seed_text})")
+            seed_text = ", ".join(pct(s) for s in p.seed_values(b))
+            reds.append(f"{pct(p.value.reduction(b))} ({seed_text})")
         lines.append(
-            f"| {plots.DATASET_NAMES.get(p.dataset, p.dataset)} | {p.fairness} | {_fmt(p.h)} | {_fmt(p.epsilon)} | "
+            f"| {plots.DATASET_NAMES.get(p.dataset, p.dataset)} | {p.fairness} | {fmt(p.h)} | {fmt(p.epsilon)} | "
             f"{p.value.error:.4f} ({_name(p.value.set_by)}) | {vals} | {' | '.join(reds)} |"
         )
     lines += [
@@ -273,7 +267,7 @@ def headline_section(results: Sequence[SweepResult]) -> list[str]:
             lower = sum(v > 0 for v in values)
             mean = sum(values) / len(values) if values else None
             lines.append(
-                f"| {plots.FAIRNESS_NAMES[fairness]} | {_name(b)} | {_pct(mean)} | {_interval_text(per_seed)} | "
+                f"| {plots.FAIRNESS_NAMES[fairness]} | {_name(b)} | {pct(mean)} | {_interval_text(per_seed)} | "
                 f"{lower} of {len(values)} panels | {', '.join(datasets) or '-'} | "
                 f"{'-' if paper is None else f'{100 * paper:.2f}%'} | {inside} |"
             )
@@ -291,15 +285,15 @@ def _verdict(
         return f"{claim}: no panel with runs of all three methods yet."
     where = f"SteFFLe's violation is lower in {lower} of {n} panels"
     if ci is None:
-        return f"{claim}: silofl {_pct(mean)}; {where}; one seed only, no interval."
+        return f"{claim}: silofl {pct(mean)}; {where}; one seed only, no interval."
     if ci[0] <= paper <= ci[1]:
         return (
-            f"{claim}: silofl {_pct(mean)}, 95% interval [{_pct(ci[0])}, {_pct(ci[1])}], which contains the paper's "
+            f"{claim}: silofl {pct(mean)}, 95% interval [{pct(ci[0])}, {pct(ci[1])}], which contains the paper's "
             f"number; {where}."
         )
     side = "above" if paper > ci[1] else "below"
     return (
-        f"{claim}: silofl {_pct(mean)}, 95% interval [{_pct(ci[0])}, {_pct(ci[1])}]: the paper's number lies {side} "
+        f"{claim}: silofl {pct(mean)}, 95% interval [{pct(ci[0])}, {pct(ci[1])}]: the paper's number lies {side} "
         f"it, so silofl disagrees; {where}."
     )
 
@@ -324,9 +318,9 @@ class GapRow:
         if self.value is None:
             return f"| {self.label} | no runs | | | | |"
         v = self.value.violations
-        seeds = ", ".join(_pct(x) for x in self.seeds) or "-"
+        seeds = ", ".join(pct(x) for x in self.seeds) or "-"
         return (
-            f"| {self.label} | {self.value.error:.4f} | {v[STEFFLE]:.4f} | {v['tran']:.4f} | {_pct(self.reduction)} | "
+            f"| {self.label} | {self.value.error:.4f} | {v[STEFFLE]:.4f} | {v['tran']:.4f} | {pct(self.reduction)} | "
             f"{seeds} |"
         )
 
@@ -364,9 +358,9 @@ def gap_conclusion(rows: Sequence[GapRow]) -> str:
     direction = "in SteFFLe's favour" if top.reduction > base.reduction else "against SteFFLe"
     best = max((r for r in rows if r.reduction is not None), key=lambda r: r.reduction)  # type: ignore[arg-type,return-value]
     return (
-        f"Reference (main sweeps): {_pct(base.reduction)} (seed sd {_pct(spread)}). The largest move is "
-        f"'{top.label}': {_pct(top.reduction)}, {100 * size:.1f} points {direction}, {verdict}. The best SteFFLe "
-        f"gets over these rows: {_pct(best.reduction)} ('{best.label}')."
+        f"Reference (main sweeps): {pct(base.reduction)} (seed sd {pct(spread)}). The largest move is "
+        f"'{top.label}': {pct(top.reduction)}, {100 * size:.1f} points {direction}, {verdict}. The best SteFFLe "
+        f"gets over these rows: {pct(best.reduction)} ('{best.label}')."
     )
 
 
@@ -401,7 +395,7 @@ def gap_section(results: Sequence[SweepResult]) -> list[str]:
             ("e*: the best error both reach (the headline)", star, len(star)),
         ):
             mean = sum(values) / len(values) if values else None
-            lines.append(f"| {plots.FAIRNESS_NAMES[fairness]} | {rule} | {_pct(mean)} | {len(values)} / {total} |")
+            lines.append(f"| {plots.FAIRNESS_NAMES[fairness]} | {rule} | {pct(mean)} | {len(values)} / {total} |")
     lines.append("")
     lines += [
         "The other factors (the tuning budget, SteFFLe's W radius and clip, the noise, the sampling, the authors' "
@@ -437,18 +431,18 @@ def cross_noise_lines(records: Sequence[plots.RunRecord]) -> list[str]:
         "sweep's runs): SteFFLe read at one epsilon, Tran et al. at another, under the headline rule. The diagonal is "
         "the fair comparison; below it (SteFFLe's epsilon larger) SteFFLe has less noise than Tran et al.",
         "",
-        "| SteFFLe's epsilon | " + " | ".join(f"vs Tran et al. at epsilon {_fmt(e)}" for e in eps) + " |",
+        "| SteFFLe's epsilon | " + " | ".join(f"vs Tran et al. at epsilon {fmt(e)}" for e in eps) + " |",
         "|---" * (len(eps) + 1) + "|",
     ]
     for mine in eps:
-        lines.append(f"| {_fmt(mine)} | " + " | ".join(_pct(table[(mine, theirs)]) for theirs in eps) + " |")
+        lines.append(f"| {fmt(mine)} | " + " | ".join(pct(table[(mine, theirs)]) for theirs in eps) + " |")
     same = [v for (a, b), v in table.items() if a == b and v is not None]
     less = [v for (a, b), v in table.items() if a > b and v is not None]
     if same and less:
         lines += [
             "",
-            f"At the same epsilon the reduction is {_pct(min(same))} to {_pct(max(same))}; with less noise than Tran "
-            f"et al. SteFFLe reaches {_pct(max(less))} at best (computed from the table).",
+            f"At the same epsilon the reduction is {pct(min(same))} to {pct(max(same))}; with less noise than Tran "
+            f"et al. SteFFLe reaches {pct(max(less))} at best (computed from the table).",
         ]
     return [*lines, ""]
 
@@ -475,7 +469,7 @@ def noise_lines(records: Sequence[plots.RunRecord]) -> list[str]:
     ]
     for eps, vals in sorted(rows.items()):
         mean = [sum(v[i] for v in vals) / len(vals) for i in range(4)]
-        lines.append(f"| {_fmt(eps)} | {mean[0]:.4f} | {mean[1]:.4f} | {mean[2]:.4f} | {mean[3]:.4f} |")
+        lines.append(f"| {fmt(eps)} | {mean[0]:.4f} | {mean[1]:.4f} | {mean[2]:.4f} | {mean[3]:.4f} |")
     return [
         *lines,
         "",

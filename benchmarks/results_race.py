@@ -3,7 +3,7 @@
 `race_section(sweeps, sweep_files, figures, doc_dir)` reads the runs of each sweep of :data:`MANY_VALUED` (Adult read
 as a CSV with `--sensitive race`: five groups, two of them near 1% of the records; the Credit Card CSV with its raw
 EDUCATION code: seven groups, four of them under 1%) and returns the section's markdown lines and, per sweep, the runs
-it read (a :class:`RunFiles`, the fields and `merge` of `results.RunFiles`). Everything the section says is computed
+it read (a :class:`RunFiles`, `benchmarks.results_runs.RunFiles`). Everything the section says is computed
 from the run folders: per sweep and epsilon, lambda against the test error, the demographic-parity violation over all
 groups and over the groups with at least `min_support` test records (each run's `fairness_groups`, from the summed
 test counts), for every method of the sweep file (the papers' ERMI with isotropic or per-group W noise, the
@@ -12,24 +12,19 @@ group-balanced ERMI, W steps); each group's test support; and a conclusion from 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-import sys
 import tomllib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, rel, sweep_state_text
+from server import plots
 
 RACE_HEADING = "## SteFFLe on a many-valued attribute"
-DATA_ENV = "SILOFL_DATA_DIR=../shared/data"
 
 
 @dataclass(frozen=True)
@@ -70,25 +65,6 @@ METHOD_KEYS = {"group-weight": "prior", "w-noise": "isotropic", "w-lr": 0.1}
 REFERENCE_LAMBDA = 2.0
 #: Error budget over lambda 0's error for the "lowest violation at about the same error" comparison.
 ERROR_BUDGET = 0.01
-
-
-def _results_module() -> ModuleType:
-    """benchmarks/results.py as the module `results`: the one that loaded this module when it builds the document,
-    else loaded here (this module used on its own, e.g. by its tests). Its RunFiles, _read_json and _rel serve here."""
-    module = sys.modules.get("results")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("results", Path(__file__).with_name("results.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["results"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-_RESULTS = _results_module()
-RunFiles = _RESULTS.RunFiles
-_read_json = _RESULTS._read_json
-_rel = _RESULTS._rel
 
 
 @dataclass
@@ -161,13 +137,13 @@ def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
     completed, or written before result.json had `fairness_groups`)."""
     runs, skipped = [], 0
     for path in sorted(folder.glob("*/result.json")):
-        result = _read_json(path)
+        result = read_json(path)
         groups = result.get("fairness_groups")
         if not (result.get("status") or {}).get("completed", False) or not groups:
             skipped += 1
             continue
         config = result.get("config") or {}
-        meta = _read_json(path.parent / "run.json")
+        meta = read_json(path.parent / "run.json")
         weight = config.get("group-weight", "prior")
         method = meta.get("method") or ("steffle-balanced" if weight == "balanced" else "steffle")
         timing = result.get("timing") or {}
@@ -175,8 +151,8 @@ def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
             RaceRun(
                 folder=path.parent,
                 method=str(method),
-                epsilon=_RESULTS.plots._float(config.get("epsilon", math.inf)),
-                lam=_RESULTS.plots._float(config.get("lambda", 0.0)),
+                epsilon=plots._float(config.get("epsilon", math.inf)),
+                lam=plots._float(config.get("lambda", 0.0)),
                 seed=int(config.get("seed", 0)),
                 error=float(result["final"]["error"]),
                 dp_all=float(groups["dp_violation"]),
@@ -408,7 +384,7 @@ def sweep_subsection(
     groups' test supports and rates, a conclusion computed from the tables, and a figure in `figures`; and the
     summary behind them ((epsilon, method) -> lambda -> mean error, violation all groups, violation min support)."""
     folder, sweep_file = sweeps / sweep.name, sweep_files / f"{sweep.name}.toml"
-    command = f"{DATA_ENV} silofl sweep {_rel(sweep_file, ROOT)}"
+    command = f"{DATA_ENV} silofl sweep {rel(sweep_file, ROOT)}"
     lines = [f"### {sweep.title}", "", f"The attribute: {sweep.what}.", ""]
     if not folder.is_dir():
         return (
@@ -421,7 +397,7 @@ def sweep_subsection(
     for r in runs:
         files.add(r.wall, r.cpu)
     lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only race", "```", ""]
-    lines += [f"Runs: {_RESULTS.sweep_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
+    lines += [f"Runs: {sweep_state_text(folder, sweep_file, len(runs), skipped)}.", ""]
     if not runs:
         return lines, files, {}
     order = method_order(sweep_methods(sweep_file))
@@ -463,5 +439,5 @@ def sweep_subsection(
     path = figures / sweep.figure
     fig.savefig(path, dpi=150)
     fig.clear()
-    lines += [f"![SteFFLe on {sweep.title}]({_rel(path, doc_dir)})", ""]
+    lines += [f"![SteFFLe on {sweep.title}]({rel(path, doc_dir)})", ""]
     return lines, files, summary

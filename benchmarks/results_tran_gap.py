@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from results import DATA_ENV, STEFFLE, Point, _fmt
-from results_headline import GapRow, gap_conclusion, gap_row, panel_points
-
+from benchmarks.results_headline import GapRow, cross_noise_lines, gap_conclusion, gap_row, noise_lines, panel_points
+from benchmarks.results_runs import DATA_ENV, STEFFLE
+from benchmarks.results_text import fmt
 from server import plots
+from server.analysis import Point
 
 FACTORS_HEADING = "### The gap to Tran et al.: one factor at a time (Adult, demographic parity, h 0)"
 GAP_SWEEP = "steffle_adult_tran_gap"
@@ -114,7 +115,7 @@ def factor_rows(
         if which == "inf":
             return method, math.inf
         if which == "own":
-            name = f"{method}-e{_fmt(eps)}"
+            name = f"{method}-e{fmt(eps)}"
             found = sorted({r.epsilon for r in records if r.method == name})
             if found:
                 own.append(found[0])
@@ -144,7 +145,7 @@ def factor_rows(
                 "tran": [p for m, at in theirs for p in pts(m, at, None, seed)],
             }
 
-        label = f.label.replace("{own}", ", ".join(_fmt(e) for e in sorted(set(own))) or "-")
+        label = f.label.replace("{own}", ", ".join(fmt(e) for e in sorted(set(own))) or "-")
         out.append(gap_row(label, side(None), [side(s) for s in seeds]))
     return out, own
 
@@ -215,7 +216,7 @@ def _noise_readings_lines(records: Sequence[plots.RunRecord]) -> list[str]:
         if got is None:
             continue
         rows.append(
-            f"| {_fmt(eps)} | {got['silofl']:.2f} | {got['closed_form']:.2f} ({got['closed_form_epsilon']:.2f}) | "
+            f"| {fmt(eps)} | {got['silofl']:.2f} | {got['closed_form']:.2f} ({got['closed_form_epsilon']:.2f}) | "
             f"{got['std_theta']:.4f} on the sum: {got['authors']:.3f} ({got['authors_epsilon']:.0f}) |"
         )
     if not rows:
@@ -249,8 +250,6 @@ def _noise_readings_lines(records: Sequence[plots.RunRecord]) -> list[str]:
 def factor_section(adult: Sequence[plots.RunRecord], sweeps: Path, sweep_files: Path) -> list[str]:
     """The section: per epsilon of the factor sweep a table of factors (GapRow lines) and its computed conclusion,
     the noise tables, and the authors' code's noise."""
-    from results_headline import cross_noise_lines, noise_lines
-
     lines = [
         FACTORS_HEADING,
         "",
@@ -282,7 +281,7 @@ def factor_section(adult: Sequence[plots.RunRecord], sweeps: Path, sweep_files: 
         rows, _ = factor_rows(records, eps)
         best += [(r.reduction, eps, r.label) for r in rows if r.reduction is not None]
         lines += [
-            f"**Epsilon {_fmt(eps)}** (sweeps `{MAIN_SWEEP}` and `{GAP_SWEEP}`):",
+            f"**Epsilon {fmt(eps)}** (sweeps `{MAIN_SWEEP}` and `{GAP_SWEEP}`):",
             "",
             "| factor | e* | v SteFFLe | v Tran et al. | SteFFLe vs Tran et al. | seeds |",
             "|---|---|---|---|---|---|",
@@ -296,7 +295,7 @@ def factor_section(adult: Sequence[plots.RunRecord], sweeps: Path, sweep_files: 
         lines += [
             f"Against the paper's {100 * PAPER_REDUCTION:.2f}% (SteFFLe's demographic-parity violation against Tran et "
             f"al.'s at equal accuracy, over its datasets): the best of every row at every epsilon here is "
-            f"{100 * top[0]:.1f}% ('{top[2]}', epsilon {_fmt(top[1])}): "
+            f"{100 * top[0]:.1f}% ('{top[2]}', epsilon {fmt(top[1])}): "
             + (
                 "no tested factor brings SteFFLe to half of the paper's reduction."
                 if top[0] < PAPER_REDUCTION / 2

@@ -1,6 +1,7 @@
-"""benchmarks/results.py: the reduction in fairness violation at matched test error (against hand-computed numbers),
-and docs/RESULTS.md generated from run folders: synthetic result.json files with known numbers, and a tiny real
-sweep (SteFFLe, Tran et al. and FedAvg on the synthetic dataset) run through `silofl sweep`."""
+"""benchmarks/results.py and its section modules: docs/RESULTS.md generated from run folders, synthetic result.json
+files with known numbers and a tiny real sweep (SteFFLe, Tran et al. and FedAvg on the synthetic dataset) run through
+`silofl sweep`. The reduction at matched test error itself is tested against hand-computed numbers in
+tests/test_analysis.py."""
 
 from __future__ import annotations
 
@@ -13,48 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_script
-
-results = load_script("results.py", "silofl_results")
-
-# SteFFLe's points (test error, violation): the front is (0.15, 0.20), (0.16, 0.10), (0.18, 0.04); (0.17, 0.12) and
-# (0.20, 0.06) are dominated; the error range is [0.15, 0.20].
-STEFFLE = [(0.15, 0.20), (0.16, 0.10), (0.17, 0.12), (0.18, 0.04), (0.20, 0.06)]
-
-
-def test_pareto_front_drops_dominated_points():
-    assert results.pareto_front(STEFFLE) == [(0.15, 0.20), (0.16, 0.10), (0.18, 0.04)]
-    assert results.pareto_front([(0.1, 0.3), (0.1, 0.2), (0.2, 0.2)]) == [(0.1, 0.2)]  # ties: the lower, once
-
-
-def test_lower_envelope_interpolates_the_front_and_stays_flat_after_it():
-    assert results.lower_envelope(STEFFLE, 0.15) == pytest.approx(0.20)
-    assert results.lower_envelope(STEFFLE, 0.155) == pytest.approx(0.15)  # halfway between 0.20 and 0.10
-    assert results.lower_envelope(STEFFLE, 0.17) == pytest.approx(0.07)  # front, not the dominated 0.12
-    assert results.lower_envelope(STEFFLE, 0.19) == pytest.approx(0.04)  # after the front: its lowest violation
-    assert results.lower_envelope(STEFFLE, 0.149) is None  # below the range: no extrapolation
-    assert results.lower_envelope(STEFFLE, 0.201) is None
-    assert results.lower_envelope([], 0.1) is None
-
-
-def test_matched_error_reduction_hand_computed():
-    # baseline points: 0.14 is below SteFFLe's range, 0.21 above; 0.16 has zero violation
-    baseline = [(0.155, 0.25), (0.17, 0.14), (0.19, 0.05), (0.14, 0.30), (0.21, 0.01), (0.16, 0.0)]
-    red = results.matched_error_reduction(STEFFLE, baseline)
-    # 1 - 0.15/0.25 = 0.4; 1 - 0.07/0.14 = 0.5; 1 - 0.04/0.05 = 0.2; mean 1.1 / 3
-    assert [p.reduction for p in red.matched] == pytest.approx([0.4, 0.5, 0.2])
-    assert red.mean == pytest.approx(1.1 / 3)
-    assert (len(red.matched), red.total, red.below, red.above, red.zero) == (3, 6, 1, 1, 1)
-    assert red.text() == "36.7% (3/6)"
-
-
-def test_matched_error_reduction_negative_when_steffle_is_worse_and_na_without_overlap():
-    red = results.matched_error_reduction([(0.1, 0.2), (0.2, 0.1)], [(0.15, 0.10)])
-    assert red.mean == pytest.approx(1 - 0.15 / 0.10)  # SteFFLe 0.15 at error 0.15: 50% more violation
-    none = results.matched_error_reduction([(0.1, 0.2), (0.2, 0.1)], [(0.05, 0.3), (0.3, 0.3)])
-    assert none.mean is None
-    assert none.text() == "n/a (0/2: 1 below SteFFLe's error range, 1 above SteFFLe's error range)"
-
+from benchmarks import (
+    results,
+    results_document,
+    results_fedsc,
+    results_runs,
+    results_silos,
+    results_steffle,
+    results_text,
+    results_topologies,
+)
+from server.analysis import matched_error_reduction
 
 # -- documents from synthetic run folders with known numbers ----------------------------------------------------------
 
@@ -125,7 +95,7 @@ def _fake_sweep(root: Path, *, old_style: bool = False) -> Path:
 
 
 def _build(root: Path, sweep_files: Path | None = None, **kwargs):
-    return results.build_document(
+    return results_document.build_document(
         sweeps=root / "sweeps",
         sweep_files=sweep_files or root / "no-sweep-files",
         out=root / "docs" / "RESULTS.md",
@@ -164,7 +134,7 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # missing sections say so and name the command
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo", "steffle_parkinsons_dp"):
-        assert f"silofl sweep {results._rel(tmp_path / 'no-sweep-files' / name, results.ROOT)}.toml" in text
+        assert f"silofl sweep {results_runs.rel(tmp_path / 'no-sweep-files' / name, results_runs.ROOT)}.toml" in text
     # five SteFFLe sweeps, the sealed-records sweep, the number-of-silos sweep, the two many-valued sweeps, mu2, FedSC
     assert text.count("Not generated yet: run `") == 11
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
@@ -285,7 +255,7 @@ def test_document_from_a_real_sweep(real_sweep: Path):
         steffle = points("steffle", panel.h)
         assert len(steffle) == 3
         for baseline in ("tran", "fedavg"):
-            expected = results.matched_error_reduction(steffle, points(baseline, panel.h))
+            expected = matched_error_reduction(steffle, points(baseline, panel.h))
             got = panel.reductions[baseline]
             assert (got.total, len(got.matched), got.below, got.above) == (
                 expected.total,
@@ -297,7 +267,7 @@ def test_document_from_a_real_sweep(real_sweep: Path):
                 assert got.mean is None
             else:
                 assert got.mean == pytest.approx(expected.mean)
-            assert got.text() in _table_row(text, results._fmt(panel.h), "3")
+            assert got.text() in _table_row(text, results_text.fmt(panel.h), "3")
     png = real_sweep / "docs" / "figures" / "fairness-synthetic-dp.png"
     assert png.stat().st_size > 10_000
 
@@ -349,23 +319,23 @@ def test_fedsc_benchmark_runs_are_grouped_by_configuration_with_the_command_that
         for i, config in enumerate([paper, exact])
         for m in ("fedavg-sc", "fedsc", "fedsc-dp")
     ]
-    groups = results.fedsc_configurations(records)
+    groups = results_fedsc.fedsc_configurations(records)
     assert [len(g) for g in groups.values()] == [3, 3]
-    commands = [results._fedsc_command(key) for key in groups]
+    commands = [results_fedsc._fedsc_command(key) for key in groups]
     assert commands[0] == "SILOFL_DATA_DIR=../shared/data python benchmarks/fedsc_fmnist.py"  # all defaults
     assert commands[1].endswith(
         "fedsc_fmnist.py --rounds 60 --records 300 --local-epochs 1 --batch-size 100 --alpha-start 0.1 "
         "--alpha-end 0.1 --eval-every 20"
     )
-    labels = [results._fedsc_label(key) for key in groups]
+    labels = [results_fedsc._fedsc_label(key) for key in groups]
     assert labels[1] == "60 rounds x 1 epochs, 300 img/silo, batch 100, alpha 0.1 -> 0.1"
 
 
 def test_one_section_is_replaced_in_place_or_inserted_before_the_next_heading():
     doc = "# t\n\n## A\n\nold a\n\n### A.1\n\nold a1\n\n## B\n\nb\n"
-    replaced = results.replace_section(doc, "## A", ["## A", "", "new a"], "## B")
+    replaced = results_text.replace_section(doc, "## A", ["## A", "", "new a"], "## B")
     assert replaced == "# t\n\n## A\n\nnew a\n\n## B\n\nb\n"  # its subsections go with it
-    inserted = results.replace_section("# t\n\n## B\n\nb\n", "## A", ["## A", "", "a"], "## B")
+    inserted = results_text.replace_section("# t\n\n## B\n\nb\n", "## A", ["## A", "", "a"], "## B")
     assert inserted == "# t\n\n## A\n\na\n\n## B\n\nb\n"
 
 
@@ -385,34 +355,48 @@ def test_noise_on_h_is_the_noise_std_on_the_servers_fairness_gradient(tmp_path: 
     silo = {"noise_multiplier": 10.0, "sampling_rate": 0.1, "n_train": 1000}
     silos = _topology_result(tmp_path / "s", {}, {"0": silo, "1": silo}, 2)
     # each silo: sigma C / (q n_j) = 10 * 2 / 100 = 0.2, weighted 1/2 each: sqrt(2 * 0.1^2)
-    assert results.noise_on_h(silos) == pytest.approx(0.2 * math.sqrt(2) / 2)
+    assert results_topologies.noise_on_h(silos) == pytest.approx(0.2 * math.sqrt(2) / 2)
     off = _topology_result(tmp_path / "o", {"lambda": 0.0}, {"0": silo}, 1)
-    assert results.noise_on_h(off) is None
+    assert results_topologies.noise_on_h(off) is None
     # a census: its mean over its own sample at q = m / (n / N) = 0.1, over n = 2000 records; the same noise as two
     # silos of 1000 at q = 0.1 with the census's sigma (here one party: sigma C / (q n))
     census = {"noise_multiplier": 10.0, "sampling_rate": 0.1, "n_train": 2000}
     central = _topology_result(tmp_path / "z", {"topology": "central-sensitive"}, {"0": census}, 2)
-    assert results.noise_on_h(central) == pytest.approx(10 * 2 / (0.1 * 2000))
+    assert results_topologies.noise_on_h(central) == pytest.approx(10 * 2 / (0.1 * 2000))
     # divided: one sensitive party per silo, each at the silo's q over its 1000 records: sqrt(2) sigma C / (q n)
     divided = _topology_result(tmp_path / "d", {"topology": "divided"}, {"0": silo, "1": silo}, 2)
-    assert results.noise_on_h(divided) == pytest.approx(math.sqrt(2) * 10 * 2 / (0.1 * 2000))
-    assert results.noise_on_h(divided) == pytest.approx(results.noise_on_h(silos))  # the silos' noise, as it must be
+    assert results_topologies.noise_on_h(divided) == pytest.approx(math.sqrt(2) * 10 * 2 / (0.1 * 2000))
+    assert results_topologies.noise_on_h(divided) == pytest.approx(
+        results_topologies.noise_on_h(silos)
+    )  # the silos' noise, as it must be
 
 
 def test_the_first_versions_topology_section_is_history_copied_as_it_stands(tmp_path: Path):
     """Its runs used options removed in issue 31 (`share-rows`, `keep-rate`): a full regeneration copies the section
     from the existing document byte for byte (neither its sweep file nor its runs are read), and without one names the
     commit where it reruns."""
-    history = [results.TOPOLOGY_HEADING, "", "frozen | numbers |", "", "### a subsection", "", "kept too", ""]
+    history = [
+        results_topologies.TOPOLOGY_HEADING,
+        "",
+        "frozen | numbers |",
+        "",
+        "### a subsection",
+        "",
+        "kept too",
+        "",
+    ]
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir(parents=True)
-    doc.write_text("\n".join(["# silofl results", "", *history, results.SEALED_HEADING, "", "old", ""]))
+    doc.write_text("\n".join(["# silofl results", "", *history, results_topologies.SEALED_HEADING, "", "old", ""]))
     text, _ = _build(tmp_path)
-    assert "\n".join(history) + "\n" + results.SEALED_HEADING in text
-    assert results.section_lines(text, results.TOPOLOGY_HEADING) == history
+    assert "\n".join(history) + "\n" + results_topologies.SEALED_HEADING in text
+    assert results_text.section_lines(text, results_topologies.TOPOLOGY_HEADING) == history
     doc.unlink()
     text, _ = _build(tmp_path)
-    assert f"silofl commit `{results.HISTORY_COMMIT}`" in results.section_lines(text, results.TOPOLOGY_HEADING)[2]
+    assert (
+        f"silofl commit `{results_topologies.HISTORY_COMMIT}`"
+        in results_text.section_lines(text, results_topologies.TOPOLOGY_HEADING)[2]
+    )
 
 
 def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tmp_path: Path):
@@ -448,7 +432,7 @@ def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tm
             config = RunConfig.parse(values).to_json()
             final = {"error": error + sign * 0.01, "dp_violation": violation + sign * 0.005}
             _write_run(out / name, "steffle", config, final, 10.0)
-    lines, files = results.silos_section(
+    lines, files = results_silos.silos_section(
         tmp_path / "sweeps", tmp_path / "no-sweep-files", tmp_path / "docs" / "figures", tmp_path / "docs"
     )
     text = "\n".join(lines)
@@ -477,7 +461,7 @@ def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir(parents=True)
     before = "# silofl results\n\n### Credit Card, equalized odds\n\nold credit\n\n"
-    after = f"{results.SUMMARY_HEADING}\n\nold summary\n\n## DP-mu2-FL\n\nmu2\n"
+    after = f"{results_steffle.SUMMARY_HEADING}\n\nold summary\n\n## DP-mu2-FL\n\nmu2\n"
     doc.write_text(before + after)
     argv = ["--only", "parkinsons", "--sweeps", str(tmp_path / "sweeps"), "--sweep-files", str(tmp_path / "none")]
     argv += ["--out", str(doc), "--allow-missing"]  # the equalized-odds sweep has no runs here

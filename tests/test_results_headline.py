@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_script
-
-results = load_script("results.py", "silofl_results")
-headline = results._headline_module()
+from benchmarks import results, results_steffle, results_topologies
+from benchmarks import results_headline as headline
 
 # SteFFLe's front: (0.15, 0.20), (0.16, 0.10), (0.18, 0.04); (0.17, 0.12) and (0.20, 0.06) are dominated.
 STEFFLE = [(0.15, 0.20), (0.16, 0.10), (0.17, 0.12), (0.18, 0.04), (0.20, 0.06)]
@@ -89,7 +87,7 @@ def _sweep(root: Path) -> Path:
 
 def test_headline_section_from_run_folders(tmp_path: Path):
     _sweep(tmp_path)
-    sweeps = results.load_steffle_sweeps(tmp_path / "sweeps", tmp_path / "none", tmp_path / "figures")
+    sweeps = results_steffle.load_steffle_sweeps(tmp_path / "sweeps", tmp_path / "none", tmp_path / "figures")
     lines = headline.headline_section(sweeps)
     row = next(line for line in lines if line.startswith("| Adult | dp | 0 | 1 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -108,8 +106,8 @@ def test_only_steffle_replaces_the_steffle_part_in_place(tmp_path: Path):
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir(parents=True)
     before = "# silofl results\n\nheader\n\n"
-    after = f"{results.TOPOLOGY_HEADING}\n\ntopologies\n\n## DP-mu2-FL\n\nmu2\n"
-    stale = f"{results.STEFFLE_HEADING}\n\nSTALE\n\n### Adult, demographic parity\n\nSTALE\n\n"
+    after = f"{results_topologies.TOPOLOGY_HEADING}\n\ntopologies\n\n## DP-mu2-FL\n\nmu2\n"
+    stale = f"{results_steffle.STEFFLE_HEADING}\n\nSTALE\n\n### Adult, demographic parity\n\nSTALE\n\n"
     doc.write_text(before + stale + after)
     argv = ["--only", "steffle", "--sweeps", str(tmp_path / "sweeps"), "--sweep-files", str(tmp_path / "none")]
     argv.append("--allow-missing")  # one of the six sweeps has runs here
@@ -117,7 +115,7 @@ def test_only_steffle_replaces_the_steffle_part_in_place(tmp_path: Path):
         assert results.main([*argv, "--out", str(doc)]) == 0
         text = doc.read_text()
         assert text.startswith(before) and text.endswith(after)
-        assert text.count(results.STEFFLE_HEADING) == 1 and text.count(headline.HEADLINE_HEADING) == 1
+        assert text.count(results_steffle.STEFFLE_HEADING) == 1 and text.count(headline.HEADLINE_HEADING) == 1
     assert "STALE" not in text and "regenerated alone (`python benchmarks/results.py --only steffle`)" in text
     assert headline.GAP_HEADING in text and "steffle_adult_tran_gap.toml" in text  # the factor sweep's command
     assert "### The gap to Tran et al.: one factor at a time" in text

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_script
-
-race = load_script("results_race.py", "silofl_results_race")
+from benchmarks import results_race as race
 
 NAMES = ["Small", "Mid", "Large"]
 SUPPORTS = [50, 200, 750]

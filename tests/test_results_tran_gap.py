@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_script
-
-results = load_script("results.py", "silofl_results")
-gap = results._tran_gap_module()
+from benchmarks import results, results_steffle, results_topologies
+from benchmarks import results_tran_gap as gap
+from server import plots
 
 
 def _record(tmp_path: Path, method: str, eps: float, lam: float, error: float, violation: float, seed: int = 0):
@@ -76,8 +75,8 @@ def test_noise_readings_the_closed_form_and_the_authors_code_by_the_accountant()
 
 def test_only_tran_gap_replaces_its_section_and_nothing_else(tmp_path: Path) -> None:
     doc = tmp_path / "RESULTS.md"
-    before = f"# silofl results\n\n{results.STEFFLE_HEADING}\n\nkept\n\n"
-    after = f"{results.TOPOLOGY_HEADING}\n\ntopologies\n"
+    before = f"# silofl results\n\n{results_steffle.STEFFLE_HEADING}\n\nkept\n\n"
+    after = f"{results_topologies.TOPOLOGY_HEADING}\n\ntopologies\n"
     doc.write_text(before + f"{gap.FACTORS_HEADING}\n\nSTALE\n\n" + after)
     argv = ["--only", "tran-gap", "--sweeps", str(tmp_path / "sweeps"), "--out", str(doc), "--allow-missing"]
     assert results.main(argv) == 0
@@ -105,7 +104,7 @@ def test_factor_section_from_run_folders(tmp_path: Path) -> None:
     write("steffle_adult_dp", "steffle", "steffle", {"epsilon": 1.0, "lambda": 1}, {"error": 0.18, "dp_violation": 0.1})
     write("steffle_adult_dp", "tran", "tran", {"epsilon": 1.0, "dual-lr": 0.01}, {"error": 0.16, "dp_violation": 0.1})
     write("steffle_adult_tran_gap", "tran-wide", "tran", {"epsilon": 1.0}, {"error": 0.17, "dp_violation": 0.09})
-    adult, _ = results.plots.load_runs([tmp_path / "sweeps" / "steffle_adult_dp"])
+    adult, _ = plots.load_runs([tmp_path / "sweeps" / "steffle_adult_dp"])
     lines = gap.factor_section(adult, tmp_path / "sweeps", tmp_path)
     text = "\n".join(lines)
     assert lines[0] == gap.FACTORS_HEADING and "**Epsilon 1**" in text and "**Epsilon 3**" not in text
