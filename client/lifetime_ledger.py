@@ -4,8 +4,8 @@ A job's own ledger (`client.privacy_state`) bounds that job. The lifetime ledger
 folder (``lifetime-ledger.json``; a folder is one silo, or one party, and the data it serves), holding each job the
 silo admitted and each evaluation it answered noised, as dp-accounting events under *replacing one record*
 (:meth:`protocols.privacy.mechanism.Mechanism.replace_one_events`). Its epsilon is the PLD composition of those events
-(:func:`protocols.privacy.ledger.composed_epsilon`; RDP has no analysis of ``replace_one``, so PLD is both the sound
-and the tighter choice) at the policy's `lifetime-delta`.
+(:func:`protocols.privacy.composition.composed_epsilon`; RDP has no analysis of ``replace_one``, so PLD is both the
+sound and the tighter choice) at the policy's `lifetime-delta`.
 
 * **Admission reserves the whole job.** On a job's first private answer, after its noise is calibrated and before
   anything of it is computed, the silo composes every job it admitted before with this job's *whole planned run* and
@@ -114,7 +114,7 @@ class LifetimeLedger:
     def evaluation_epsilon(self, delta: float, extra: tuple[Event, ...] = ()) -> float:
         """The PLD epsilon (replace-one) of everything released about the test split: the noised evaluations (and
         `extra` ones) and the randomized responses of earlier versions."""
-        from protocols.privacy.ledger import composed_epsilon_with_responses
+        from protocols.privacy.composition import composed_epsilon_with_responses
 
         state = self.evaluation_state(extra)
         every = tuple(self.randomized_responses.values())
@@ -157,7 +157,7 @@ class LifetimeLedger:
 
 def epsilon_of(state: tuple[Event, ...], delta: float) -> float:
     """The PLD epsilon of `state` under replace-one at `delta` (0 for nothing)."""
-    from protocols.privacy.ledger import composed_epsilon
+    from protocols.privacy.composition import composed_epsilon
 
     return composed_epsilon(state, delta, RELATION) if state else 0.0
 

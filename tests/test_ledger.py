@@ -270,15 +270,15 @@ def test_two_thousand_rdp_charges_are_cheap() -> None:
 
 def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monkeypatch) -> None:
     """Near the end of a run calibrated with "best", PLD certifies the rest of the run in a few evaluations."""
-    from protocols.privacy import ledger as ledger_module
+    from protocols.privacy import admission, composition
     from protocols.privacy.accountant import calibrate_noise
 
     steps, q, delta, eps = 400, 0.05, 1e-6, 1.0
     cal = calibrate_noise(eps, delta, q, steps, accountant="best")
     calls = []
-    real = ledger_module._pld_epsilon
-    monkeypatch.setattr(ledger_module, "_pld_epsilon", lambda s, *rest: calls.append(s) or real(s, *rest))
-    ledger_module._CERTIFICATES.clear()
+    real = composition.pld_epsilon
+    monkeypatch.setattr(composition, "pld_epsilon", lambda s, *rest: calls.append(s) or real(s, *rest))
+    admission._CERTIFICATES.clear()
     ledger = PrivacyLedger(epsilon_budget=eps, delta=delta, accountant="best")
     figures = [ledger.charge(round=r, noise_multiplier=cal.noise_multiplier, sampling_rate=q) for r in range(steps)]
     assert max(figures) <= eps * (1 + 1e-9)
@@ -293,7 +293,7 @@ def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monk
 def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
     from dp_accounting.rdp import compute_epsilon
 
-    from protocols.privacy.ledger import _rdp_curve, rdp_to_epsilon
+    from protocols.privacy.composition import rdp_curve, rdp_to_epsilon
 
     for sigma, q, steps, delta in [
         (1.0, 0.01, 1000, 1e-5),
@@ -301,7 +301,7 @@ def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
         (0.6, 0.5, 3, 1e-3),
         (50.0, 0.001, 1, 1e-6),
     ]:
-        orders, curve = _rdp_curve(sigma, q)
+        orders, curve = rdp_curve(sigma, q)
         assert rdp_to_epsilon(orders, steps * curve, delta) == pytest.approx(
             compute_epsilon(orders, steps * curve, delta)[0], rel=1e-12, abs=1e-15
         )
@@ -313,13 +313,13 @@ def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
 
 
 def _count_pld_evaluations(monkeypatch: pytest.MonkeyPatch) -> list:
-    from protocols.privacy import ledger as ledger_module
+    from protocols.privacy import admission, composition
 
     calls: list = []
-    real = ledger_module._pld_epsilon
-    monkeypatch.setattr(ledger_module, "_pld_epsilon", lambda s, *rest: calls.append(s) or real(s, *rest))
-    ledger_module._LADDERS.clear()
-    ledger_module._CERTIFICATES.clear()
+    real = composition.pld_epsilon
+    monkeypatch.setattr(composition, "pld_epsilon", lambda s, *rest: calls.append(s) or real(s, *rest))
+    admission._LADDERS.clear()
+    admission._CERTIFICATES.clear()
     return calls
 
 
@@ -421,27 +421,28 @@ def test_dp_accounting_version_is_one_the_ledger_was_checked_against() -> None:
     installed = importlib.metadata.version("dp-accounting")
     low, high = DP_ACCOUNTING_CHECKED
     assert _release(low) <= _release(installed) < _release(high), (
-        f"dp-accounting {installed} is installed, but protocols/privacy/ledger.py was checked against "
-        f">={low},<{high} (DP_ACCOUNTING_CHECKED). The ledger re-implements the library's RDP -> epsilon conversion "
-        f"(rdp_to_epsilon vs rdp.compute_epsilon) and PLDAccountant's composition, and reads RdpAccountant.orders / "
-        f".rdp, so that a silo admits exactly the steps calibrate_noise chose. Re-run tests/test_ledger.py and "
-        f"tests/test_accountant.py on {installed}, read its changelog for rdp_privacy_accountant and pld, then widen "
-        f"DP_ACCOUNTING_CHECKED and the dp-accounting bound in pyproject.toml."
+        f"dp-accounting {installed} is installed, but protocols/privacy/composition.py was checked against "
+        f">={low},<{high} (DP_ACCOUNTING_CHECKED). The ledger's engines re-implement the library's RDP -> epsilon "
+        f"conversion (rdp_to_epsilon vs rdp.compute_epsilon) and PLDAccountant's composition, and read "
+        f"RdpAccountant.orders / .rdp, so that a silo admits exactly the steps calibrate_noise chose. Re-run "
+        f"tests/test_ledger.py and tests/test_accountant.py on {installed}, read its changelog for "
+        f"rdp_privacy_accountant and pld, then widen DP_ACCOUNTING_CHECKED and the dp-accounting bound in "
+        f"pyproject.toml."
     )
 
 
 @pytest.mark.parametrize(("sigma", "q"), [(1.0, 0.01), (0.6, 0.5), (20.0, 1.0)])
 def test_rdp_curve_is_the_library_curve_through_public_properties(sigma: float, q: float) -> None:
-    from protocols.privacy.ledger import _rdp_curve
+    from protocols.privacy.composition import rdp_curve
 
     for name in ("orders", "rdp"):
         assert isinstance(getattr(RdpAccountant, name, None), property), (
             f"dp_accounting.rdp.RdpAccountant.{name} is no longer a public property "
-            f"(dp-accounting {importlib.metadata.version('dp-accounting')}); protocols/privacy/ledger.py:_rdp_curve "
-            f"reads the RDP curve through it. Find the library's new public way to get (orders, rdp), and re-check "
-            f"DP_ACCOUNTING_CHECKED."
+            f"(dp-accounting {importlib.metadata.version('dp-accounting')}); "
+            f"protocols/privacy/composition.py:rdp_curve reads the RDP curve through it. Find the library's new "
+            f"public way to get (orders, rdp), and re-check DP_ACCOUNTING_CHECKED."
         )
-    orders, curve = _rdp_curve(sigma, q)
+    orders, curve = rdp_curve(sigma, q)
     steps = 37
     library = RdpAccountant().compose(dp_event(sigma, q, steps))
     # Bit for bit: the ledger's per-step curve times its steps is what the library accumulates for the same steps.
@@ -455,7 +456,8 @@ def test_ledger_and_accountant_use_no_private_dp_accounting_names() -> None:
     """No ``obj._name`` on anything but ``self`` / ``cls``, and no underscore name imported from dp_accounting."""
     root = Path(__file__).resolve().parent.parent / "protocols" / "privacy"
     found = []
-    for path in (root / "ledger.py", root / "accountant.py"):
+    for name in ("ledger.py", "composition.py", "admission.py", "accountant.py"):
+        path = root / name
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             private = []

@@ -16,15 +16,16 @@ Performance (runs of 1,000-60,000 rounds, one charge per round):
 * consecutive charges with the same mechanism are merged into one :class:`LedgerEntry` (``steps`` adds up), so the
   state stays a handful of entries and ``to_dict`` stays small; charged round numbers are kept run-length encoded;
 * RDP: the per-step RDP curve of each mechanism is computed once (the expensive part, ~10-40 ms) and cached; a state's
-  RDP is ``sum_e steps_e * curve_e`` plus one conversion to epsilon (~0.2 ms);
+  RDP is ``sum_e steps_e * curve_e`` plus one conversion to epsilon (~0.2 ms) (:mod:`protocols.privacy.composition`);
 * PLD costs 10-75 ms per evaluation. Under ``"best"`` a charge is checked with RDP first and PLD is evaluated only
-  when RDP alone would refuse it (near the end of a calibrated run, where PLD is the tighter one). Results are cached
-  per ledger state, so ``cost_after`` followed by ``charge`` of the same answer costs one evaluation.
+  when RDP alone would refuse it (near the end of a calibrated run, where PLD is the tighter one; one search then
+  certifies the rest of the run, :func:`~protocols.privacy.admission.pld_certified`). Results are cached per ledger
+  state, so ``cost_after`` followed by ``charge`` of the same answer costs one evaluation.
 * Under ``relation="replace_one"`` PLD is the only accountant (``"pld"`` and ``"best"`` both mean PLD; ``"rdp"`` is
   refused when the ledger is built, see :mod:`protocols.privacy.accountant`). A charge is then checked against a
-  ladder of PLD evaluations of longer runs of the same mechanism (:func:`_pld_ladder`): about
-  ``2 log(T) / log(LADDER_RATIO)`` evaluations for a run of ``T`` charges instead of ``T``, and a returned figure
-  that is exact or PLD's for a run at most ``LADDER_RATIO`` times longer. Measured at q = 256/11300, T = 1770,
+  ladder of PLD evaluations of longer runs of the same mechanism (:func:`~protocols.privacy.admission.pld_ladder`):
+  about ``2 log(T) / log(LADDER_RATIO)`` evaluations for a run of ``T`` charges instead of ``T``, and a returned
+  figure that is exact or PLD's for a run at most ``LADDER_RATIO`` times longer. Measured at q = 256/11300, T = 1770,
   K = 2, epsilon = 1 (calibrated): 107-110 evaluations, 0.24 ms per charge on average (1.3 ms after a histogram
   entry, whose PLD makes each evaluation slower) where one exact evaluation per charge would average 6 ms (22 ms),
   and figures at most 5.1 % above the exact ones.
@@ -34,22 +35,24 @@ round with ``sampling_rate=1.0`` (no sampling; one step): they become their own 
 the composition of all entries (one PLD convolution / one RDP sum), never a sum of epsilons. A run calibrated with
 :func:`~protocols.privacy.accountant.calibrate_noise` ``(..., prior=[PriorRelease(...)])`` therefore charges its
 ``T`` rounds after that release, within the same budget.
+
+This module holds the ledger's state and its rules (what is charged, in which order, against which budget, how it
+is stored). The epsilon of a state is computed by :mod:`protocols.privacy.composition` (RDP and PLD engines) and the
+cheap admission checks near the budget by :mod:`protocols.privacy.admission`; the names they export that callers
+used from here (``composed_epsilon``, ``DP_ACCOUNTING_CHECKED``, ``LADDER_RATIO``, ...) are re-exported.
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from dp_accounting.rdp import RdpAccountant, compute_epsilon
 
+from protocols.privacy import admission, composition
 from protocols.privacy.accountant import (
     check_accountant,
     check_accountant_supports,
@@ -61,9 +64,34 @@ from protocols.privacy.accountant import (
     check_sampling_rate,
     check_steps,
     library_accountants,
-    library_relation,
-    pld_value_discretization,
 )
+from protocols.privacy.admission import LADDER_RATIO
+from protocols.privacy.composition import (
+    DP_ACCOUNTING_CHECKED,
+    RESPONSE_GRID,
+    State,
+    StepNoise,
+    composed_epsilon,
+    composed_epsilon_with_responses,
+    rdp_to_epsilon,
+)
+
+__all__ = [
+    "BUDGET_RELATIVE_TOLERANCE",
+    "DP_ACCOUNTING_CHECKED",
+    "LADDER_RATIO",
+    "LEDGER_FORMAT",
+    "RESPONSE_GRID",
+    "BudgetExceededError",
+    "LedgerEntry",
+    "PrivacyLedger",
+    "State",
+    "StepNoise",
+    "clear_caches",
+    "composed_epsilon",
+    "composed_epsilon_with_responses",
+    "rdp_to_epsilon",
+]
 
 LEDGER_FORMAT = 1
 """Version of the :meth:`PrivacyLedger.to_dict` layout (key ``ledger_format``)."""
@@ -73,22 +101,7 @@ BUDGET_RELATIVE_TOLERANCE = 1e-9
 to hit its budget exactly on the last round is not refused over the last bits of a float."""
 
 _CACHE_LIMIT = 1024
-
-DP_ACCOUNTING_CHECKED = ("0.6.0", "0.7")
-"""dp-accounting versions this module was checked against: ``>= [0]`` and ``< [1]`` (``dp-accounting>=0.6,<0.7``).
-
-The ledger uses only dp-accounting's public API, but it reproduces, operation for operation, what its ``RdpAccountant``
-and ``PLDAccountant`` compute (:func:`rdp_to_epsilon` re-implements ``compute_epsilon``; :func:`_pld_epsilon` composes
-the PLDs as ``PLDAccountant`` does), so that a silo's ledger admits exactly the ``T`` steps ``calibrate_noise`` chose.
-tests/test_ledger.py checks that equality, and fails when the installed version is outside this range: on a new
-dp-accounting, re-run tests/test_ledger.py and tests/test_accountant.py, read the library's changes to
-``rdp_privacy_accountant`` and ``pld`` (RDP conversion, PLD composition / discretization), then widen the range here
-and in pyproject.toml. (0.4.4 made ``RdpAccountant.orders`` / ``.rdp`` public; 0.5.0 added the PLD
-``neighboring_relation`` used for ``replace_one``; 0.6.0 added ``get_epsilon_gaussian``, which the tests use.)"""
-
-LADDER_RATIO = 1.1
-"""Under PLD-only accounting a charge at ``s`` steps that no evaluated run covers extends the ladder to
-``max(s + 1, ceil(LADDER_RATIO * s))`` steps (:func:`_pld_ladder`). Smaller: tighter figures, more evaluations."""
+"""Figures a ledger keeps per state (``PrivacyLedger._cache``) before it starts over."""
 
 
 class BudgetExceededError(RuntimeError):
@@ -151,7 +164,7 @@ class LedgerEntry:
         """Noise multiplier of one step's releases taken together (same arithmetic as ``accountant.dp_event``)."""
         return self.noise_multiplier / math.sqrt(self.releases)
 
-    def accounting_key(self) -> tuple[Mechanism, float, int]:
+    def accounting_key(self) -> tuple[StepNoise, float, int]:
         """What the accountants see of this entry: (combined multiplier, sampling rate, steps); with a companion
         release the multiplier is the pair (combined multiplier, companion multiplier)."""
         if math.isinf(self.companion):
@@ -159,324 +172,15 @@ class LedgerEntry:
         return ((self.combined_noise_multiplier, self.companion), self.sampling_rate, self.steps)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Epsilon of a ledger state. A state is a tuple of accounting keys; these functions reproduce, operation for operation,
-# what dp_accounting's RdpAccountant / PLDAccountant do for ComposedDpEvent([dp_event(entry) for entry in entries]),
-# with the expensive per-mechanism parts cached. tests/test_ledger.py checks the results equal the library's.
-# --------------------------------------------------------------------------------------------------------------------
-
-#: One step's noise: a multiplier, or a tuple of multipliers of releases on independent Poisson samples of one rate.
-Mechanism = float | tuple[float, ...]
-State = tuple[tuple[Mechanism, float, int], ...]
-
-
-def _multipliers(mechanism: Mechanism) -> tuple[float, ...]:
-    """The multipliers of a step's independent releases (one for a plain entry)."""
-    return mechanism if isinstance(mechanism, tuple) else (mechanism,)
-
-
-def _non_private(state: State) -> bool:
-    return any(sigma == 0.0 for mechanism, _, _ in state for sigma in _multipliers(mechanism))
-
-
-def _grid(state: State) -> float:
-    """The finest PLD grid any release of the state needs (as ``accountant._epsilons``)."""
-    return min(pld_value_discretization(sigma, q) for mechanism, q, _ in state for sigma in _multipliers(mechanism))
-
-
-@functools.lru_cache(maxsize=64)
-def _rdp_curve(sigma: float, sampling_rate: float) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP per step) of one ``PoissonSampled(q, Gaussian(sigma))`` step (or ``Gaussian(sigma)`` if q = 1).
-
-    Read through ``RdpAccountant``'s public ``orders`` / ``rdp`` properties (copies of its arrays; dp-accounting >=
-    0.4.4, see :data:`DP_ACCOUNTING_CHECKED`), so the curve is the library's own for the event, whatever its internals.
-    Computing it once per mechanism is what makes a charge cost ~0.2 ms instead of ~30 ms. The arrays are read-only.
-    """
-    step = GaussianDpEvent(sigma)
-    if sampling_rate != 1.0:
-        step = PoissonSampledDpEvent(sampling_rate, step)
-    accountant = RdpAccountant()
-    accountant.compose(step)
-    orders = np.asarray(accountant.orders, dtype=np.float64)
-    curve = np.asarray(accountant.rdp, dtype=np.float64)
-    orders.flags.writeable = False
-    curve.flags.writeable = False
-    return orders, curve
-
-
-def _rdp_epsilon(state: State, delta: float) -> float:
-    if not state:
-        return 0.0
-    if _non_private(state):
-        return math.inf
-    orders = None
-    total = None
-    for mechanism, q, steps in state:
-        for sigma in _multipliers(mechanism):
-            orders, curve = _rdp_curve(sigma, q)
-            total = np.zeros_like(curve) if total is None else total
-            total += steps * curve
-    return rdp_to_epsilon(orders, total, delta)
-
-
-def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
-    """dp-accounting's `compute_epsilon` (the improved RDP -> (eps, delta) conversion of Balle et al. 2020,
-    Proposition 12, as in `rdp_privacy_accountant.compute_epsilon`), vectorized over the orders.
-
-    Why our own: the library loops over ~100 orders in Python (~0.2 ms), and a silo converts once per round for
-    runs of thousands of rounds; tests check equality with the library on the same inputs.
-    """
-    if delta <= 0:
-        return compute_epsilon(orders, rdp, delta)[0]
-    a = np.asarray(orders, dtype=np.float64)
-    r = np.asarray(rdp, dtype=np.float64)
-    usable, log_term, delta_term = _conversion_terms(a.tobytes(), delta)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        eps = np.where(usable, r + log_term - delta_term, np.inf)
-        eps = np.where(delta**2 + np.expm1(-r) > 0, 0.0, eps)  # KL bound: epsilon = 0 suffices
-        eps = np.where(r < 0, 0.0, eps)  # numerical noise below zero, as the library treats it
-    return float(max(0.0, eps[int(np.argmin(eps))]))
-
-
-@functools.lru_cache(maxsize=64)
-def _conversion_terms(orders: bytes, delta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The parts of :func:`rdp_to_epsilon`'s bound that depend only on the orders and delta (the same for every
-    round of a run): which orders are used, log1p(-1/a) and log(delta a) / (a - 1). The bound is then
-    ``rdp + log1p(-1/a) - log(delta a) / (a - 1)``, the very operations in the very order of the formula."""
-    a = np.frombuffer(orders, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = (a > 1.01, np.log1p(-1.0 / a), np.log(delta * a) / (a - 1.0))
-    for term in terms:
-        term.flags.writeable = False
-    return terms
-
-
-@functools.lru_cache(maxsize=16)
-def _pld_step(
-    sigma: float, sampling_rate: float, grid: float, relation: str = "add_remove"
-) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one Poisson-sampled Gaussian step, as ``PLDAccountant`` builds it (the construction is the slow part)."""
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=sigma,
-        value_discretization_interval=grid,
-        sampling_prob=sampling_rate,
-        neighboring_relation=library_relation(relation),
-    )
-
-
-def _pld_epsilon(state: State, delta: float, relation: str = "add_remove") -> float:
-    """PLD epsilon of ``state`` under ``relation``: what ``PLDAccountant(neighboring_relation=...)`` gives for the
-    composed events, on the finest grid any entry needs (as :func:`~protocols.privacy.accountant.epsilon_spent`).
-
-    The composition is the library's left fold ``identity . e_1 . e_2 ... e_n``; the fold of every entry but the last
-    is cached (:func:`_pld_prefix`), so that the many evaluations of one ledger, which differ only in the last entry's
-    step count (the ladder, the certificates), build and compose the earlier entries (e.g. SteFFLe's histogram) once.
-    The operations, and so the figure, are those of the uncached fold: PLD objects are immutable.
-    """
-    if not state:
-        return 0.0
-    if _non_private(state):
-        return math.inf
-    grid = _grid(state)
-    *prefix, last = state
-    distribution = _pld_prefix(tuple(prefix), grid, relation)
-    for part in _pld_parts(last, grid, relation):
-        distribution = distribution.compose(part)
-    return float(distribution.get_epsilon_for_delta(delta))
-
-
-def composed_epsilon(state: State, delta: float, relation: str) -> float:
-    """PLD epsilon at ``delta`` of the composition of ``state`` (ledger keys ``(multiplier, sampling rate, steps)``)
-    under ``relation``: what a silo's lifetime ledger reports for the events of all its jobs
-    (`client.lifetime_ledger`), by the same library calls as a job's ledger. ``inf`` if any release is un-noised."""
-    check_delta(delta)
-    check_relation(relation)
-    return _pld_epsilon(tuple(state), delta, relation)
-
-
-#: The PLD grid of a composition with randomized responses and no Gaussian release (dp-accounting's default).
-RESPONSE_GRID = 1e-4
-
-
-def composed_epsilon_with_responses(
-    state: State, responses: tuple[tuple[float, int], ...], delta: float, relation: str
-) -> float:
-    """:func:`composed_epsilon` of ``state`` composed with randomized responses, each ``(noise parameter, buckets)``
-    as dp-accounting's ``RandomizedResponseDpEvent`` (a sensitive party's permanent randomized response of its test
-    records' groups, made by versions before the sealed record exchange and still in its lifetime ledger), under
-    ``relation``, which must be ``replace_one`` (the library defines the response's PLD for replacing a record
-    only)."""
-    check_delta(delta)
-    check_relation(relation)
-    if not responses:
-        return _pld_epsilon(tuple(state), delta, relation)
-    if relation != "replace_one":
-        raise ValueError(f"randomized responses compose under replace_one only, not {relation!r}")
-    if state and _non_private(tuple(state)):
-        return math.inf
-    grid = _grid(tuple(state)) if state else RESPONSE_GRID
-    distribution = _pld_prefix(tuple(state), grid, relation)
-    for noise, buckets in responses:
-        distribution = distribution.compose(
-            pld_lib.from_randomized_response(
-                noise_parameter=noise,
-                num_buckets=buckets,
-                value_discretization_interval=grid,
-                neighboring_relation=library_relation(relation),
-            )
-        )
-    return float(distribution.get_epsilon_for_delta(delta))
-
-
-@functools.lru_cache(maxsize=64)
-def _pld_prefix(prefix: State, grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
-    """``identity . e_1 ... e_k`` for the entries of ``prefix``, in order, on ``grid`` (see :func:`_pld_epsilon`)."""
-    distribution = pld_lib.identity(value_discretization_interval=grid)
-    for entry in prefix:
-        for part in _pld_parts(entry, grid, relation):
-            distribution = distribution.compose(part)
-    return distribution
-
-
-def _pld_parts(
-    entry: tuple[Mechanism, float, int], grid: float, relation: str
-) -> list[pld_lib.PrivacyLossDistribution]:
-    """The PLDs one ledger entry adds to the fold: one per independent release (``PLDAccountant`` composes a
-    ``ComposedDpEvent`` of self-composed events part by part, in order)."""
-    mechanism, q, steps = entry
-    return [_pld_part((sigma, q, steps), grid, relation) for sigma in _multipliers(mechanism)]
-
-
-def _pld_part(entry: tuple[float, float, int], grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one ledger entry (``steps`` steps of one mechanism), as ``PLDAccountant`` builds it."""
-    sigma, q, steps = entry
-    if q == 1.0:  # PLDAccountant on SelfComposed(Gaussian): one Gaussian with std sigma / sqrt(steps)
-        return _pld_gaussian(sigma / math.sqrt(steps), grid, relation)
-    return _pld_step(sigma, q, grid, relation).self_compose(steps)
-
-
-@functools.lru_cache(maxsize=16)
-def _pld_gaussian(standard_deviation: float, grid: float, relation: str) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one unsampled Gaussian release (e.g. a one-off histogram); cached like :func:`_pld_step`."""
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=standard_deviation,
-        value_discretization_interval=grid,
-        neighboring_relation=library_relation(relation),
-    )
-
-
-_CERTIFICATES: dict[tuple[State, float, float, float, float], tuple[int, float]] = {}
-"""(earlier entries, sigma, q, delta, limit) -> (steps, PLD epsilon at those steps <= limit): PLD certified the last
-mechanism admissible up to that many steps. Module-level, so it outlives the ledger objects rebuilt from a silo's
-state on every message."""
-
-
-def _pld_certified(state: State, delta: float, limit: float) -> float:
-    """PLD epsilon of `state`, or an upper bound on it that is still within `limit`, at amortised ~0 cost.
-
-    Under ``"best"`` PLD is consulted only once RDP alone would refuse: near the end of a calibrated run, for every
-    remaining round, at 10-75 ms each. PLD epsilon grows with the number of steps of the last mechanism, so one search
-    (doubling, then bisection: ~log2(steps) evaluations) finds the largest step count still within `limit`; every later
-    charge up to that count is admitted with that count's epsilon, an upper bound on its own. A state beyond the
-    certified count, or whose PLD exceeds `limit`, gets its exact PLD figure.
-    """
-    *prefix, (sigma, q, steps) = state
-    key = (tuple(prefix), sigma, q, delta, limit)
-    certificate = _CERTIFICATES.get(key)
-    if certificate is not None and steps <= certificate[0]:
-        return certificate[1]
-    exact = _pld_epsilon(state, delta)
-    if exact > limit:
-        return exact
-    good, good_eps = steps, exact
-    bad = None
-    probe = steps * 2
-    while bad is None or bad - good > max(1, good // 1000):
-        eps = _pld_epsilon((*prefix, (sigma, q, probe)), delta)
-        if eps <= limit:
-            good, good_eps = probe, eps
-        else:
-            bad = probe
-        probe = good * 2 if bad is None else (good + bad) // 2
-    if len(_CERTIFICATES) >= _CACHE_LIMIT:
-        _CERTIFICATES.clear()
-    _CERTIFICATES[key] = (good, good_eps)
-    return exact
-
-
-_LADDERS: dict[tuple[State, float, float, float, str], list[tuple[int, float]]] = {}
-"""(earlier entries, sigma, q, delta, relation) -> sorted (steps, PLD epsilon) of every evaluation of the last mechanism
-made by :func:`_pld_ladder`. Module-level for the same reason as ``_CERTIFICATES``."""
-
-
-def _pld_ladder(state: State, delta: float, limit: float, relation: str) -> float:
-    """An upper bound on the true epsilon of ``state``, from PLD, at amortised low cost; PLD's own figure when refused.
-
-    For ledgers where PLD is the only accountant (``replace_one``). Why it is an upper bound: a run of ``s`` steps
-    followed by more steps of the same mechanism reveals at least as much as the run of ``s`` steps (its output
-    contains it; post-processing), so its true epsilon is at least as large, and PLD's pessimistic figure for the longer
-    run is above its true epsilon. Hence PLD's figure at the smallest evaluated step count ``>= s`` bounds the true
-    epsilon at ``s``.
-
-    Every evaluation of the last mechanism is kept (:data:`_LADDERS`). A charge at ``s`` steps is admitted with the
-    figure of the smallest kept count ``>= s`` if that is within ``limit``. Otherwise (a miss) PLD is evaluated at
-    ``s``: over ``limit``, that figure is returned (the charge is refused); within, it is returned (exact at a miss)
-    and the ladder is extended to ``ahead = max(s + 1, ceil(LADDER_RATIO * s))`` steps for the next charges. When
-    ``ahead`` is over ``limit`` (the end of a calibrated run is near), a bisection between ``s`` and the first count
-    known to be over ``limit`` finds the last count within it (``log2`` of the gap, once), so every later charge of the
-    run is admitted without an evaluation. A run of ``T`` charges costs about ``2 (5 + ln(T / 10) /
-    ln(LADDER_RATIO)) + log2(T / 10)`` evaluations in all, and between misses the figure is PLD's for a run at most
-    ``LADDER_RATIO`` times longer.
-    """
-    *prefix, (sigma, q, steps) = state
-    key = (tuple(prefix), sigma, q, delta, relation)
-    if key not in _LADDERS and len(_LADDERS) >= _CACHE_LIMIT:
-        _LADDERS.clear()
-    points = _LADDERS.setdefault(key, [])
-
-    def at(count: int) -> float:
-        index = bisect.bisect_left(points, (count, -math.inf))
-        if index < len(points) and points[index][0] == count:
-            return points[index][1]
-        value = _pld_epsilon((*prefix, (sigma, q, count)), delta, relation)
-        points.insert(index, (count, value))
-        return value
-
-    index = bisect.bisect_left(points, (steps, -math.inf))
-    if index < len(points) and points[index][1] <= limit:
-        return points[index][1]
-    bad = points[index][0] if index < len(points) else None  # the first kept count >= steps is over the limit
-    exact = at(steps)
-    if exact > limit:
-        return exact
-    ahead = max(steps + 1, math.ceil(steps * LADDER_RATIO))
-    if bad is None or bad > ahead:
-        if at(ahead) <= limit:
-            return exact
-        bad = ahead
-    good = steps
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        if at(middle) <= limit:
-            good = middle
-        else:
-            bad = middle
-    return exact
-
-
 def clear_caches() -> None:
-    """Forget every epsilon figure this module keeps between ledgers (RDP curves, PLDs, certificates, ladders).
+    """Forget every epsilon figure kept between ledgers (RDP curves, PLDs: :mod:`~protocols.privacy.composition`;
+    certificates, ladders: :mod:`~protocols.privacy.admission`).
 
     The caches are per process and outlive the runs that fill them (a sweep's next run with the same mechanism
     evaluates nothing again); a benchmark calls this before each run it times, so that every run pays what a run in
     a fresh process pays. Figures do not change: every cached value is recomputed the same way."""
-    _rdp_curve.cache_clear()
-    _conversion_terms.cache_clear()
-    _pld_step.cache_clear()
-    _pld_prefix.cache_clear()
-    _pld_gaussian.cache_clear()
-    _CERTIFICATES.clear()
-    _LADDERS.clear()
+    composition.clear_caches()
+    admission.clear_caches()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -653,21 +357,22 @@ class PrivacyLedger:
         The returned figure is ``spent()`` for ``"rdp"`` and ``"pld"`` under ``add_remove``. For ``"best"`` it is the
         figure that admitted the charge: RDP's while RDP alone keeps the silo within budget (no PLD evaluation: ~0.2 ms
         per round), and ``min(RDP, PLD)`` once PLD is needed, where the PLD figure may come from a certificate: the
-        epsilon of a longer run of the same mechanism that PLD showed to be within budget (see :func:`_pld_certified`).
-        Under ``replace_one`` it is PLD's figure for a run at most one ladder step longer (:func:`_pld_ladder`). It is
-        an upper bound on the true epsilon either way, so under ``"best"`` it can step down when the check switches to
-        PLD; use ``spent()``/``history()`` for the tight curve.
+        epsilon of a longer run of the same mechanism that PLD showed to be within budget (see
+        :func:`~protocols.privacy.admission.pld_certified`). Under ``replace_one`` it is PLD's figure for a run at most
+        one ladder step longer (:func:`~protocols.privacy.admission.pld_ladder`). It is an upper bound on the true
+        epsilon either way, so under ``"best"`` it can step down when the check switches to PLD; use
+        ``spent()``/``history()`` for the tight curve.
         """
         round_number = self._check_round(round)
         candidate = self._with_charge(round_number, noise_multiplier, sampling_rate, releases, steps, companion)
         state = self._state(candidate)
         limit = self.epsilon_budget * (1.0 + BUDGET_RELATIVE_TOLERANCE)
         if self.relation == "replace_one":  # PLD is the only accountant ("pld" or "best")
-            figure = _pld_ladder(state, self.delta, limit, self.relation)
+            figure = admission.pld_ladder(state, self.delta, limit, self.relation)
         elif self.accountant == "best":
             figure = self._cached("rdp", state)
             if figure > limit:
-                figure = min(figure, _pld_certified(state, self.delta, limit))
+                figure = min(figure, admission.pld_certified(state, self.delta, limit))
         else:
             figure = self._cached(self.accountant, state)
         if figure > limit:
@@ -756,7 +461,11 @@ class PrivacyLedger:
         key = (kind, state)
         if key in self._cache:
             return self._cache[key]
-        value = _rdp_epsilon(state, self.delta) if kind == "rdp" else _pld_epsilon(state, self.delta, self.relation)
+        value = (
+            composition.rdp_epsilon(state, self.delta)
+            if kind == "rdp"
+            else composition.pld_epsilon(state, self.delta, self.relation)
+        )
         if remember:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
