@@ -14,7 +14,8 @@ names the silo function of each message kind it uses; a kind it does not use is 
 node config a silo keeps its job's state and its last answers on disk, replays an answer the server asks for again
 (a restarted server, a lost reply) and never pays for one answer twice (see :mod:`client.privacy_state`).
 
-Keep this module's import path light: a deployed ClientApp is a fresh process for every message (platform.md).
+Keep this module's import path light: with Flower's runtime (`--runtime flower` or `per-message`) a deployed ClientApp
+is a fresh process for every message (docs/DEPLOYMENT.md, "Cost of a round in deployment").
 """
 
 from __future__ import annotations

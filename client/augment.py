@@ -1,7 +1,8 @@
 """The augmentation kernel A(. | xbar) of spectral contrastive learning, as kornia modules, and seeded view making.
 
 FedSC's correlation matrices (paper eqs. 1-2, Algorithm 2) and local loss (eq. 5) average over augmented views of each
-sample. The spec (`fedsc.md`, "Experiments") fixes the SimCLR-style kernel for the paper's RGB datasets:
+sample. The FedSC paper (Jing et al., ICML 2024) does not list its augmentations (Section 7.1); silofl uses SimCLR's
+kernel (Chen et al., ICML 2020) for the paper's RGB datasets:
 
 * RGB (CIFAR-10, 32x32): random resized crop (scale 0.2-1), horizontal flip (p = 0.5), color jitter (brightness,
   contrast, saturation 0.4, hue 0.1) with p = 0.8, random grayscale with p = 0.2.
@@ -14,7 +15,7 @@ Decisions for the small images:
 * Horizontal flip is kept for every shape, 8x8 digits included. No digit is the mirror image of another digit, and a
   mirrored garment or shoe (Fashion-MNIST) is still the same class, so a representation that is invariant to flips
   loses no label information, while the flip doubles the variety of views.
-* The crop scale stays at the spec's 0.2-1 for 28x28 and 32x32, but is 0.5-1 for 8x8 digits: 20% of an 8x8 image is
+* The crop scale stays at SimCLR's 0.2-1 for 28x28 and 32x32, but is 0.5-1 for 8x8 digits: 20% of an 8x8 image is
   a patch about 3.6 pixels wide, which no longer shows the digit, so positive pairs would share nothing to align.
 
 kornia draws its random parameters from torch's global RNG. :func:`make_views` with a seed runs inside
@@ -31,7 +32,7 @@ from torch import nn
 
 __all__ = ["CROP_SCALE", "SMALL_CROP_SCALE", "crop_scale", "make_views", "ssl_augmentation"]
 
-#: RandomResizedCrop area range (fraction of the image), the spec's SimCLR value.
+#: RandomResizedCrop area range (fraction of the image), SimCLR's value.
 CROP_SCALE = (0.2, 1.0)
 #: Crop area range for images no larger than 8x8 (scikit-learn's digits), see the module docstring.
 SMALL_CROP_SCALE = (0.5, 1.0)

@@ -1,10 +1,10 @@
 """DP-SGD building blocks: per-sample gradients, clipping, and flat gradient vectors.
 
 Per-sample gradients are computed with ``torch.func`` (``vmap(grad(loss of one sample))`` over the batch), so there is
-no Python loop over records. They feed the clipped, noised sums of DP-SGD (Abadi et al. 2016, Algorithm 1 lines
-"compute gradient", "clip gradient") and of the sensitive division in SteFFLe (``specs/steffle.md``, Algorithm 1 step
-3: per-sample gradients clipped to norm ``C_theta``). The non-sensitive gradient of step 2 is an ordinary minibatch
-mean, :func:`mean_gradient`.
+no Python loop over records. They feed the clipped, noised sums of DP-SGD (Abadi et al. 2016, Algorithm 1 lines "compute
+gradient", "clip gradient") and of the sensitive division in SteFFLe (Gupta et al. 2024, Algorithm 1 line 8, whose
+per-sample theta-gradients silofl clips to norm ``C_theta``: docs/algorithms/steffle.md). The non-sensitive gradient of
+line 7 is an ordinary minibatch mean, :func:`mean_gradient`.
 
 Flat vectors follow :func:`protocols.models.parameter_spec` order (the ``state_dict`` order), which is the layout
 :func:`unflatten` inverts. Every function requires the model's ``state_dict`` to hold exactly its parameters (no
@@ -167,7 +167,10 @@ def _linear_stack_clipped_sum(model: TabularModel, x: torch.Tensor, y: torch.Ten
 
 
 def per_sample_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Each record's loss ``loss_fn`` on its own, ``(n,)``, detached (FedFDP's ``f(w; x_j)``, spec ``fedfdp.md``)."""
+    """Each record's loss ``loss_fn`` on its own, ``(n,)``, detached (FedFDP's ``f(w; x_j)``).
+
+    FedFDP: Ling et al. 2024, arXiv 2402.16028 (v6), Eqs. 10-11.
+    """
     x, y = _check_batch(x, y)
     with torch.no_grad():
         return F.cross_entropy(model(x), y, reduction="none")

@@ -1,13 +1,13 @@
 """The FERMI fairness term: ERMI, its min-max form ``psi_i`` and per-sample gradients (pure math, no Flower).
 
-Sources: ``specs/steffle.md`` ("Objective", which fixes the papers' errata) and the DP-FERMI paper
-(``papers/dp-fermi-stochastic-private-fair-learning.txt``): Definition 3.1 (ERMI), Appendix B eq. (5) (the
-equalized-odds ERMI), Appendix C Theorem C.1 eq. (6) (the min-max form and ``psi_i``) and Lemma D.1 (its gradients),
-used by Algorithm 1 lines 5-6 of DP-FERMI and by the sensitive division of SteFFLe's Algorithm 1.
+Source: the DP-FERMI paper (Lowy, Gupta, Razaviyayn, "Stochastic Differentially Private and Fair Learning", ICLR 2023),
+with its matrix forms written entry-wise below: Definition 3.1 (ERMI), Appendix B eq. (5) (the equalized-odds ERMI),
+Appendix C Theorem C.1 eq. (6) (the min-max form and ``psi_i``) and Lemma D.1 (its gradients), used by Algorithm 1 lines
+5-6 of DP-FERMI and by the sensitive division of SteFFLe's Algorithm 1 (Gupta et al. 2024, line 8).
 
 Notation. ``F (n, l)``: the model's soft predictions ``F(x_i; theta) = softmax(logits)`` (rows on the simplex; for the
-binary logistic model ``F = (1 - sigmoid(z), sigmoid(z))``, so ``l = 2`` and the FULL ``k x l`` W is used, as the spec
-requires, never the released code's 1x1 reduction). ``s_i in [0, k)`` the sensitive group, ``y_i in [0, l)`` the label,
+binary logistic model ``F = (1 - sigmoid(z), sigmoid(z))``, so ``l = 2`` and the FULL ``k x l`` W of the papers is used,
+never the authors' released code's 1x1 reduction). ``s_i in [0, k)`` the sensitive group, ``y_i in [0, l)`` the label,
 ``p_S`` the global group frequencies (:class:`GroupPrior`). Per sample (eq. (6), Theorem C.1 written entry-wise)::
 
     psi_i(theta, W) = - sum_{r,u} W_ru^2 F_u(x_i) + 2 p_S(s_i)^(-1/2) sum_u W_{s_i,u} F_u(x_i) - 1
@@ -21,7 +21,7 @@ strongly concave quadratic in ``W`` maximised by ``W*_ru = p(u, r) / (sqrt(p_S(r
 ``ERMI = sum_{u,r} p(u, r)^2 / (p(u) p_S(r)) - 1`` (Definition 3.1 with the soft predictions), which is 0 exactly when
 the predictions are independent of ``s`` and ``p_S`` is the batch's group frequency.
 
-Fairness notions and the W layout (the spec leaves them open; decided here):
+Fairness notions and the W layout (the papers leave them open; decided here):
 
 - ``"dp"`` demographic parity: ``W`` is ``(k, l)`` and every sample uses it with ``P_S``.
 - ``"eo"`` equalized odds: ``W`` is ``(l, k, l)``, block ``W[y]`` is the ``W^(y)`` of label ``y`` and is used with
@@ -501,7 +501,7 @@ def _cotangents(
 def psi(
     F: torch.Tensor, groups: torch.Tensor, W: torch.Tensor, prior: GroupPrior, labels: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Per-sample ``psi_i (n,)`` of eq. (6) (Theorem C.1; spec "Objective"), differentiable in ``F`` and ``W``.
+    """Per-sample ``psi_i (n,)`` of eq. (6) (Theorem C.1, entry-wise), differentiable in ``F`` and ``W``.
 
     ``psi_i = -sum_{r,u} W_ru^2 F_iu + 2 p(s_i)^(-1/2) sum_u W_{s_i,u} F_iu - 1`` with the block and group
     distribution of sample ``i``'s notion (``"eo"``: ``W[y_i]`` and ``P_{S|Y=y_i}``); ``"eopp"`` samples with
@@ -786,11 +786,12 @@ def clipped_psi_theta_sum(
 ) -> torch.Tensor:
     """``sum_i clip(d psi_i / d theta, C)`` as a flat ``(P,)`` vector in ``parameter_spec`` order; zeros if ``n = 0``.
 
-    The sensitive division's theta release (spec Algorithm 1 step 3): each per-sample gradient is scaled by
-    ``min(1, C / ||g_i||)``, so one record moves the sum by at most ``C`` in L2 norm; the caller averages and adds
-    noise. A record whose gradient, or its norm, is not finite contributes exactly 0 (`protocols.models.clip_factors`):
-    huge parameters or a huge ``W`` from the server can overflow a record's term for one value of ``s_i`` and not
-    the other, and 0 lies in the ball of radius ``C`` around 0 whatever ``s_i`` is, where a NaN lies in none.
+    The sensitive division's theta release (SteFFLe Algorithm 1 line 8, clipped by silofl): each per-sample gradient is
+    scaled by ``min(1, C / ||g_i||)``, so one record moves the sum by at most ``C`` in L2 norm; the caller averages and
+    adds noise. A record whose gradient, or its norm, is not finite contributes exactly 0
+    (`protocols.models.clip_factors`): huge parameters or a huge ``W`` from the server can overflow a record's term for
+    one value of ``s_i`` and not the other, and 0 lies in the ball of radius ``C`` around 0 whatever ``s_i`` is, where a
+    NaN lies in none.
 
     For :class:`protocols.models.TabularModel` (a stack of Linear layers) the per-sample gradients come from ONE
     backward pass of ``sum_i <a_i, F(x_i)>`` (``a_i`` detached) w.r.t. the layer outputs: record i's term depends only
@@ -832,7 +833,7 @@ def psi_logit_grads(a: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
 
 
 def project_frobenius(W: torch.Tensor, radius: float) -> torch.Tensor:
-    """``Proj_{||W||_F <= D}(W)`` (spec Algorithm 1, server W step; DP-FERMI Algorithm 1 line 6): a new tensor.
+    """``Proj_{||W||_F <= D}(W)`` (SteFFLe Algorithm 1 line 11; DP-FERMI Algorithm 1 line 6): a new tensor.
 
     Inside the ball ``W`` is returned unchanged (a copy); outside it is scaled to norm ``radius``. For ``"eo"`` the
     ball is on the whole ``(l, k, l)`` tensor, so every block, and every entry, also has norm ``<= D`` (the bound

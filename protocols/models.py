@@ -4,14 +4,15 @@ The server and the silos must build byte-identical architectures so that a param
 loads on the other; :func:`build_model` is the single place where those architectures are defined.
 
 Every model maps a float32 batch ``(n, num_features)`` to LOGITS ``(n, num_labels)``; the model output of the papers is
-``F(x; theta) = softmax(logits)`` (``specs/steffle.md``, "Objective").
+``F(x; theta) = softmax(logits)`` (SteFFLe, Gupta et al. 2024, Section 3 before Theorem 3.2: "the output of a neural net
+after softmax layer").
 
 Binary heads (``num_labels == 2``) have ONE linear output ``z`` and return the logits ``[0, z]``. Then
 ``softmax([0, z]) = (1 - sigmoid(z), sigmoid(z))``, the papers' binary logistic model, and cross-entropy on these logits
 equals BCE-with-logits on ``z`` (the released SteFFLe code trains with ``BCEWithLogitsLoss``). The output stays in the
-full ``l = 2`` form the spec requires (it forbids the released code's 1x1 reduction of the fairness block), while the
-parameter count matches the papers' logistic regression (``d + 1``). Multi-class heads (``num_labels > 2``) are an
-ordinary multinomial ``Linear(d, l)``.
+full ``l = 2`` form of the papers (``W in R^{k x l}``, SteFFLe Theorem 3.2; silofl does not copy the released code's 1x1
+reduction of the fairness block), while the parameter count matches the papers' logistic regression (``d + 1``).
+Multi-class heads (``num_labels > 2``) are an ordinary multinomial ``Linear(d, l)``.
 
 A user's own model (``--model module.path:factory``, docs/CUSTOM_MODEL.md) is built by calling
 ``factory(num_features, num_labels)`` with torch's global RNG seeded from the run's seed (and restored afterwards),

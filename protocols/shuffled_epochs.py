@@ -7,20 +7,21 @@ over): every record is in exactly one batch of each epoch, as with a torch ``Dat
 (1-based) takes batch b = (t - 1) mod B_j of epoch e = (t - 1) div B_j + 1 (:func:`position`). The permutation of epoch
 e is a pure function of a seed the caller derives from (run seed, silo id, stream, e) (``client.randomness``), so the
 sampler keeps no state: a resumed run, a restarted silo and a deployed ClientApp (a fresh process per message) draw
-the same batches. The non-sensitive and the sensitive division draw their batches from independent streams, as they
-draw independent Poisson samples (spec ``steffle.md``, "Known gaps": "draw the sensitive gradients on an independent
-Poisson sample").
+the same batches. The non-sensitive and the sensitive division draw their batches from independent streams, as they draw
+independent Poisson samples (the SteFFLe paper's Algorithm 1 line 6 draws one minibatch for both; silofl draws two, so
+that the noised releases keep their amplification although the loss gradient is sent in the clear:
+docs/algorithms/steffle.md, "What it does").
 
-The accounting. The spec's Algorithm 1 step 1 draws a Poisson sample (rate q = m / n_j) and notes that "a shuffled
-epoch is not covered" by the accountant's subsampled Gaussian: accounting shuffled batches as if they were Poisson
-samples is not justified (Chua et al., ICML 2024, "How Private are DP-SGD Implementations?", show that shuffled
+The accounting. The accountant's subsampled Gaussian assumes that each round draws a Poisson sample (rate q = m / n_j),
+as silofl's default sampler does; a shuffled epoch is not covered by it: accounting shuffled batches as if they were
+Poisson samples is not justified (Chua et al., ICML 2024, "How Private are DP-SGD Implementations?", show that shuffled
 batches can be far less private than the Poisson figure). silofl claims NO amplification from shuffling. Under the
 replace-one relation on sensitive attributes (what ``steffle`` and ``tran`` protect: DP-FERMI Definition 2.2, SteFFLe
-Definition 2.3; the spec's "Data model": every message of silo j (eps, delta)-DP in silo j's sensitive attributes,
-whatever the server does), one epoch of a silo's rounds is at most ONE unsampled Gaussian release (q = 1) of the
-round's combined multiplier sigma / sqrt(K) (K = 2 releases per round,
-``protocols.privacy.accountant.combined_noise_multiplier``), and a run of T rounds is at most E_j = ceil(T / B_j) of
-them composed, after the one-off group-count histogram, as one composition (PLD), never a sum of epsilons. Why:
+Definition 2.3, ISRL-DP: every message of silo j (eps, delta)-DP in silo j's sensitive attributes, whatever the server
+does), one epoch of a silo's rounds is at most ONE unsampled Gaussian release (q = 1) of the round's combined multiplier
+sigma / sqrt(K) (K = 2 releases per round, ``protocols.privacy.accountant.combined_noise_multiplier``), and a run of T
+rounds is at most E_j = ceil(T / B_j) of them composed, after the one-off group-count histogram, as one composition
+(PLD), never a sum of epsilons. Why:
 
 1. The permutation is independent of the data: its seed comes from public values, never from an attribute. We
    condition on it: the bound below holds for every fixed permutation, so it holds when the server knows it (it can,

@@ -1,10 +1,11 @@
 """An in-process engine: a Flower :class:`~flwr.serverapp.Grid` that hands each message straight to the ClientApp.
 
 Ray simulation pays ~200 ms per round in Flower's polling (`InMemoryGrid.pull_interval` = 0.1 s, twice per round) and a
-deployment ~6 s (platform.md). SteFFLe and DP-mu2-FL take one step per round, so tests and sweeps run the very same
-ServerApp, strategies and ClientApp through this Grid instead: no threads, no polling, no serialization shortcuts in
-the apps themselves. Each simulated silo has its own :class:`~flwr.app.Context` (node config with `partition-id` and
-`num-partitions`, exactly as Flower's simulation engine sets them, and a persistent `state`).
+deployment on Flower's own runtime ~6 s (docs/DEPLOYMENT.md, "Cost of a round in deployment"). SteFFLe and DP-mu2-FL
+take one step per round, so tests and sweeps run the very same ServerApp, strategies and ClientApp through this Grid
+instead: no threads, no polling, no serialization shortcuts in the apps themselves. Each simulated silo has its own
+:class:`~flwr.app.Context` (node config with `partition-id` and `num-partitions`, exactly as Flower's simulation engine
+sets them, and a persistent `state`).
 
 Fidelity choices:
 * the content is copied on the way in and out (Flower serializes messages; a ClientApp must not be able to mutate the

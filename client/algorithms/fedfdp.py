@@ -38,7 +38,8 @@ def fair_noisy_gradient(
 
     ``c_j g_j = clip(max(0, 1 + lambda (f(w_t; x_j) - F_t)) g_j, C)`` (:func:`protocols.fedfdp.fair_clip_factors`),
     so every term has norm <= C: the sum's add/remove sensitivity is C and the noise multiplier is sigma. m is the
-    run's batch size, public (``q n_i`` whenever q < 1; the spec's expected batch size, never the realized |B|).
+    run's batch size, public (``q n_i`` whenever q < 1; the expected batch size, never the realized |B|, which depends
+    on the data).
 
     A record whose loss f(w_t; x_j) is not finite (a huge model from the server) gets weight 0
     (:func:`protocols.fedfdp.fair_weights`) and one whose weighted gradient is not finite contributes 0
@@ -82,7 +83,7 @@ def loss_release(
     l.16-20) with `model` holding w_i and B' a fresh Poisson(q) sample (`sample_rng` must be independent of B's).
 
     Without noise (`noise_multiplier` 0: a non-private run) nothing is released under DP, so the losses are not
-    clipped at C_l: the release is the sample's mean loss, as in the spec's non-private ablation and the authors'
+    clipped at C_l: the release is the sample's mean loss, as in silofl's non-private ablation and the authors'
     non-private path. Clipping there would only bias F_t downwards (and, with the adaptive bound, drive it to the
     floor).
 

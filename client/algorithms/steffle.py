@@ -5,9 +5,9 @@
   does not depend on any sensitive attribute and is sent as is. It hands the sensitive division what it needs of the
   model: the model itself (to evaluate F(x; theta) = softmax(logits) and its Jacobian) and the features and labels of
   the records the sensitive division samples. It never reads a sensitive attribute.
-* The sensitive division holds the sensitive attributes. It draws its own Poisson sample B2, independent of B1 (spec:
-  "draw the sensitive gradients on an independent Poisson sample", so that amplification by sampling holds for the
-  noised releases although g_j is released in the clear), computes the per-sample fairness gradients of psi_i
+* The sensitive division holds the sensitive attributes. It draws its own Poisson sample B2, independent of B1 (the
+  paper's line 6 draws one minibatch for both divisions; silofl draws two so that amplification by sampling holds for
+  the noised releases although g_j is released in the clear), computes the per-sample fairness gradients of psi_i
   (Lemma D.1; `protocols.ermi`), clips the theta-part to C, sums, and adds Gaussian noise to both parts before they
   leave (line 8).
 
@@ -17,10 +17,11 @@ contribution to the W-sum is -2 W (.) F_i (independent of s_i) plus 2 e_{s_i} F_
 most 2 / sqrt(rho) with rho the smallest prior probability (||F_i||_2 <= 1). So each release is a Poisson-subsampled
 Gaussian under the replace-one relation with radius C (theta) and R_W = 2 / sqrt(rho) (W); the silo adds noise
 sigma * C and sigma * R_W, and the two releases are one composed mechanism (`releases = 2`). lambda never enters what
-the silo releases (the server applies it), so the noise does not depend on lambda (the spec's "lambda factor" gap).
+the silo releases (the server applies it), so the noise does not depend on lambda (the papers' W noise is calibrated for
+lambda <= 1 only).
 
-With the run option `sampling = shuffle` (the spec's step 1 says Poisson; the papers' released code shuffles) both
-functions are handed their records (`sample`: the round's batch of the division's own shuffled epoch,
+With the run option `sampling = shuffle` (the paper's accounting assumes Poisson sampling; the authors' released code
+shuffles) both functions are handed their records (`sample`: the round's batch of the division's own shuffled epoch,
 `client.batches`) instead of drawing a Poisson sample; the sums are still divided by q n_j = min(m, n_j). The balls
 above are unchanged, but nothing is amplified: the silo accounts each epoch as one unsampled release of the two
 (`protocols.shuffled_epochs` has the argument).

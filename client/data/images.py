@@ -46,7 +46,7 @@ __all__ = [
 
 #: Dataset names handled here (the keys `load_dataset` accepts).
 IMAGE_DATASETS = ("mnist", "fashion-mnist", "digits")
-#: `load_mnist` kinds and their folder under the data dir (the layout of `shared/data`).
+#: `load_mnist` kinds and their folder under the data dir (the layout of the data folder, `$SILOFL_DATA_DIR`).
 MNIST_KINDS: dict[str, str] = {"mnist": "mnist", "fashion-mnist": "fashion_mnist"}
 #: Zalando's class names, in label order (fashion-mnist README).
 FASHION_MNIST_LABELS = (

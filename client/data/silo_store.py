@@ -6,10 +6,11 @@ Layout of a silo directory (format version 1):
 * ``nonsensitive.npz``: train_features, train_labels, test_features, test_labels (the model side's division);
 * ``sensitive.npz``: train_groups, test_groups (the sensitive division).
 
-The two divisions are separate files so that a deployment can give them different owners and permissions, as the
-spec's data model separates them. The archives are uncompressed `.npz` (numpy's own format, read with
-``allow_pickle=False``): loading an Adult silo (about 11k x 102 float32) takes a few milliseconds, see the tests.
-Each file is written to a temporary name and renamed into place, so a reader never sees a half-written file.
+The two divisions are separate files so that a deployment can give them different owners and permissions, as SteFFLe's
+data model separates them (Gupta et al. 2024, Section 2: a non-sensitive and a sensitive division). The archives are
+uncompressed `.npz` (numpy's own format, read with ``allow_pickle=False``): loading an Adult silo (about 11k x 102
+float32) takes a few milliseconds, see the tests. Each file is written to a temporary name and renamed into place, so a
+reader never sees a half-written file.
 """
 
 from __future__ import annotations

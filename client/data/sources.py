@@ -1,17 +1,17 @@
 """Where the built-in datasets' raw files live, and how to fetch and verify them.
 
-The file layout is the one of the shared offline copy (`shared/data`, see its README.md): `adult/adult.data`,
-`adult/adult.test`, `credit_default_taiwan/UCI_Credit_Card.csv`, `parkinsons_telemonitoring/parkinsons_updrs.data`,
-and the gzipped idx files of `mnist/` and `fashion_mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`);
-CIFAR-10's archive goes to `cifar10/cifar-10-python.tar.gz` (not in the shared copy; `cifar.py` extracts it).
-The data directory is, in order: the `data_dir` argument (CLI `--data-dir`), the environment variable
-`SILOFL_DATA_DIR`, else `~/.cache/silofl/data`.
+The file layout of the data folder (`$SILOFL_DATA_DIR` or `--data-dir`, below): `adult/adult.data`, `adult/adult.test`,
+`credit_default_taiwan/UCI_Credit_Card.csv`, `parkinsons_telemonitoring/parkinsons_updrs.data`, and the gzipped idx
+files of `mnist/` and `fashion_mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`); CIFAR-10's archive goes to
+`cifar10/cifar-10-python.tar.gz` (not in the offline data folder this project is tested with; `cifar.py` extracts it).
+The data directory is, in order: the `data_dir` argument (CLI `--data-dir`), the environment variable `SILOFL_DATA_DIR`,
+else `~/.cache/silofl/data`.
 
 With no local copy and `download=True` a file is fetched from its canonical address (or from the mirror
 `SILOFL_DATA_MIRROR`, a base URL with the same layout, e.g. `file:///srv/mirror`), checked against the sha256
-embedded below (the values of `shared/data/SHA256SUMS`), and only then moved into place; on a mismatch the bad
-download is deleted and `ChecksumError` is raised. Files already present are trusted (not re-hashed) so that
-loading stays fast; check them with `sha256sum -c SHA256SUMS`.
+embedded below (the values of the `SHA256SUMS` file of that offline data folder), and only then moved into place; on a
+mismatch the bad download is deleted and `ChecksumError` is raised. Files already present are trusted (not re-hashed) so
+that loading stays fast; check them with `sha256sum -c SHA256SUMS`.
 
 Image files: Fashion-MNIST comes from Zalando's own download address (the one its README gives). MNIST comes from
 `ossci-datasets.s3.amazonaws.com/mnist`, PyTorch's byte-identical mirror, not from LeCun's original address
@@ -21,7 +21,7 @@ scripts not to fetch from it (pytorch/vision#4634). The sha256 is the same eithe
 CIFAR-10 (`cifar10/cifar-10-python.tar.gz`, 170,498,071 bytes) comes from its author's page at the University of
 Toronto. That page publishes only an md5 (c58f30108f718f92721af3b95e74349a); the sha256 below is the one Keras's
 `cifar10.load_data` pins for the same URL, and public manifests list it together with that md5 and size. It could not
-be re-computed here (no copy is stored in `shared/data`: see its README), so it rests on those published values.
+be re-computed here (that offline data folder holds no copy), so it rests on those published values.
 
 Credit Card default (UCI #350) has no verifiable download: UCI ships it only as an `.xls` workbook, whose bytes we
 have no checksum for and which needs an Excel reader (xlrd) that is not a dependency. Its CSV form must be put in

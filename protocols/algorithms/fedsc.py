@@ -102,8 +102,9 @@ def mechanism(config: Any) -> str:
 
 
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
-    """The shares each silo actually made, its noise, and the paper's closed form (Proposition 6.6 as corrected in
-    the spec) next to the accountant's epsilon the silo's ledger reports."""
+    """The shares each silo actually made, its noise, and the paper's closed form (FedSC, Jing et al., ICML 2024,
+    Proposition 6.6 with its missing |D_j|^2 restored: docs/FEDSC.md, "Privacy") next to the accountant's epsilon the
+    silo's ledger reports."""
     from protocols.privacy.calr import calr_closed_form_epsilon
 
     state = history.server_state or {}

@@ -1,7 +1,7 @@
 """Privacy accounting for Poisson-sampled Gaussian releases, on Google's ``dp-accounting``.
 
 One *step* of a silo is: draw a Poisson sample of its records (rate ``q``), compute ``K`` quantities from that same
-sample (e.g. SteFFLe's ``h_theta`` and ``h_W``, spec ``steffle.md`` "Algorithm 1" step 3) and release each with
+sample (e.g. SteFFLe's ``h_theta`` and ``h_W``: Gupta et al. 2024, Algorithm 1 line 8) and release each with
 Gaussian noise. :func:`combined_noise_multiplier` shows the ``K`` releases are one Gaussian mechanism, so a run of ``T``
 steps is ``T`` compositions of a Poisson-subsampled Gaussian (:func:`dp_event`). Its ``(epsilon, delta)`` comes from
 
@@ -433,9 +433,10 @@ def epsilon_spent(
     """Epsilon at ``delta`` of :func:`dp_event` ``(noise_multiplier, sampling_rate, steps, releases)``, by ``relation``.
 
     ``companion`` (``inf``, the default: none): each step also makes one Gaussian release with this noise multiplier
-    on its OWN Poisson sample of rate ``sampling_rate``, drawn independently of the first (FedFDP's loss release, spec
-    ``fedfdp.md``). Two samples make two mechanisms, not one (:func:`combined_noise_multiplier` does not apply): the
-    run is ``ComposedDpEvent([dp_event(noise_multiplier, q, steps, releases), dp_event(companion, q, steps)])``.
+    on its OWN Poisson sample of rate ``sampling_rate``, drawn independently of the first (FedFDP's loss release: Ling
+    et al. 2024, arXiv 2402.16028 v6, Algorithm 2 lines 16-20). Two samples make two mechanisms, not one
+    (:func:`combined_noise_multiplier` does not apply): the run is
+    ``ComposedDpEvent([dp_event(noise_multiplier, q, steps, releases), dp_event(companion, q, steps)])``.
 
     ``steps = 0`` -> ``0.0``; ``noise_multiplier = 0`` -> ``inf`` (non-private); ``noise_multiplier = inf`` -> ``0.0``.
     ``accountant="best"`` evaluates both RDP and PLD and returns the smaller (PLD alone under ``replace_one``;
@@ -597,8 +598,9 @@ def calibrate_noise(
     """Smallest per-release noise multiplier whose epsilon (by ``accountant``) is ``<= epsilon`` after ``steps`` steps.
 
     ``companion_ratio`` (``inf``: none): every step also makes a release on its own, independent Poisson sample with
-    multiplier ``companion_ratio * sigma`` (FedFDP's loss release at sigma_l = 2.5 sigma, spec ``fedfdp.md``); the
-    target then bounds both, composed (:func:`epsilon_spent` ``companion``).
+    multiplier ``companion_ratio * sigma`` (FedFDP's loss release at sigma_l = 2.5 sigma, the ratio of the paper's
+    defaults sigma = 2, sigma_l = 5: Ling et al. 2024, arXiv 2402.16028); the target then bounds both, composed
+    (:func:`epsilon_spent` ``companion``).
 
     ``tolerance`` is relative: the answer is within ``tolerance * sigma*`` above the exact smallest multiplier
     ``sigma*`` and is never below it (its epsilon never exceeds the target). ``epsilon = inf`` -> multiplier ``0``.

@@ -1,7 +1,7 @@
 """The papers' closed-form noise for SteFFLe / DP-FERMI (Theorem 3.3), for the privacy report next to the accountant's.
 
-Spec ``steffle.md``, section "Noise": report both the papers' closed form and the noise a numerical accountant finds;
-the run uses the accountant's. This module computes the closed form and says what its sigma means in our terms.
+silofl reports both the papers' closed form and the noise a numerical accountant finds; the run uses the accountant's
+(docs/PRIVACY.md). This module computes the closed form and says what its sigma means in our terms.
 
 Theorem 3.3 (SteFFLe; DP-FERMI Theorem 3.3, restated as D.2): let ``eps <= 2 ln(1/delta)``, ``delta in (0, 1)``,
 ``T >= (n sqrt(eps) / (2 m))^2``, ``F(x, .)`` be ``L``-Lipschitz and ``|W_rj| <= D``. Then noise with
@@ -38,7 +38,7 @@ Conversion to our noise multipliers (``std / sensitivity``, :class:`protocols.pr
 Measured with these readings (``tests/test_closed_form.py``, Credit Card: ``n = 7,500`` per silo of three,
 ``m = 256``, ``T = 1,200``, ``delta = 1 / n^2``): under add_remove the closed form's epsilon is larger than its nominal
 one, 9 -> 17.3 (PLD, one stream; outside the theorem's validity condition, which needs ``T >= 1,932`` there) and
-1 -> 1.30 (RDP, theta and W together), the figures of the spec.
+1 -> 1.30 (RDP, theta and W together).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def steffle_closed_form(
         n: the silo's number of records (``n~`` in SteFFLe); m: the batch size ``|B_t|``; T: the number of rounds.
         rho: a lower bound on every group's share of the records (``p_S(r) >= rho``).
         L: Lipschitz constant of the model output ``F(x, .)`` in theta; D: the bound on ``|W_rj|`` (the theorem's
-            entrywise bound; its proof uses D as the diameter of the W set, and the spec projects W on
+            entrywise bound; its proof uses D as the diameter of the W set, and silofl projects W on
             ``||W||_F <= D``).
 
     Returns:

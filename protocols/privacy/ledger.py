@@ -1,9 +1,9 @@
 """A silo's own privacy ledger: what it has spent, and a refusal when an answer would overspend.
 
 The silo keeps the ledger in its persistent state (Flower's ``context.state``; :meth:`PrivacyLedger.to_dict` is a flat
-ConfigRecord) and charges it *before* it sends a noisy answer: under ISRL-DP (spec ``steffle.md`` "Data model") every
-message must stay within the silo's own ``(epsilon, delta)``, whatever the server does, so the silo, not the server,
-enforces the budget.
+ConfigRecord) and charges it *before* it sends a noisy answer: under ISRL-DP (SteFFLe, Gupta et al. 2024,
+Definition 2.3) every message must stay within the silo's own ``(epsilon, delta)``, whatever the server does, so the
+silo, not the server, enforces the budget.
 
 A charge is one answered round: ``steps`` Poisson-sampled steps (rate ``sampling_rate``), each releasing ``releases``
 Gaussian quantities at ``noise_multiplier`` (see :func:`protocols.privacy.accountant.dp_event`). The ledger's epsilon is
@@ -140,8 +140,9 @@ class LedgerEntry:
     ``sampling_rate = 1.0`` is a release on the whole data set, e.g. a one-off histogram before the sampled rounds.
 
     ``companion`` (``inf``: none) is a second Gaussian release made each step on its OWN Poisson sample of the same
-    rate, drawn independently of the first (FedFDP's loss release, spec ``fedfdp.md``): its noise multiplier. The
-    two are not one mechanism (different samples), so each step is ``PoissonSampled(q, Gaussian(s)) o
+    rate, drawn independently of the first (FedFDP's loss release, Ling et al. 2024, arXiv 2402.16028 v6, Algorithm 2
+    lines 16-20; the paper reuses the gradient's batch, silofl draws its own: docs/algorithms/fedfdp.md): its noise
+    multiplier. The two are not one mechanism (different samples), so each step is ``PoissonSampled(q, Gaussian(s)) o
     PoissonSampled(q, Gaussian(companion))``, composed; the accountants compose ``steps`` of each (composition is
     commutative, so the interleaving of the two within the rounds does not change the figure).
     """
