@@ -2,7 +2,7 @@
 the pure math: the fairness constraints, their violation estimate, the Lagrangian and the dual update (no Flower).
 
 Used by the SteFFLe paper as its "Tran et al. 2021" baseline (SteFFLe Section 5 and Appendix E), here adapted to silos
-(`client.rounds.tran`, `strategies.lagrangian`).
+(`client.rounds.tran`, `strategies.tran`).
 
 The problem (Tran et al., demographic parity: each group's mean prediction against the population's)::
 

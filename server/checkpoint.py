@@ -31,7 +31,7 @@ Resuming (`resume = true`, or `silofl run ... --resume DIR`) needs the same run 
 `round-timeout` and `checkpoint-every` may differ) and the same federation: the silos answer the setup round again
 (node ids may have changed) and must describe the same data. SteFFLe's group counts are not asked for again (the silos
 spent budget on them once); they come from the checkpoint. FedSC and FedAvg+SC run their own round loop
-(`strategies/correlation.py`) and cannot be resumed yet.
+(`strategies/fedsc.py`) and cannot be resumed yet.
 """
 
 from __future__ import annotations

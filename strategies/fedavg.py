@@ -9,7 +9,11 @@ from strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, Stra
 
 
 class FedAvg(SiloflStrategy):
-    """Non-private baseline. Each round every silo runs `local_epochs` of minibatch SGD from the global model."""
+    """FedAvg, non-private: each round every silo runs `local_epochs` of minibatch SGD from the global model.
+
+    McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient Learning of Deep Networks from
+    Decentralized Data", AISTATS 2017. Parameters: those of :class:`strategies.base.SiloflStrategy` only.
+    """
 
     def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
         weights = np.array([report.num_examples for _, _, report in updates], dtype=np.float64)

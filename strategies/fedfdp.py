@@ -19,8 +19,18 @@ VALUE = "value"
 SCALAR = (1,)
 
 
-class LossFairAverage(SiloflStrategy):
-    """Weighted model average plus the weighted average of the silos' noised losses (the next round's F_t)."""
+class FedfdpStrategy(SiloflStrategy):
+    """FedFDP's server: weighted model average plus the weighted average of the silos' noised losses (the next F_t).
+
+    Ling, Fu, Wang, Li, Cheng, Chen, "FedFDP: Fairness-Aware Federated Learning with Differential Privacy", arXiv
+    2402.16028, 2024 (Algorithm 2), a baseline of the SteFFLe paper. The fair clipping and the noise are the silos'.
+
+    Parameters
+    ----------
+    federation, param_spec, instruction, eval_instruction, timeout
+        as :class:`strategies.base.SiloflStrategy`; nothing else (the weights p_i = n_i / n come from the federation,
+        F_0 = `protocols.fedfdp.INITIAL_GLOBAL_LOSS`).
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -48,6 +58,6 @@ class LossFairAverage(SiloflStrategy):
         return {"global_loss": float(self.global_loss[0])}
 
 
-def build(inputs: StrategyInputs) -> LossFairAverage:
+def build(inputs: StrategyInputs) -> FedfdpStrategy:
     """FedFDP's server (the `fedfdp` registry entry)."""
-    return LossFairAverage(inputs.federation, inputs.tabular_spec(), **inputs.common)
+    return FedfdpStrategy(inputs.federation, inputs.tabular_spec(), **inputs.common)

@@ -1,6 +1,6 @@
 """SteFFLe's server with separate feature and sensitive parties (SteFFLe Section 4 and Appendix F; the sealed records of
 SECURITY.md, "`steffle` with separate parties"): the same SGDA step as
-:class:`strategies.noisy_aggregation.NoisyAggregation`, with two exchanges through the server per round, after the
+:class:`strategies.steffle.SteffleStrategy`, with two exchanges through the server per round, after the
 sealed record exchange of setup (`server.parties.sealed_exchange`: each sensitive party received the features and labels
 of the records whose sensitive attribute it holds, encrypted end to end).
 
@@ -43,11 +43,17 @@ from strategies.base import (
     evaluation_metrics,
     weighted_sum,
 )
-from strategies.noisy_aggregation import NoisyAggregation
+from strategies.steffle import SteffleStrategy
 
 
-class PartiesNoisyAggregation(NoisyAggregation):
-    """NoisyAggregation over feature parties (`federation.silos`) and sensitive parties (`federation.sensitive`)."""
+class SteffleSeparatePartiesStrategy(SteffleStrategy):
+    """SteFFLe's server with separate parties: feature parties (`federation.silos`) and sensitive parties
+    (`federation.sensitive`) instead of silos holding both divisions.
+
+    SteFFLe (Gupta, Poornash, Lowy, Razaviyayn, 2024), Section 4 and Appendix F. Parameters: those of
+    :class:`~strategies.steffle.SteffleStrategy` (the same SGDA step, the same schedule, prior, W shape, radius and
+    step size); the federation's `sensitive` entries are the sensitive parties.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

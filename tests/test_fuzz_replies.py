@@ -1,7 +1,7 @@
 """Fuzzing of both ends of a round: the server's strategies given forged replies, the silos given malformed messages.
 
-Server side: the real strategies (FedAvg, DP-FedSGD's gradient step, SteFFLe's noisy aggregation, DP-mu2-FL's anytime
-averaging, FedSC's correlation aggregation) and the orchestrator's setup and group-count rounds receive reply sets
+Server side: the real strategies (FedAvg, DP-FedSGD's `DpFedSgdStrategy`, SteFFLe's `SteffleStrategy`, DP-mu2-FL's
+`Mu2flStrategy`, FedSC's `FedscStrategy`) and the orchestrator's setup and group-count rounds receive reply sets
 with one fault drawn by hypothesis: a reply from a node that is not a silo, a duplicate, a missing or an error reply,
 a report for another round or claiming another silo, a missing or extra record, a malformed report or array. Each
 must be refused with a RoundError or MessageError naming the silo (or node) and the fault, and leave the strategy's
@@ -44,10 +44,11 @@ from protocols.models import build_model, get_parameters
 from server.inprocess_grid import copy_content, deliver
 from server.orchestrator import groups_round, setup_round
 from strategies.base import Federation, RoundError, SiloEntry
-from strategies.correlation import CorrelationAggregation
+from strategies.dp_fedsgd import DpFedSgdStrategy
 from strategies.fedavg import FedAvg
-from strategies.gradient_step import GradientStep, StepSchedule
-from strategies.noisy_aggregation import NoisyAggregation
+from strategies.fedsc import FedscStrategy
+from strategies.lr_schedule import StepSchedule
+from strategies.steffle import SteffleStrategy
 from tests import fuzz_cases
 
 SPEC = [("head.weight", (2, 3)), ("head.bias", (2,))]
@@ -146,9 +147,9 @@ def make_strategy(kind: str, lr: float = 0.5):
     if kind == "fedavg":
         return FedAvg(fed, SPEC, instruction=_instruction("fedavg"), **common)
     if kind == "dp-fedsgd":
-        return GradientStep(fed, SPEC, schedule=StepSchedule(lr), instruction=_instruction("dp-fedsgd"), **common)
+        return DpFedSgdStrategy(fed, SPEC, schedule=StepSchedule(lr), instruction=_instruction("dp-fedsgd"), **common)
     if kind == "steffle":
-        return NoisyAggregation(
+        return SteffleStrategy(
             fed,
             SPEC,
             schedule=StepSchedule(lr),
@@ -160,13 +161,13 @@ def make_strategy(kind: str, lr: float = 0.5):
             **common,
         )
     if kind == "mu2fl":
-        from strategies.anytime import AnytimeAveraging
+        from strategies.mu2fl import Mu2flStrategy
 
         constants = mu2.Mu2Constants.for_logreg(3, 2, D=0.1)
         calibration = mu2.calibrate(
             constants, num_rounds=5, num_silos=3, rho=4.0, trusted=False, batch_size=1, delta=1e-6
         )
-        return AnytimeAveraging(
+        return Mu2flStrategy(
             fed,
             SPEC,
             calibration=calibration,
@@ -605,8 +606,8 @@ class ScriptedGrid:
         return self.respond(messages)
 
 
-def make_fedsc() -> CorrelationAggregation:
-    return CorrelationAggregation(
+def make_fedsc() -> FedscStrategy:
+    return FedscStrategy(
         federation(),
         SPEC,
         instruction=_instruction("fedsc", model="cnn", projection_dim=H, epsilon=6.0, delta=1e-3),

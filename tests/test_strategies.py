@@ -9,8 +9,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from protocols import messages as msg
 from strategies.base import Federation, RoundError, SiloEntry
+from strategies.dp_fedsgd import DpFedSgdStrategy
 from strategies.fedavg import FedAvg
-from strategies.gradient_step import GradientStep, StepSchedule
+from strategies.lr_schedule import StepSchedule
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 
@@ -51,7 +52,7 @@ def _strategy(kind: str = "fedavg"):
     common = {"eval_instruction": msg.EvaluateInstruction(server_round=0), "instruction": _instruction(kind)}
     if kind == "fedavg":
         return FedAvg(fed, SPEC, **common)
-    return GradientStep(fed, SPEC, schedule=StepSchedule(0.5), **common)
+    return DpFedSgdStrategy(fed, SPEC, schedule=StepSchedule(0.5), **common)
 
 
 def _model(value: float) -> dict[str, np.ndarray]:

@@ -29,7 +29,7 @@ samples (`client.batches`), the sums are still divided by q n_j = min(m, n_j), a
 unsampled release of the two (no amplification; `protocols.shuffled_epochs`), charged at the epoch's first round.
 
 Nothing else the silo sends (its number of records, its report) depends on s. The primal and dual steps are the
-server's (`strategies.lagrangian`).
+server's (`strategies.tran`).
 """
 
 from __future__ import annotations

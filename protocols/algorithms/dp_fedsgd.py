@@ -1,6 +1,6 @@
 """DP-FedSGD: record-level DP with the noise added in each silo (ISRL-DP). Each round each silo Poisson-samples a
 minibatch (q = m / n_j), clips per-sample gradients to C, adds Gaussian noise sigma C to the sum and divides by the
-public batch size m; the server averages and steps. Server: `strategies.gradient_step`; silo:
+public batch size m; the server averages and steps. Server: `strategies.dp_fedsgd` (`DpFedSgdStrategy`); silo:
 `client.rounds.dp_fedsgd`."""
 
 from protocols.algorithms import register
@@ -35,7 +35,7 @@ SPEC = register(
         aliases=("dpfedsgd", "dp_fedsgd"),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.gradient_step:build",
+        strategy="strategies.dp_fedsgd:build",
         silo={"train": "client.rounds.dp_fedsgd:train_round"},
         plots=("fairness", "privacy"),
         mechanism="each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "

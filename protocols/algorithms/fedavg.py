@@ -1,5 +1,5 @@
 """FedAvg (McMahan et al. 2017), non-private: each round every silo runs `local-epochs` of minibatch SGD from the
-global model; the server averages the models weighted by records. Server: `strategies.fedavg`; silo:
+global model; the server averages the models weighted by records. Server: `strategies.fedavg` (`FedAvg`); silo:
 `client.rounds.fedavg`."""
 
 from protocols.algorithms import register

@@ -1,6 +1,6 @@
 """FedAvg+SC: the FedSC paper's baseline, the same local spectral contrastive training with alpha = 1 and nothing
-shared (non-private). Server: `strategies.correlation` (`build_fedavg_sc`); silo: `client.rounds.fedsc`
-(`train_round_fedavg_sc`)."""
+shared (non-private). Server: `strategies.fedsc` (`FedscStrategy`, built by `build_fedavg_sc`); silo:
+`client.rounds.fedsc` (`train_round_fedavg_sc`)."""
 
 from protocols.algorithms import register
 from protocols.algorithms.base import Algorithm
@@ -14,7 +14,7 @@ SPEC = register(
         options=(SslOptions, SgdOptions, LocalEpochsOptions),
         defaults=SSL_DEFAULTS,
         aliases=("fedavg+sc", "fedavg_sc"),
-        strategy="strategies.correlation:build_fedavg_sc",
+        strategy="strategies.fedsc:build_fedavg_sc",
         silo={"train": "client.rounds.fedsc:train_round_fedavg_sc"},
         **SSL_ENTRY,
         not_covered="everything: FedAvg+SC adds no noise; " + SSL_NOT_COVERED,

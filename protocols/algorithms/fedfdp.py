@@ -1,6 +1,6 @@
 """FedFDP (Ling et al. 2024): fairness as equal loss across silos (the variance of their losses, weight lambda) under
-record-level DP with the noise added in each silo (arXiv 2402.16028, Alg. 2). The math is
-`protocols/fedfdp.py`; server: `strategies.fedfdp`; silo: `client.rounds.fedfdp` over `client.algorithms.fedfdp`.
+record-level DP with the noise added in each silo (arXiv 2402.16028, Alg. 2). The math is `protocols/fedfdp.py`;
+server: `strategies.fedfdp` (`FedfdpStrategy`); silo: `client.rounds.fedfdp` over `client.algorithms.fedfdp`.
 
 Defaults: silofl's setting for the SteFFLe comparison (the SteFFLe paper gives no FedFDP hyper-parameters),
 q_j = 256 / n_j and T = ceil(40 n_mean / 256) (40 epochs at batch 256, as DP-FedSGD), C = 1 and eta = 0.25 from the

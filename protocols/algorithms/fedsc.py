@@ -1,6 +1,6 @@
 """FedSC: federated self-supervised learning with the spectral contrastive objective; silos share correlation
 matrices of their representations through DP-CalR (noise added in the silo) and train on the global loss. Server:
-`strategies.correlation` (correlation-matrix aggregation, central kNN monitor and linear probe); silo:
+`strategies.fedsc` (`FedscStrategy`: correlation-matrix aggregation, central kNN monitor and linear probe); silo:
 `client.rounds.fedsc` (`correlation_reply`, `train_round`)."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ SPEC = register(
             "alpha-start": 0.1,
             "alpha-end": 0.1,
         },
-        strategy="strategies.correlation:build_fedsc",
+        strategy="strategies.fedsc:build_fedsc",
         silo={"train": "client.rounds.fedsc:train_round", "query.correlation": "client.rounds.fedsc:correlation_reply"},
         **SSL_ENTRY,
         mechanism=mechanism,

@@ -1,6 +1,6 @@
 """DP-mu2-FL (private federated convex optimization with anytime averaging and corrected momentum), for an untrusted
 server (noise in each silo) or a trusted one (one draw at the server). One pass over each silo's records. Server:
-`strategies.anytime` (`protocols.mu2` has the math); silo: `client.rounds.mu2fl`."""
+`strategies.mu2fl` (`Mu2flStrategy`; `protocols.mu2` has the math); silo: `client.rounds.mu2fl`."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ SPEC = register(
         aliases=("dp-mu2-fl", "mu2"),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.anytime:build_mu2fl",
+        strategy="strategies.mu2fl:build_mu2fl",
         silo={"train": "client.rounds.mu2fl:train_round"},
         rounds=single_pass_rounds,
         check=check_rho,

@@ -1,6 +1,7 @@
 """Single-pass noisy projected SGD with averaged iterates: DP-mu2-FL's baseline at the same rho (each record is used in
-one round, so its silo charges one Gaussian release per record). Server: `strategies.anytime` (projected SGD); silo:
-`client.rounds.mu2fl` (`train_round_noisy_sgd`)."""
+one round, so its silo charges one Gaussian release per record). Server: DP-mu2-FL's, `strategies.mu2fl`
+(`Mu2flStrategy` with a projected SGD step, built by `build_noisy_sgd`); silo: `client.rounds.mu2fl`
+(`train_round_noisy_sgd`)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ SPEC = register(
         aliases=("noisy_sgd",),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.anytime:build_noisy_sgd",
+        strategy="strategies.mu2fl:build_noisy_sgd",
         silo={"train": "client.rounds.mu2fl:train_round_noisy_sgd"},
         rounds=single_pass_rounds,
         check=check_rho,

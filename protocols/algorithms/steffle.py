@@ -1,6 +1,7 @@
 """SteFFLe (private and fair federated learning; DP-FERMI with one silo): the ERMI regularizer solved by SGDA, the
-noise on the sensitive attributes added by each silo's sensitive division. Server: `strategies.noisy_aggregation`
-(descent on theta, projected ascent on W); silo: `client.rounds.steffle` (group counts, then each round the loss
+noise on the sensitive attributes added by each silo's sensitive division. Server: `strategies.steffle`
+(`SteffleStrategy`: descent on theta, projected ascent on W; with separate parties
+`strategies.steffle_parties`); silo: `client.rounds.steffle` (group counts, then each round the loss
 gradient in the clear and the noised fairness gradients)."""
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ SPEC = register(
         defaults=MINIBATCH_DEFAULTS,
         check=check,
         noised_for=("sensitive",),
-        strategy="strategies.noisy_aggregation:build",
+        strategy="strategies.steffle:build",
         silo={
             "train": "client.rounds.steffle:train_round",
             "query.groups": "client.rounds.steffle:group_counts",

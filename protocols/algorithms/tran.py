@@ -1,6 +1,6 @@
 """Tran et al. 2021 (PF-LD, a Lagrangian dual for demographic parity) as a SteFFLe baseline, with the noise added in
-each silo under SteFFLe's threat model (`protocols/tran.py` has the math). Server: `strategies.lagrangian`; silo:
-`client.rounds.tran`."""
+each silo under SteFFLe's threat model (`protocols/tran.py` has the math). Server: `strategies.tran`
+(`TranStrategy`); silo: `client.rounds.tran`."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ SPEC = register(
         ),
         defaults=MINIBATCH_DEFAULTS,
         aliases=("tran2021", "pf-ld"),
-        strategy="strategies.lagrangian:build",
+        strategy="strategies.tran:build",
         silo={"train": "client.rounds.tran:train_round", "query.groups": "client.rounds.tran:group_counts"},
         plots=("fairness", "privacy"),
         privacy_report="protocols.algorithms.tran:privacy_report",

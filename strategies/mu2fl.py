@@ -6,6 +6,10 @@ trusted server (Algorithm 2), and steps: w_{t+1} = Proj_K(w_t - eta qbar), x_{t+
 K is the ball of radius D/2 around 0 and x_1 = 0 (spec). The run's output is x_T (the last query point the silos
 were asked about), as the paper states; x_{T+1} is kept in the server state.
 
+The noisy-SGD baseline (`noisy-sgd`) is DP-mu2-FL's baseline at the same rho and shares this server
+(`build_noisy_sgd`): the same state, broadcast and trusted/untrusted noise, with a projected SGD step and the uniform
+average of the iterates in place of the anytime step (`protocols.mu2.calibrate_noisy_sgd`).
+
 Noise of the trusted server: drawn from (seed, M, t) in simulation (the engines "inprocess" and "ray"), so runs are
 reproducible and match `protocols.mu2.run_mu2_reference`; from the operating system's entropy in a deployment, where
 the silos know the run seed and could otherwise subtract it from the released x_t.
@@ -26,11 +30,26 @@ from protocols.models import flatten_parameters, unflatten_parameters
 from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
 
 
-class AnytimeAveraging(SiloflStrategy):
-    """The DP-mu2-FL server (untrusted: silos noise their q_t; trusted: the server noises the mean).
+class Mu2flStrategy(SiloflStrategy):
+    """DP-mu2-FL's server: anytime averaging (untrusted: silos noise their q_t; trusted: the server noises the mean).
 
-    With algorithm "noisy-sgd" (the spec's baseline) the silos send noised mean gradients at x_t and the server takes
-    a projected SGD step and keeps the uniform average of its iterates (`protocols.mu2.calibrate_noisy_sgd`).
+    Reshef, Levy, "Private and Federated Stochastic Convex Optimization: Efficient Strategies for Centralized Systems",
+    2024 (Algorithm 1, untrusted server; Algorithm 2, trusted server). With algorithm "noisy-sgd" (the spec's
+    baseline, sharing this server) the silos send noised mean gradients at x_t and the server takes a projected SGD
+    step and keeps the uniform average of its iterates (`protocols.mu2.calibrate_noisy_sgd`).
+
+    Parameters
+    ----------
+    federation, param_spec, instruction, eval_instruction, timeout
+        as :class:`strategies.base.SiloflStrategy`.
+    calibration : protocols.mu2.Mu2Calibration
+        the run's step size eta, noise std sigma, rho and trust model.
+    radius : float
+        D / 2, the radius of the ball K the server projects w onto.
+    seeded : bool
+        draw the trusted server's noise from (seed, M, t) (simulation) rather than the operating system's entropy.
+    projected_sgd : bool
+        the noisy-SGD baseline's step instead of anytime averaging.
     """
 
     array_dtype = "float64"
@@ -97,7 +116,7 @@ class AnytimeAveraging(SiloflStrategy):
         }
 
 
-def _build(inputs: StrategyInputs, calibrate, *, projected_sgd: bool) -> AnytimeAveraging:
+def _build(inputs: StrategyInputs, calibrate, *, projected_sgd: bool) -> Mu2flStrategy:
     config, federation = inputs.config, inputs.federation
     info = federation.info
     constants = mu2.Mu2Constants.for_logreg(info.num_features, info.num_labels, D=config.domain_diameter)
@@ -110,7 +129,7 @@ def _build(inputs: StrategyInputs, calibrate, *, projected_sgd: bool) -> Anytime
         batch_size=config.batch_size,
         delta=inputs.delta,
     )
-    return AnytimeAveraging(
+    return Mu2flStrategy(
         federation,
         inputs.tabular_spec(),
         calibration=calibration,
@@ -121,11 +140,11 @@ def _build(inputs: StrategyInputs, calibrate, *, projected_sgd: bool) -> Anytime
     )
 
 
-def build_mu2fl(inputs: StrategyInputs) -> AnytimeAveraging:
+def build_mu2fl(inputs: StrategyInputs) -> Mu2flStrategy:
     """DP-mu2-FL's server (the `mu2fl` registry entry): anytime averaging with corrected momentum."""
     return _build(inputs, mu2.calibrate, projected_sgd=False)
 
 
-def build_noisy_sgd(inputs: StrategyInputs) -> AnytimeAveraging:
+def build_noisy_sgd(inputs: StrategyInputs) -> Mu2flStrategy:
     """The noisy-SGD baseline's server (the `noisy-sgd` registry entry): projected SGD, averaged iterates."""
     return _build(inputs, mu2.calibrate_noisy_sgd, projected_sgd=True)

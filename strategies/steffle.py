@@ -1,4 +1,4 @@
-"""SteFFLe's server: noisy aggregation with one SGDA step per round (SteFFLe Algorithm 1, line 11).
+"""SteFFLe's server: one SGDA step per round on the silos' private gradients (SteFFLe Algorithm 1, line 11).
 
 The server holds the model theta and the ERMI dual variable W. Each round it broadcasts both (with the group prior
 P_S, or P_{S|Y} for equalized odds and equal opportunity) and receives from every silo j the loss gradient g_j (its
@@ -22,11 +22,33 @@ from flwr.app import ArrayRecord
 from protocols import messages as msg
 from protocols.ermi import PRIOR_FLOOR, project_frobenius
 from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
-from strategies.gradient_step import StepSchedule, step_schedule
+from strategies.lr_schedule import StepSchedule, step_schedule
 
 
-class NoisyAggregation(SiloflStrategy):
-    """Descent on theta, projected ascent on W; the silos' fairness replies are already private."""
+class SteffleStrategy(SiloflStrategy):
+    """SteFFLe's server over silos: descent on theta, projected ascent on W; the silos' fairness replies are private.
+
+    SteFFLe: Gupta, Poornash, Lowy, Razaviyayn, "A Stochastic Optimization Framework for Private and Fair Learning From
+    Decentralized Data", 2024 (Algorithm 1); with one silo DP-FERMI (Lowy, Gupta, Razaviyayn, "Stochastic
+    Differentially Private and Fair Learning", ICLR 2023). The noise is added in each silo's sensitive division; this
+    server adds none. With separate feature and sensitive parties, `build` returns the subclass
+    :class:`~strategies.steffle_parties.SteffleSeparatePartiesStrategy`.
+
+    Parameters
+    ----------
+    federation, param_spec, instruction, eval_instruction, timeout
+        as :class:`strategies.base.SiloflStrategy`; the instruction's `lam` is the fairness weight lambda.
+    schedule : StepSchedule
+        eta_theta(t), the step size on theta (`lr`, `lr-decay`, `lr-decay-epochs`).
+    prior : np.ndarray
+        the group prior P_S (or P_{S|Y} for equalized odds and equal opportunity) from the silos' noised counts.
+    w_shape : tuple of int
+        the shape of the ERMI dual variable W (W_0 = 0).
+    w_radius : float
+        D, the Frobenius radius W is projected onto.
+    w_lr : float
+        eta_W, the step size of the ascent on W.
+    """
 
     def __init__(
         self,
@@ -92,15 +114,15 @@ class NoisyAggregation(SiloflStrategy):
         return {"w": self.w.tolist(), "prior": self.prior.tolist()}
 
 
-def build(inputs: StrategyInputs) -> NoisyAggregation:
+def build(inputs: StrategyInputs) -> SteffleStrategy:
     """SteFFLe's server (the `steffle` registry entry): the prior from the silos' noised group counts."""
     from protocols.ermi import GroupPrior, w_shape
 
     config, info = inputs.config, inputs.federation.info
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)
-    kind = NoisyAggregation
+    kind = SteffleStrategy
     if inputs.federation.sensitive:  # separate feature and sensitive parties (strategies/steffle_parties.py)
-        from strategies.steffle_parties import PartiesNoisyAggregation as kind
+        from strategies.steffle_parties import SteffleSeparatePartiesStrategy as kind
     return kind(
         inputs.federation,
         inputs.tabular_spec(),

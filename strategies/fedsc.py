@@ -71,8 +71,34 @@ def cosine_lr(base: float, server_round: int, total_rounds: int) -> float:
     return base * 0.5 * (1.0 + math.cos(math.pi * (server_round - 1) / total_rounds))
 
 
-class CorrelationAggregation(SiloflStrategy):
-    """The FedSC server (and FedAvg+SC's, with no sharing)."""
+class FedscStrategy(SiloflStrategy):
+    """FedSC's server: correlation-matrix aggregation with a per-silo cache, then weight averaging (and FedAvg+SC's,
+    FedSC's baseline, with no sharing: `build_fedavg_sc`).
+
+    Jing, Yu, Zhang, Zhang, "FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
+    Non-i.i.d. Data", ICML 2024 (Algorithm 1, "Server"; the silos' DP-CalR: Algorithm 2).
+
+    Parameters
+    ----------
+    federation, param_spec, instruction, eval_instruction, timeout
+        as :class:`strategies.base.SiloflStrategy`.
+    initial : Arrays
+        the starting backbone + projector.
+    share_start, share_every : int
+        the first sharing round and the rounds between shares.
+    alpha_start, alpha_end : float
+        alpha_t's linear decay (eq. 80) from the first share to the end.
+    participation : float
+        the fraction of silos sampled each round outside the first rounds.
+    sharing : bool
+        share correlation matrices (FedSC) or not (FedAvg+SC, alpha = 1).
+    server_optimizer : str
+        "avg" (FedAvg) or "adam" (FedAdam, `strategies.server_optimizer`).
+    server_lr : float
+        FedAdam's step size.
+    evaluator : Evaluator or None
+        the central kNN monitor and linear probe; None: the run trains only.
+    """
 
     def __init__(
         self,
@@ -308,10 +334,10 @@ class CorrelationAggregation(SiloflStrategy):
         }
 
     def combine(self, server_round: int, current: Arrays, updates) -> Arrays:  # pragma: no cover - start() is used
-        raise RoundError("CorrelationAggregation runs its own round loop (start)")
+        raise RoundError("FedscStrategy runs its own round loop (start)")
 
 
-def _build(inputs: StrategyInputs, *, sharing: bool) -> CorrelationAggregation:
+def _build(inputs: StrategyInputs, *, sharing: bool) -> FedscStrategy:
     """The backbone + projector as the model; the central evaluator when the server holds the labelled data."""
     from protocols.models import get_parameters, parameter_spec
     from protocols.ssl_models import build_ssl_model, image_shape
@@ -339,7 +365,7 @@ def _build(inputs: StrategyInputs, *, sharing: bool) -> CorrelationAggregation:
         if sharing
         else {"share_start": 1, "share_every": 1, "alpha_end": 1.0}
     )
-    return CorrelationAggregation(
+    return FedscStrategy(
         federation,
         parameter_spec(model),
         initial=get_parameters(model),
@@ -353,11 +379,11 @@ def _build(inputs: StrategyInputs, *, sharing: bool) -> CorrelationAggregation:
     )
 
 
-def build_fedsc(inputs: StrategyInputs) -> CorrelationAggregation:
+def build_fedsc(inputs: StrategyInputs) -> FedscStrategy:
     """FedSC's server (the `fedsc` registry entry): correlation sharing through DP-CalR, alpha decaying."""
     return _build(inputs, sharing=True)
 
 
-def build_fedavg_sc(inputs: StrategyInputs) -> CorrelationAggregation:
+def build_fedavg_sc(inputs: StrategyInputs) -> FedscStrategy:
     """FedAvg+SC's server (the `fedavg-sc` registry entry): the same training with alpha = 1, nothing shared."""
     return _build(inputs, sharing=False)

@@ -1,4 +1,4 @@
-"""FedSC's server and silos end to end (strategies/correlation.py, client/rounds/fedsc.py), on the real messages.
+"""FedSC's server and silos end to end (strategies/fedsc.py, client/rounds/fedsc.py), on the real messages.
 
 Tiny runs on scikit-learn's digits (10 silos, one class each, a few records per silo, H = 8) through the real
 ServerApp orchestration and ClientApp, with a grid that records every message and reply.
@@ -16,7 +16,7 @@ from protocols import messages as msg
 from protocols.config import RunConfig
 from server.inprocess_grid import InProcessGrid
 from server.orchestrator import run_federation
-from strategies.correlation import cosine_lr, sharing_rounds
+from strategies.fedsc import cosine_lr, sharing_rounds
 
 H = 8
 

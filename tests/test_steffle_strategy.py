@@ -11,8 +11,8 @@ from protocols import messages as msg
 from protocols.config import RunConfig
 from server.engines import run_job
 from strategies.base import Federation, SiloEntry
-from strategies.gradient_step import StepSchedule
-from strategies.noisy_aggregation import NoisyAggregation
+from strategies.lr_schedule import StepSchedule
+from strategies.steffle import SteffleStrategy
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 
@@ -22,7 +22,7 @@ def _task_identity() -> None:
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
 
 
-def _strategy(lam: float, radius: float = 10.0) -> NoisyAggregation:
+def _strategy(lam: float, radius: float = 10.0) -> SteffleStrategy:
     silos = []
     for i, n in enumerate((100, 300)):
         info = msg.SiloInfo(
@@ -43,7 +43,7 @@ def _strategy(lam: float, radius: float = 10.0) -> NoisyAggregation:
     instruction = msg.TrainInstruction.for_algorithm(
         "steffle", server_round=1, total_rounds=5, batch_size=8, lr=0.5, lam=lam
     )
-    return NoisyAggregation(
+    return SteffleStrategy(
         Federation(silos=tuple(silos)),
         SPEC,
         schedule=StepSchedule(0.5),
@@ -56,7 +56,7 @@ def _strategy(lam: float, radius: float = 10.0) -> NoisyAggregation:
     )
 
 
-def _replies(strategy: NoisyAggregation, g: float, h: float, hw: float) -> list[Message]:
+def _replies(strategy: SteffleStrategy, g: float, h: float, hw: float) -> list[Message]:
     model = {"head.weight": np.ones((1, 2), np.float32), "head.bias": np.ones(1, np.float32)}
     instrs = list(strategy.configure_train(1, msg.arrays_record(model), ConfigRecord(), None))
     replies = []

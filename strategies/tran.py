@@ -24,13 +24,31 @@ from protocols import messages as msg
 from protocols import tran
 from protocols.ermi import GroupPrior
 from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
-from strategies.gradient_step import StepSchedule, step_schedule
+from strategies.lr_schedule import StepSchedule, step_schedule
 
 MASS = "mass"  # the group mass in the silos' fair-update record (`client.rounds.tran.MASS`)
 
 
-class LagrangianDual(SiloflStrategy):
-    """Primal descent on theta with the silos' noised constraint gradients, dual ascent on lambda."""
+class TranStrategy(SiloflStrategy):
+    """Tran et al.'s server: primal descent on theta with the silos' noised constraint gradients, dual ascent on lambda.
+
+    Tran, Fioretto, Van Hentenryck, "Differentially Private and Fair Deep Learning: A Lagrangian Dual Approach", AAAI
+    2021 (PF-LD), adapted to silos under SteFFLe's threat model (noise on the sensitive attributes, added in each
+    silo); the SteFFLe paper's baseline.
+
+    Parameters
+    ----------
+    federation, param_spec, instruction, eval_instruction, timeout
+        as :class:`strategies.base.SiloflStrategy`.
+    schedule : StepSchedule
+        eta_theta(t), the primal step size (`lr`, `lr-decay`, `lr-decay-epochs`).
+    prior : GroupPrior
+        the group prior from the silos' noised group counts.
+    initial_multiplier : float
+        lambda_0, every constraint's starting multiplier (`lambda`; the paper: 0).
+    dual_lr : float
+        s, the dual step size (`dual-lr`; 0: a fixed penalty).
+    """
 
     def __init__(
         self,
@@ -85,13 +103,13 @@ class LagrangianDual(SiloflStrategy):
         }
 
 
-def build(inputs: StrategyInputs) -> LagrangianDual:
+def build(inputs: StrategyInputs) -> TranStrategy:
     """Tran et al.'s server (the `tran` registry entry): the prior from the silos' noised group counts."""
     from protocols.ermi import PRIOR_FLOOR
 
     config = inputs.config
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)
-    return LagrangianDual(
+    return TranStrategy(
         inputs.federation,
         inputs.tabular_spec(),
         schedule=step_schedule(inputs),
