@@ -1,5 +1,5 @@
-"""FedFDP's server (Ling et al. 2024; spec ``fedfdp.md``, "Server"): average the silos' models and their noised
-losses, broadcast both.
+"""FedFDP's server (Ling et al. 2024, arXiv 2402.16028, Algorithm 2, server side): average the silos' models and their
+noised losses, broadcast both.
 
 ``w_{t+1} = sum_i p_i w_i`` and ``F_{t+1} = sum_i p_i F~_i`` with ``p_i = n_i / n`` (public, from the setup round);
 F_0 = 0. All silos take part every round; no server learning rate; the last iterate is the result. The replies are

@@ -1,10 +1,10 @@
 """DP-mu2-FL's server: anytime averaging (the paper's Algorithms 1 and 2, "Server"; `protocols.mu2` has the math).
 
-The server keeps w_t, x_t, x_{t-1} and t in float64. Each round it broadcasts the query points x_t and x_{t-1},
-averages the silos' q_t (equal weights: every silo answers every round), adds one Gaussian draw when it is the
-trusted server (Algorithm 2), and steps: w_{t+1} = Proj_K(w_t - eta qbar), x_{t+1} = t/(t+2) x_t + 2/(t+2) w_{t+1}.
-K is the ball of radius D/2 around 0 and x_1 = 0 (spec). The run's output is x_T (the last query point the silos
-were asked about), as the paper states; x_{T+1} is kept in the server state.
+The server keeps w_t, x_t, x_{t-1} and t in float64. Each round it broadcasts the query points x_t and x_{t-1}, averages
+the silos' q_t (equal weights: every silo answers every round), adds one Gaussian draw when it is the trusted server
+(Algorithm 2), and steps: w_{t+1} = Proj_K(w_t - eta qbar), x_{t+1} = t/(t+2) x_t + 2/(t+2) w_{t+1}. K is the ball of
+radius D/2 around 0 and x_1 = 0 (the paper's Algorithms 1 and 2 take x_1 as an input; silofl fixes it). The run's output
+is x_T (the last query point the silos were asked about), as the paper states; x_{T+1} is kept in the server state.
 
 The noisy-SGD baseline (`noisy-sgd`) is DP-mu2-FL's baseline at the same rho and shares this server
 (`build_noisy_sgd`): the same state, broadcast and trusted/untrusted noise, with a projected SGD step and the uniform
@@ -34,9 +34,9 @@ class Mu2flStrategy(SiloflStrategy):
     """DP-mu2-FL's server: anytime averaging (untrusted: silos noise their q_t; trusted: the server noises the mean).
 
     Reshef, Levy, "Private and Federated Stochastic Convex Optimization: Efficient Strategies for Centralized Systems",
-    2024 (Algorithm 1, untrusted server; Algorithm 2, trusted server). With algorithm "noisy-sgd" (the spec's
-    baseline, sharing this server) the silos send noised mean gradients at x_t and the server takes a projected SGD
-    step and keeps the uniform average of its iterates (`protocols.mu2.calibrate_noisy_sgd`).
+    2024 (Algorithm 1, untrusted server; Algorithm 2, trusted server). With algorithm "noisy-sgd" (silofl's baseline for
+    it, sharing this server; the paper runs none) the silos send noised mean gradients at x_t and the server takes a
+    projected SGD step and keeps the uniform average of its iterates (`protocols.mu2.calibrate_noisy_sgd`).
 
     Parameters
     ----------

@@ -10,7 +10,8 @@ noised fairness gradients h_theta_j and h_W_j (its sensitive division's). Then
 
 with w_j = n_j / n. The paper averages with w_j = 1/N over silos of equal size n~; weighting by n_j is the same for
 equal silos and keeps the step an unbiased estimate of the objective over all records when they differ. The server
-returns the last iterate, which the papers recommend in practice (spec: "Return the last iterate").
+returns the last iterate, which DP-FERMI recommends in practice (Lowy et al., ICLR 2023, remarks after Theorem 3.4; its
+analysis returns a uniformly random iterate).
 """
 
 from __future__ import annotations
