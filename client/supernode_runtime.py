@@ -323,9 +323,54 @@ def install_poll_patches(clock: PollClock, on_first_pull: Callable[[], None] | N
         finally:
             clock.message_handled()
 
-    sci._pull_and_store_message = pull_and_store_message
+    sci._pull_and_store_message = drop_messages_of_stopped_runs(pull_and_store_message)
     sci._push_messages = push_messages
     sci.time = clock  # type: ignore[assignment]  # the module's only use of `time` is time.sleep
+
+
+class RunStoppedWhileReceiving(RuntimeError):
+    """The SuperLink said a message's run is no longer running while this SuperNode was pulling the message's
+    objects or confirming it (:func:`drop_messages_of_stopped_runs`)."""
+
+
+def _run_stopped_is_an_error(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, raising :class:`RunStoppedWhileReceiving` (an Exception) where it raised Flower's
+    `RunNotRunningException` (a BaseException)."""
+    from flwr.supercore.run import RunNotRunningException
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except RunNotRunningException:
+            raise RunStoppedWhileReceiving(
+                "its run is no longer running on the SuperLink (stopped, or ended while the SuperLink was away): "
+                "the message is dropped and never answered"
+            ) from None
+
+    return call
+
+
+def drop_messages_of_stopped_runs(pull_and_store: Callable[..., int | None]) -> Callable[..., int | None]:
+    """Wrap Flower's `_pull_and_store_message` so that a message whose run stops while it is received is dropped.
+
+    Flower 1.39 creates the message's task and stores the message *before* pulling its objects; when the SuperLink
+    then answers that the run is not running (a SuperLink restarted mid-run hands out the stopped run's last
+    message), Flower's `RunNotRunningException`, a BaseException, passes its `except Exception` cleanup: the task
+    stays pending with objects that never arrive. The ClientApp worker takes that task first (the oldest), waits for
+    its objects for ever, and the SuperNode, which handles one message at a time, waits for its reply: the node never
+    answers again (seen in tests/test_deploy_faults.py's SuperLink-kill test). Raised as an Exception instead, the
+    same failure takes Flower's own cleanup path (message and objects deleted, task finished as failed)."""
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    sci.pull_objects = getattr(sci, "_silofl_pull_objects", sci.pull_objects)
+    sci._silofl_pull_objects = sci.pull_objects  # Flower's, so that installing twice does not wrap twice
+    sci.pull_objects = _run_stopped_is_an_error(sci.pull_objects)
+
+    def pull_and_store_message(*args: Any, **kwargs: Any) -> int | None:
+        if "confirm_message_received" in kwargs:  # passed by keyword by start_client_internal (fingerprinted)
+            kwargs["confirm_message_received"] = _run_stopped_is_an_error(kwargs["confirm_message_received"])
+        return pull_and_store(*args, **kwargs)
+
+    return pull_and_store_message
 
 
 # -- the SuperNode's link to its SuperLink ---------------------------------------------------------------------------

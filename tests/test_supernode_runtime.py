@@ -99,6 +99,7 @@ def test_poll_patches_hook_flowers_supernode_loop(monkeypatch) -> None:
     monkeypatch.setattr(sci, "_pull_and_store_message", lambda **kw: next(replies))
     monkeypatch.setattr(sci, "_push_messages", lambda **kw: calls.append("push"))
     monkeypatch.setattr(sci, "time", rt.time)  # restored after the test: the patch replaces the module's `time`
+    monkeypatch.setattr(sci, "pull_objects", sci.pull_objects)  # and its `pull_objects` (dropped stopped runs)
     now, slept, clock, sleep = _fake_time()
     poll = rt.PollClock(sleep=sleep, clock=clock)
     first: list[int] = []
@@ -115,6 +116,65 @@ def test_poll_patches_hook_flowers_supernode_loop(monkeypatch) -> None:
     sci._push_messages()  # the reply left: fast again (the next round's message), however long the ClientApp took
     sci.time.sleep(3)
     assert slept[-1] == rt.IDLE_PULL.floor and calls == ["push"] and first == [1]  # the callback ran once
+
+
+def _receive_one_message(pull_and_store, *, stops_at: str) -> tuple[int | None, list[str]]:
+    """Flower's SuperNode receiving one message of run 42 into a real NodeState and ObjectStore, the SuperLink
+    answering that the run is not running when the SuperNode pulls the message's objects (`stops_at="pull"`) or
+    confirms it (`"confirm"`), or never (`""`). Returns what the pull returned and the statuses of the node's tasks."""
+    import time
+
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, Metadata, RecordDict
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run, RunNotRunningException
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    factory = NodeStateFactory(ObjectStoreFactory())
+    state, store = factory.state(), factory.objectstore_factory.store()
+    state.set_node_id(7)
+    state.store_run(Run.create_empty(run_id=42))
+    metadata = Metadata(
+        run_id=42, message_id="", src_node_id=1, dst_node_id=7, reply_to_message_id="", group_id="4",
+        created_at=time.time(), ttl=3600.0, message_type="train",
+    )  # fmt: skip
+    message = Message(RecordDict({"model": ArrayRecord([np.ones(3)])}), metadata=metadata)
+    objects = {key: obj.deflate() for key, obj in get_all_nested_objects(message).items()}
+
+    def link(step: str, answer):
+        def call(*args):
+            if stops_at == step:
+                raise RunNotRunningException
+            return answer(*args)
+
+        return call
+
+    returned = pull_and_store(
+        state=state, object_store=store, node_config={}, receive=lambda: (message, get_object_tree(message)),
+        get_run=None, get_fab=None, pull_object=link("pull", lambda run, key: objects[key]),
+        confirm_message_received=link("confirm", lambda run, key: None), trusted_entities=None,
+    )  # fmt: skip
+    return returned, [task.status.status for task in state.get_tasks()]
+
+
+@pytest.mark.parametrize("stops_at", ["pull", "confirm"])
+def test_a_message_whose_run_stopped_while_it_arrived_leaves_no_task_behind(monkeypatch, stops_at: str) -> None:
+    """A SuperLink restarted mid-run hands out the stopped run's last message, then says the run is not running.
+    Flower 1.39 alone leaves that message's task pending for ever (its objects never come), which the ClientApp
+    worker takes first and waits on while the node's next run waits behind it (seen in CI: the SuperLink-kill test
+    of tests/test_deploy_faults.py). With silofl's patch the task ends as failed and nothing is left pending."""
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    monkeypatch.setattr(sci, "pull_objects", sci.pull_objects)
+    flowers = sci._pull_and_store_message
+    assert _receive_one_message(flowers, stops_at=stops_at) == (None, ["pending"])  # Flower's own: the leak
+
+    patched = rt.drop_messages_of_stopped_runs(flowers)
+    rt.drop_messages_of_stopped_runs(flowers)  # installing twice wraps Flower's pull once
+    utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
+    assert sci._silofl_pull_objects is utils.pull_objects
+    assert _receive_one_message(patched, stops_at=stops_at) == (None, ["finished"])
+    assert _receive_one_message(patched, stops_at="") == (42, ["pending"])  # a live run's message: as before
 
 
 def test_object_pulls_retry_within_milliseconds(monkeypatch) -> None:
