@@ -45,7 +45,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from server.deploy import local  # noqa: E402
+from silofl.server.deploy import local  # noqa: E402
 
 FLOOR_PYPROJECT = """\
 [build-system]
@@ -121,12 +121,12 @@ import flwr.clientapp
 t1 = time.perf_counter()
 import torch
 t2 = time.perf_counter()
-import client.app
+import silofl.client.app
 t3 = time.perf_counter()
-from client.data.silo_store import load_silo
+from silofl.client.data.silo_store import load_silo
 silo = load_silo(sys.argv[1])
 t4 = time.perf_counter()
-from protocols.models import build_model
+from silofl.protocols.models import build_model
 model = build_model("logreg", silo.info.num_features, silo.info.num_labels, hidden=64)
 t5 = time.perf_counter()
 print(json.dumps({"flwr": t1 - t0, "torch": t2 - t1, "silofl_import": t3 - t2, "load_silo": t4 - t3,
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="silofl-deploy-bench-") as tmp_name:
         tmp = Path(tmp_name)
         if args.skip_runs:
-            from client.data.federate import load_federation
-            from client.data.silo_store import save_silo
+            from silofl.client.data.federate import load_federation
+            from silofl.client.data.silo_store import save_silo
 
             _, silos = load_federation("synthetic", 3)
             save_silo(silos[0], tmp / "silo_0")

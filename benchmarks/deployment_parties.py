@@ -26,7 +26,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from server.deploy import local  # noqa: E402
+from silofl.server.deploy import local  # noqa: E402
 
 
 def _split(dataset: str, topology: str, out: Path) -> Path:

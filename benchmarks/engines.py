@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protocols.config import RunConfig
-from server.engines import run_job
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
 
 
 def main() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
 def _inprocess(config: RunConfig) -> tuple[float, float]:
     """(median, mean) seconds per round of one in-process run, its noise calibration and privacy accounting paid as
     in a fresh process (the caches outlive a run: a repeat would find its calibration and PLD figures computed)."""
-    from client.privacy_state import clear_caches
+    from silofl.client.privacy_state import clear_caches
 
     clear_caches()
     return _per_round(run_job(config, engine="inprocess", progress=False))

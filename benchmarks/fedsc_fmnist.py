@@ -65,8 +65,8 @@ def run_one(method: str, values: dict, out: str) -> dict:
     """One run, cached as its result.json."""
     path = Path(out) / "result.json"
     if not path.exists():
-        from protocols.config import RunConfig
-        from server.engines import run_job
+        from silofl.protocols.config import RunConfig
+        from silofl.server.engines import run_job
 
         algorithm, extra = METHODS[method]
         # the shared values serve both algorithms: FedAvg+SC ignores FedSC's sharing keys (alpha, DP-CalR)
@@ -77,10 +77,10 @@ def run_one(method: str, values: dict, out: str) -> dict:
 
 def initial_probe(values: dict) -> float:
     """Linear-probe accuracy of the untrained backbone (the seed's initialisation), same evaluation."""
-    from protocols.config import RunConfig
-    from protocols.models import get_parameters
-    from protocols.ssl_models import build_ssl_model
-    from server.ssl_evaluation import CentralEvaluator
+    from silofl.protocols.config import RunConfig
+    from silofl.protocols.models import get_parameters
+    from silofl.protocols.ssl_models import build_ssl_model
+    from silofl.server.ssl_evaluation import CentralEvaluator
 
     config = RunConfig.parse({"algorithm": "fedavg-sc", **values}, other_algorithms="ignore")
     evaluator = CentralEvaluator(config)

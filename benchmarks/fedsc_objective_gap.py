@@ -35,11 +35,11 @@ def train(mode: str, optimizer: str, args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from client.augment import make_views, ssl_augmentation
-    from client.data.loaders import load_dataset
-    from protocols.fedsc import local_loss, normalize_rows
-    from protocols.ssl_eval import extract_features, knn_accuracy, linear_probe
-    from protocols.ssl_models import build_ssl_model
+    from silofl.client.augment import make_views, ssl_augmentation
+    from silofl.client.data.loaders import load_dataset
+    from silofl.protocols.fedsc import local_loss, normalize_rows
+    from silofl.protocols.ssl_eval import extract_features, knn_accuracy, linear_probe
+    from silofl.protocols.ssl_models import build_ssl_model
 
     torch.set_num_threads(1)
     data = load_dataset("fashion-mnist", data_dir=os.environ.get("SILOFL_DATA_DIR") or None)

@@ -300,7 +300,7 @@ class Sampler:
 @contextlib.contextmanager
 def _hooked_progress(sampler: Sampler) -> Iterator[None]:
     """Replace the ServerApp's progress bar by the sampler for the duration (the ServerApp imports it per run)."""
-    import server.progress as progress_module
+    import silofl.server.progress as progress_module
 
     original = progress_module.RunProgress
 
@@ -325,8 +325,8 @@ def _hooked_progress(sampler: Sampler) -> Iterator[None]:
 
 def measure(spec: LoadSpec) -> dict[str, Any]:
     """Run `spec` in this process and return its measurements (see the module docstring)."""
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     if spec.rounds < 1 or spec.silos < 1:
         raise ValueError(f"rounds and silos must be >= 1, got rounds={spec.rounds}, silos={spec.silos}")

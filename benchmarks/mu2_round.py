@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from client.data.loaders import load_dataset
-from protocols import mu2
-from protocols.config import RunConfig
-from server.engines import run_job
+from silofl.client.data.loaders import load_dataset
+from silofl.protocols import mu2
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
 
 
 def main() -> None:

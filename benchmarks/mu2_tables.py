@@ -66,8 +66,8 @@ def run_cell(
     cache = Path("runs") / "mu2_tables" / f"{algorithm}-{trust}-rho{rho:g}-M{silos}-b{batch}-s{seed}{tag}.json"
     if cache.exists():
         return dict(json.loads(cache.read_text()), seed=seed, partition=partition)
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     values = {
         "algorithm": algorithm,
@@ -137,7 +137,7 @@ def _cell_text(found: list[dict], paper: tuple[float, float] | None, show_eps: b
 
 
 def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: float) -> str:
-    from protocols import mu2
+    from silofl.protocols import mu2
 
     seeds = ", ".join(str(s) for s in args.seeds)
     lines = [

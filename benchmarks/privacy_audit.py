@@ -77,28 +77,28 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from scipy import special
 
-from client import party_exchange, randomness
-from client.algorithms.dp_fedsgd import noisy_gradient
-from client.algorithms.steffle import fairness_gradients, group_label_counts, w_radius_of
-from client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
-from client.rounds import fedsc as fedsc_round
-from client.rounds import mu2fl as mu2_round
-from client.rounds import steffle as steffle_round
-from client.sealed_records import SealedRecords
-from protocols import messages as msg
-from protocols import mu2
-from protocols import parties as pm
-from protocols.ermi import GroupPrior
-from protocols.models import (
+from silofl.client import party_exchange, randomness
+from silofl.client.algorithms.dp_fedsgd import noisy_gradient
+from silofl.client.algorithms.steffle import fairness_gradients, group_label_counts, w_radius_of
+from silofl.client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
+from silofl.client.rounds import fedsc as fedsc_round
+from silofl.client.rounds import mu2fl as mu2_round
+from silofl.client.rounds import steffle as steffle_round
+from silofl.client.sealed_records import SealedRecords
+from silofl.protocols import messages as msg
+from silofl.protocols import mu2
+from silofl.protocols import parties as pm
+from silofl.protocols.ermi import GroupPrior
+from silofl.protocols.models import (
     build_model,
     flatten_parameters,
     parameter_spec,
     set_parameters,
     unflatten_parameters,
 )
-from protocols.privacy.accountant import calibrate_noise, epsilon_spent
-from protocols.privacy.audit import AuditResult, audit_releases, gaussian_epsilon
-from protocols.privacy.calr import (
+from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
+from silofl.protocols.privacy.audit import AuditResult, audit_releases, gaussian_epsilon
+from silofl.protocols.privacy.calr import (
     calr_epsilon,
     calr_noise_multiplier_scale,
     calr_sensitivity,
@@ -106,7 +106,7 @@ from protocols.privacy.calr import (
     release_divisor,
     release_noise_scale,
 )
-from protocols.privacy.gaussian import histogram_sensitivity
+from silofl.protocols.privacy.gaussian import histogram_sensitivity
 
 DELTA = 1e-5
 BROKEN = 0.1  # the broken mechanism's noise scale

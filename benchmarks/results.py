@@ -49,7 +49,7 @@ from benchmarks.results_steffle import (  # noqa: E402
 )
 from benchmarks.results_text import replace_section  # noqa: E402
 from benchmarks.results_topologies import SEALED_HEADING, SEALED_SWEEP, TOPOLOGY_HEADING, sealed_section  # noqa: E402
-from server import plots  # noqa: E402
+from silofl.server import plots  # noqa: E402
 
 
 def sweeps_read(only: str | None) -> list[str]:

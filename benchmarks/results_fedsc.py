@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, records_files, rel
 from benchmarks.results_text import fmt, mean_sd_text
-from server import plots
+from silofl.server import plots
 
 _FEDSC_FOLDER = re.compile(r"^(?P<method>fedavg-sc|fedsc-dp|fedsc)-")
 

@@ -35,8 +35,8 @@ from typing import Any
 from benchmarks.results_runs import STEFFLE
 from benchmarks.results_steffle import SweepResult
 from benchmarks.results_text import fmt, pct
-from server import plots
-from server.analysis import Point, mean_points, pareto_front
+from silofl.server import plots
+from silofl.server.analysis import Point, mean_points, pareto_front
 
 #: The methods of the headline: SteFFLe and the two baselines of the paper's headline numbers.
 HEADLINE_METHODS = (STEFFLE, "tran", "fedfdp")

@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, records_files, rel
 from benchmarks.results_text import fmt
-from server import plots
+from silofl.server import plots
 
 MU2_HEADING = "## DP-mu2-FL: the paper's Tables 1 and 2 (MNIST)"
 
@@ -98,7 +98,7 @@ def mu2_section(
     records, _ = plots.load_runs([folder]) if folder.is_dir() else ([], 0)
     expected = None
     if (sweep_files / "mu2_mnist.toml").is_file():
-        from server.sweep import load_sweep
+        from silofl.server.sweep import load_sweep
 
         expected = len(load_sweep(sweep_files / "mu2_mnist.toml", out=folder).runs)
     sweep_cells = mu2_cells_from_runs(records)

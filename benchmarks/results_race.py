@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, rel, sweep_state_text
-from server import plots
+from silofl.server import plots
 
 RACE_HEADING = "## SteFFLe on a many-valued attribute"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_text import fmt
-from server import plots
+from silofl.server import plots
 
 #: The repository root (commands in the document name files relative to it).
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plot
 def sweep_state_text(folder: Path, sweep_file: Path, found: int, incomplete: int) -> str:
     """A sentence on a section's runs against its sweep file: how many completed runs were read, how many incomplete
     ones skipped, how many runs the sweep file has and how many of them finished."""
-    from server.sweep import SweepError, load_sweep, run_state
+    from silofl.server.sweep import SweepError, load_sweep, run_state
 
     state = f"{found} completed runs in `{rel(folder)}`" + (f", {incomplete} incomplete skipped" if incomplete else "")
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, read_json, rel, section_runs
 from benchmarks.results_text import fmt
-from server import plots
+from silofl.server import plots
 
 #: The number-of-silos sweep (the SteFFLe paper's Figure 2 c, d): (sweep file stem = run folder, dataset, notion).
 SILOS_SWEEP = ("steffle_credit_silos", "credit", "dp")

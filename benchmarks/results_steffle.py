@@ -17,8 +17,8 @@ from pathlib import Path
 
 from benchmarks.results_runs import DATA_ENV, ROOT, STEFFLE, RunFiles, grid_text, records_files, rel
 from benchmarks.results_text import fmt, pct
-from server import plots
-from server.analysis import (
+from silofl.server import plots
+from silofl.server.analysis import (
     MeanPoint,
     Point,
     Reduction,
@@ -186,7 +186,7 @@ def load_steffle_sweep(
     name: str, dataset: str, fairness: str, sweeps: Path, sweep_files: Path, figures: Path
 ) -> SweepResult:
     """Read one SteFFLe sweep's run folders, compare them with its sweep file, draw its figure, compute its panels."""
-    from server.sweep import SweepError, load_sweep, run_state
+    from silofl.server.sweep import SweepError, load_sweep, run_state
 
     result = SweepResult(name, dataset, fairness, sweeps / name, sweep_files / f"{name}.toml")
     if result.sweep_file.is_file():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from server import plots
+from silofl.server import plots
 
 
 def hours(seconds: float) -> str:

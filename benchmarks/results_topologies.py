@@ -12,8 +12,8 @@ from pathlib import Path
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, read_json, rel, section_runs
 from benchmarks.results_text import fmt, section_lines
-from server import plots
-from server.analysis import Point, matched_error_reduction
+from silofl.server import plots
+from silofl.server.analysis import Point, matched_error_reduction
 
 #: The first version's topology comparison (issue 18): frozen history, never regenerated (:func:`topology_history`).
 #: Its runs sent rows (id, y, F(x_i), J_F(x_i)) through the server (options `share-rows` and `keep-rate`, removed in

@@ -26,8 +26,8 @@ from typing import Any
 from benchmarks.results_headline import GapRow, cross_noise_lines, gap_conclusion, gap_row, noise_lines, panel_points
 from benchmarks.results_runs import DATA_ENV, STEFFLE
 from benchmarks.results_text import fmt
-from server import plots
-from server.analysis import Point
+from silofl.server import plots
+from silofl.server.analysis import Point
 
 FACTORS_HEADING = "### The gap to Tran et al.: one factor at a time (Adult, demographic parity, h 0)"
 GAP_SWEEP = "steffle_adult_tran_gap"
@@ -167,8 +167,8 @@ def noise_readings(result: dict[str, Any]) -> dict[str, float] | None:
     Evaluated with L = the run's clip, C = its W radius, n~ = its smallest silo, rho = the smallest probability of
     its noised prior (the code uses the true counts), and the run's delta, T and largest rate q.
     """
-    from protocols.privacy.accountant import epsilon_spent
-    from protocols.privacy.closed_form import steffle_closed_form
+    from silofl.protocols.privacy.accountant import epsilon_spent
+    from silofl.protocols.privacy.closed_form import steffle_closed_form
 
     config, privacy = result.get("config") or {}, result.get("privacy") or {}
     per_silo = privacy.get("per_silo") or {}

@@ -25,8 +25,8 @@ import argparse
 import json
 from pathlib import Path
 
-from protocols.privacy.accountant import calibrate_noise, epsilon_spent
-from protocols.shuffled_epochs import accounted_steps
+from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
+from silofl.protocols.shuffled_epochs import accounted_steps
 
 RELATION = "replace_one"
 RELEASES = 2

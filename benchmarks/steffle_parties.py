@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flwr.app import Message
 from flwr.common.serde import message_to_proto
 
-from client.app import app as client_app
-from protocols.config import RunConfig
-from protocols.messages import GROUPS, SETUP
-from protocols.parties import HOLDINGS_QUERY, SEAL_QUERY, UNSEAL_QUERY
-from server.inprocess_grid import InProcessGrid
-from server.orchestrator import run_federation
+from silofl.client.app import app as client_app
+from silofl.protocols.config import RunConfig
+from silofl.protocols.messages import GROUPS, SETUP
+from silofl.protocols.parties import HOLDINGS_QUERY, SEAL_QUERY, UNSEAL_QUERY
+from silofl.server.inprocess_grid import InProcessGrid
+from silofl.server.orchestrator import run_federation
 
 #: The one-off messages of setup (the sealed record exchange included); every other message is a round's.
 SETUP_KINDS = {SETUP, GROUPS, HOLDINGS_QUERY, SEAL_QUERY, UNSEAL_QUERY}

@@ -35,9 +35,9 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.app import app
-from protocols import messages as msg
-from protocols.models import build_model, get_parameters
+from silofl.client.app import app
+from silofl.protocols import messages as msg
+from silofl.protocols.models import build_model, get_parameters
 
 #: SteFFLe as the issue measures it, and the same code without privacy and fairness (non-private FedSGD).
 VARIANTS = {"steffle": {"epsilon": 1.0, "lam": 1.0}, "fedsgd": {"epsilon": float("inf"), "lam": 0.0}}
@@ -45,9 +45,9 @@ VARIANTS = {"steffle": {"epsilon": 1.0, "lam": 1.0}, "fedsgd": {"epsilon": float
 
 def round_times(dataset: str, batch_size: int, rounds: int, model: str, variant: str) -> list[float]:
     """Seconds of rounds 2 .. T-1 of one in-process run (`variant`: a key of VARIANTS)."""
-    from client.privacy_state import clear_caches
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.client.privacy_state import clear_caches
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     clear_caches()  # each run pays its noise calibration and privacy accounting as in a fresh process
     extra = VARIANTS[variant]
@@ -196,7 +196,7 @@ def policy_cost(args: argparse.Namespace) -> None:
 def _policy_check_seconds(policy: Path, state: Path, info: msg.SiloInfo, calls: int = 20000) -> float:
     """Seconds per call of what a policy adds to every message (`check_job`: the node's policy, cached per file
     stamp, its algorithm and delta checks), median of 5 batches."""
-    from client import silo_policy
+    from silofl.client import silo_policy
 
     context = _context(**{"state-dir": str(state), "policy": str(policy)})
     instr = msg.TrainInstruction.for_algorithm(
@@ -212,9 +212,9 @@ def _policy_check_seconds(policy: Path, state: Path, info: msg.SiloInfo, calls: 
 
 
 def math_only(args: argparse.Namespace) -> None:
-    from client.algorithms import steffle as algo
-    from client.data.federate import load_federation
-    from client.rounds.steffle import group_prior
+    from silofl.client.algorithms import steffle as algo
+    from silofl.client.data.federate import load_federation
+    from silofl.client.rounds.steffle import group_prior
 
     _, silos = load_federation(args.dataset, 3, data_dir=os.environ.get("SILOFL_DATA_DIR") or None, download=False)
     info = silos[0].info

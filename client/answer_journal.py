@@ -18,9 +18,9 @@ import json
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 
-from client.privacy_state import PENDING_KEY, persist, persistent, private_job
-from protocols.messages import MessageError, TrainInstruction
-from protocols.record_codec import encode_value
+from silofl.client.privacy_state import PENDING_KEY, persist, persistent, private_job
+from silofl.protocols.messages import MessageError, TrainInstruction
+from silofl.protocols.record_codec import encode_value
 
 #: The last answer of each message kind: `silofl.journal.<kind>` (round, request digest, record names) and
 #: `silofl.journal.<kind>/<record>` (the reply's records).

@@ -28,13 +28,13 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from client import answer_journal, privacy_state, silo_policy
-from client.data.tabular import SiloData
-from client.rounds import RoundFunction
-from client.silo_data import describe, describe_party, load_party_data, load_silo_data, node_role
-from protocols import messages as msg
-from protocols import parties
-from protocols.models import build_model, parameter_spec, set_parameters
+from silofl.client import answer_journal, privacy_state, silo_policy
+from silofl.client.data.tabular import SiloData
+from silofl.client.rounds import RoundFunction
+from silofl.client.silo_data import describe, describe_party, load_party_data, load_silo_data, node_role
+from silofl.protocols import messages as msg
+from silofl.protocols import parties
+from silofl.protocols.models import build_model, parameter_spec, set_parameters
 
 DATA_SPEC_KEY = privacy_state.DATA_SPEC_KEY
 
@@ -94,7 +94,7 @@ def _party(context: Context, role: str):
 
 
 def _party_module():
-    from client import parties as party_answers  # the generic party protocol (imported by party nodes only)
+    from silofl.client import parties as party_answers  # the generic party protocol (imported by party nodes only)
 
     return party_answers
 
@@ -144,7 +144,7 @@ def _shell_spec(kind: str, num_features: int, num_labels: int, hidden: int) -> t
 def _device_name(instr: msg.TrainInstruction | msg.EvaluateInstruction, what: str) -> str:
     """The run's `device` resolved on this node ("auto": cuda if torch sees a GPU here); an instruction without the
     option (mu2fl, noisy-sgd, an older server's) runs on the CPU. MessageError for cuda on a node without a GPU."""
-    from protocols.devices import resolve_device
+    from silofl.protocols.devices import resolve_device
 
     name = getattr(instr, "device", "cpu")
     if name == "cpu":
@@ -165,7 +165,7 @@ def _model_from_arrays(
     """The instruction's model with the message's (checked) parameters, on the run's device. A user's model is built
     only if the node's operator allows its module (`client.silo_policy.check_model`: a deployed node's policy key
     `model-modules`), before anything of it is imported."""
-    from protocols.models import ModelError
+    from silofl.protocols.models import ModelError
 
     kind, hidden = instr.model, getattr(instr, "hidden", 64)
     silo_policy.check_model(context, kind, what)
@@ -264,7 +264,7 @@ def train(message: Message, context: Context) -> Message:
 def _handler(instr: msg.TrainInstruction, kind: str, what: str, role: str = parties.SILO) -> Callable:
     """The node's function for message kind `kind` of the instruction's algorithm (its registry entry names it per
     role; the module is imported on first use: keep the import path light)."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     spec = algorithms.get(instr.algorithm)
     handler = spec.silo_handler(kind, role)
@@ -286,7 +286,7 @@ def _noised(context: Context, mode: str, node_id: int, who: str, **kwargs: float
     """The node's :class:`client.noised_evaluation.NoisedRelease` under ``noised``, else None (exact)."""
     if mode != "noised":
         return None
-    from client.noised_evaluation import NoisedRelease
+    from silofl.client.noised_evaluation import NoisedRelease
 
     return NoisedRelease(context, silo_policy.node_policy(context), node_id=node_id, who=who, **kwargs)
 
@@ -300,8 +300,8 @@ def evaluate(message: Message, context: Context) -> Message:
     listed under the run's `not_covered`), ``noised`` (a Gaussian histogram charged to the lifetime ledger before it
     is computed: `client.noised_evaluation`) or ``refuse``.
     """
-    from protocols.fairness_metrics import confusion_counts
-    from protocols.models import test_outputs
+    from silofl.protocols.fairness_metrics import confusion_counts
+    from silofl.protocols.models import test_outputs
 
     silo, _ = _silo(context, msg.EVALUATE)  # a feature party answers query.loss instead
     what = f"evaluate message to silo {silo.silo_id}"
@@ -389,8 +389,8 @@ def confusion(message: Message, context: Context) -> Message:
     """A sensitive party's confusion counts of the test records it received, predicted by the model the message
     carries: exact, or under its policy's ``evaluation = "noised"`` (or the policy of a feature party whose records
     they are) a Gaussian histogram charged to its lifetime ledger first."""
-    from client import party_exchange
-    from client.noised_evaluation import COUNTS_RADIUS
+    from silofl.client import party_exchange
+    from silofl.client.noised_evaluation import COUNTS_RADIUS
 
     party = _party_for(context, parties.SENSITIVE, parties.CONFUSION)
     what = f"confusion query to sensitive party {party.party_id}"
@@ -410,7 +410,7 @@ def confusion(message: Message, context: Context) -> Message:
 def loss(message: Message, context: Context) -> Message:
     """A feature party's summed test loss (the sensitive parties count its predictions): exact,
     or under its policy's ``evaluation = "noised"`` clipped and noised, charged to its lifetime ledger first."""
-    from client.noised_evaluation import LOSS_RADIUS
+    from silofl.client.noised_evaluation import LOSS_RADIUS
 
     party = _party_for(context, parties.FEATURES, parties.LOSS_QUERY)
     what = f"loss query to feature party {party.party_id}"
@@ -424,7 +424,7 @@ def loss(message: Message, context: Context) -> Message:
 @app.query("holdings")
 def holdings(message: Message, context: Context) -> Message:
     """A sensitive party's record pseudonyms, sealed to each feature party (setup)."""
-    from client import party_exchange
+    from silofl.client import party_exchange
 
     party = _party_for(context, parties.SENSITIVE, parties.HOLDINGS_QUERY)
     return Message(party_exchange.holdings(context, party, message), reply_to=message)
@@ -433,7 +433,7 @@ def holdings(message: Message, context: Context) -> Message:
 @app.query("seal")
 def seal(message: Message, context: Context) -> Message:
     """A feature party's records, sealed to the sensitive parties holding them (setup)."""
-    from client import party_exchange
+    from silofl.client import party_exchange
 
     party = _party_for(context, parties.FEATURES, parties.SEAL_QUERY)
     what = f"seal query to feature party {party.party_id}"
@@ -444,7 +444,7 @@ def seal(message: Message, context: Context) -> Message:
 @app.query("unseal")
 def unseal(message: Message, context: Context) -> Message:
     """A sensitive party opens and keeps the feature parties' sealed records (setup)."""
-    from client import party_exchange
+    from silofl.client import party_exchange
 
     party = _party_for(context, parties.SENSITIVE, parties.UNSEAL_QUERY)
     return Message(party_exchange.receive(context, party, message), reply_to=message)

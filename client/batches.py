@@ -14,10 +14,10 @@ from typing import Literal
 import numpy as np
 from flwr.app import Context
 
-from client import randomness
-from client.algorithms.dp_fedsgd import poisson_sample
-from protocols import shuffled_epochs
-from protocols.messages import TrainInstruction
+from silofl.client import randomness
+from silofl.client.algorithms.dp_fedsgd import poisson_sample
+from silofl.protocols import shuffled_epochs
+from silofl.protocols.messages import TrainInstruction
 
 Division = Literal["nonsensitive", "sensitive"]
 

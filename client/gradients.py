@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import (
+from silofl.protocols.models import (
     TabularModel,
     all_finite,
     clip_factors,

@@ -41,9 +41,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocols.messages import MessageError
-from protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE
-from protocols.silo_policy import SiloPolicy
+from silofl.protocols.messages import MessageError
+from silofl.protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE
+from silofl.protocols.silo_policy import SiloPolicy
 
 FILE_NAME = "lifetime-ledger.json"
 LOCK_NAME = ".lifetime-ledger.lock"
@@ -114,7 +114,7 @@ class LifetimeLedger:
     def evaluation_epsilon(self, delta: float, extra: tuple[Event, ...] = ()) -> float:
         """The PLD epsilon (replace-one) of everything released about the test split: the noised evaluations (and
         `extra` ones) and the randomized responses of earlier versions."""
-        from protocols.privacy.composition import composed_epsilon_with_responses
+        from silofl.protocols.privacy.composition import composed_epsilon_with_responses
 
         state = self.evaluation_state(extra)
         every = tuple(self.randomized_responses.values())
@@ -157,7 +157,7 @@ class LifetimeLedger:
 
 def epsilon_of(state: tuple[Event, ...], delta: float) -> float:
     """The PLD epsilon of `state` under replace-one at `delta` (0 for nothing)."""
-    from protocols.privacy.composition import composed_epsilon
+    from silofl.protocols.privacy.composition import composed_epsilon
 
     return composed_epsilon(state, delta, RELATION) if state else 0.0
 
@@ -207,7 +207,7 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _save(directory: Path, ledger: LifetimeLedger, policy: SiloPolicy) -> None:
-    from protocols.atomic_files import atomic_write
+    from silofl.protocols.atomic_files import atomic_write
 
     if math.isfinite(policy.lifetime_epsilon):
         ledger.budget = {"lifetime-epsilon": policy.lifetime_epsilon, "lifetime-delta": policy.lifetime_delta or 0.0}

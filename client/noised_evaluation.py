@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from flwr.app import Context
 
-from client import lifetime_ledger, privacy_state, randomness
-from protocols import messages as msg
-from protocols.silo_policy import SiloPolicy
+from silofl.client import lifetime_ledger, privacy_state, randomness
+from silofl.protocols import messages as msg
+from silofl.protocols.silo_policy import SiloPolicy
 
 #: One test record's move under replacement, halved: the ``REPLACE`` radius of the release at rate 1.
 EVALUATION_RADIUS = math.sqrt(3.0) / 2.0

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 from flwr.app import RecordDict
 
-from client.data.topology import FeaturePartyData, SensitivePartyData
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols.fairness_metrics import confusion_counts
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols.fairness_metrics import confusion_counts
 
 if TYPE_CHECKING:
-    from client.noised_evaluation import NoisedRelease
-    from client.sealed_records import SealedRecords
+    from silofl.client.noised_evaluation import NoisedRelease
+    from silofl.client.sealed_records import SealedRecords
 
 
 def feature_loss(
@@ -32,7 +32,7 @@ def feature_loss(
 ) -> RecordDict:
     """A feature party's summed test loss (its predictions are counted by the sensitive parties, which received its
     test records): exact, or `noised` (charged first). No per-record value leaves it."""
-    from protocols.models import test_outputs
+    from silofl.protocols.models import test_outputs
 
     if noised is not None:
         noised.charge(instr.server_round)
@@ -52,7 +52,7 @@ def confusion(
 ) -> RecordDict:
     """A sensitive party's counts by (group, label, prediction) of the test records it received, predicted here by
     the broadcast model: exact, or `noised` (charged first)."""
-    from protocols.models import test_outputs
+    from silofl.protocols.models import test_outputs
 
     if noised is not None:
         noised.charge(instr.server_round)

@@ -19,12 +19,12 @@ from functools import lru_cache
 import numpy as np
 from flwr.app import Context, Message, RecordDict
 
-from client import sealed_records
-from client.data.topology import FeaturePartyData, SensitivePartyData
-from client.privacy_state import SEALED_RECORDS_KEY
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols import party_keys as pk
+from silofl.client import sealed_records
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.client.privacy_state import SEALED_RECORDS_KEY
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols import party_keys as pk
 
 PARTY_KEYS_KEY, PARTY_SECRET_KEY = pk.PARTY_KEYS_KEY, pk.PARTY_SECRET_KEY
 #: Node state: the records this sensitive party received (`sealed_records.SealedRecords` as arrays); in memory only

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Context
 
-from protocols.atomic_files import atomic_write
-from protocols.messages import PER_ROUND_FIELDS, MessageError, RecordCache, TrainInstruction, flower_record
-from protocols.record_codec import decode_record, encode_record
+from silofl.protocols.atomic_files import atomic_write
+from silofl.protocols.messages import PER_ROUND_FIELDS, MessageError, RecordCache, TrainInstruction, flower_record
+from silofl.protocols.record_codec import decode_record, encode_record
 
 if TYPE_CHECKING:  # the accountants (dp-accounting) are imported when a silo first calibrates or charges: a deployed
     # ClientApp is a fresh process per message, and setup, evaluate and non-private rounds need neither
-    from protocols.privacy.ledger import PrivacyLedger
+    from silofl.protocols.privacy.ledger import PrivacyLedger
 
 STATE_KEY = "silofl.privacy"
 LEDGER_KEY = "silofl.ledger"
@@ -100,7 +100,7 @@ def clear_caches() -> None:
     :func:`protocols.privacy.ledger.clear_caches`), and the ledgers kept between messages: a benchmark calls this
     before each run it times, so that every run pays what a run in a fresh process pays. Nothing a silo computes
     changes: every cached value is computed again the same way."""
-    from protocols.privacy import ledger, mechanism
+    from silofl.protocols.privacy import ledger, mechanism
 
     mechanism.clear_caches()
     _SAVED_LEDGERS.clear()
@@ -130,7 +130,7 @@ _SAVED_LEDGERS: RecordCache[PrivacyLedger] = RecordCache()
 
 def load_ledger(context: Context, plan: NoisePlan) -> PrivacyLedger:
     """The silo's ledger for this run (a fresh one on its first private answer)."""
-    from protocols.privacy.ledger import PrivacyLedger
+    from silofl.protocols.privacy.ledger import PrivacyLedger
 
     if LEDGER_KEY in context.state:
         record = context.state[LEDGER_KEY]
@@ -207,8 +207,8 @@ def _charge_epoch(context: Context, plan: NoisePlan, *, server_round: int, silo:
     round admitted but never released (pending) is answered without a second admission. Returns the epsilon spent:
     the ledger's figure after the charge (exact from the run's last epoch on), else the figure it last reported.
     """
-    from protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE, BudgetExceededError
-    from protocols.shuffled_epochs import epoch_of
+    from silofl.protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE, BudgetExceededError
+    from silofl.protocols.shuffled_epochs import epoch_of
 
     ledger = load_ledger(context, plan)
     admitted = max(_admitted_round(context), ledger.last_round or 0)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from flwr.app import Context
 
-from client.silo_data import is_deployed
+from silofl.client.silo_data import is_deployed
 
 DETERMINISTIC_KEY = "deterministic-noise"
 #: Independent streams of one silo in one round (SENSITIVE_SAMPLING: the sensitive division's own Poisson sample;

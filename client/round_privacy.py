@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context
 
-from client import privacy_state, randomness, silo_policy
-from protocols import messages as msg
-from protocols.privacy.mechanism import Mechanism
+from silofl.client import privacy_state, randomness, silo_policy
+from silofl.protocols import messages as msg
+from silofl.protocols.privacy.mechanism import Mechanism
 
 if TYPE_CHECKING:
-    from client.privacy_state import NoisePlan
+    from silofl.client.privacy_state import NoisePlan
 
 
 def digest(array: np.ndarray) -> str:
@@ -207,7 +207,7 @@ ADMITTED_KEY = "lifetime-admitted"
 def _admit_bound(context: Context, instr: msg.TrainInstruction, mechanism: Mechanism, bound: dict, who: str) -> None:
     """Admit a job whose calibration was bound before lifetime ledgers existed (its state file is older), with the
     calibration it holds, before its next release; then mark it admitted."""
-    from protocols.privacy.mechanism import Calibrated
+    from silofl.protocols.privacy.mechanism import Calibrated
 
     setup = (float(bound["one-off"]),) if mechanism.setup else ()
     calibrated = Calibrated(float(bound["noise-multiplier"]), setup, float(bound["epsilon-accountant"]))

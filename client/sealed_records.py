@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from client.data.topology import FeaturePartyData, SensitivePartyData
-from protocols import party_keys as pk
-from protocols.messages import MessageError
+from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.protocols import party_keys as pk
+from silofl.protocols.messages import MessageError
 
 HOLDINGS = "holdings"
 RECORDS = "records"

@@ -24,7 +24,7 @@ DEFAULT_REPORT_DELTA = 1e-6
 
 def node_folders(directory: Path) -> list[Path]:
     """The state folders under `directory`: itself if it holds a lifetime ledger, else its subfolders that do."""
-    from client import lifetime_ledger
+    from silofl.client import lifetime_ledger
 
     if lifetime_ledger.path_of(directory).is_file():
         return [directory]
@@ -33,9 +33,9 @@ def node_folders(directory: Path) -> list[Path]:
 
 def job_charges(directory: Path, key: str) -> dict[str, object]:
     """From a job's own file: the first and last round it charged and the epsilon its ledger reports."""
-    from client.privacy_state import LEDGER_KEY
-    from protocols.privacy.ledger import PrivacyLedger
-    from protocols.record_codec import decode_record
+    from silofl.client.privacy_state import LEDGER_KEY
+    from silofl.protocols.privacy.ledger import PrivacyLedger
+    from silofl.protocols.record_codec import decode_record
 
     path = directory / f"{key}.json"
     if not path.is_file():
@@ -50,7 +50,7 @@ def job_charges(directory: Path, key: str) -> dict[str, object]:
 
 def node_report(directory: Path, delta: float | None = None) -> dict[str, object]:
     """Everything `silofl silo budget` prints for one node's state folder, as data (tests read it)."""
-    from client import lifetime_ledger
+    from silofl.client import lifetime_ledger
 
     ledger = lifetime_ledger.load(directory)
     budget = ledger.budget
@@ -120,8 +120,8 @@ def print_report(report: dict[str, object]) -> None:
 
 
 def budget_command(args: argparse.Namespace) -> int:
-    from client.lifetime_ledger import FILE_NAME
-    from protocols.messages import MessageError
+    from silofl.client.lifetime_ledger import FILE_NAME
+    from silofl.protocols.messages import MessageError
 
     directory = Path(args.state_dir).expanduser()
     if not directory.is_dir():

@@ -89,7 +89,7 @@ RUNTIME_ENV: dict[str, str] = {
 RUNTIMES: tuple[str, ...] = ("long-lived", "per-message", "flower")
 DEFAULT_RUNTIME = "long-lived"
 #: The module that runs the SuperNode for the long-lived and per-message runtimes (not imported here: it needs flwr).
-SUPERNODE_RUNTIME_MODULE = "client.supernode_runtime"
+SUPERNODE_RUNTIME_MODULE = "silofl.client.supernode_runtime"
 
 
 class SiloStartError(ValueError):
@@ -270,7 +270,7 @@ def _checked_party_keys(path: Path | None, role: str) -> Path | None:
         raise SiloStartError(
             f"--party-keys is for a feature or sensitive party's node; this node is a {role}: drop --party-keys"
         )
-    from protocols.party_keys import PartyKeyError, PartyKeys
+    from silofl.protocols.party_keys import PartyKeyError, PartyKeys
 
     file = _existing_file(path, "--party-keys", "this party's key file, e.g. features_0.party.json")
     try:
@@ -307,7 +307,7 @@ def state_folder(data: Path, given: Path | None) -> Path:
 
 def _checked_policy(path: Path) -> Path:
     """The policy file, read and validated now (a bad key stops the node here, naming it)."""
-    from protocols.silo_policy import PolicyError, load_policy
+    from silofl.protocols.silo_policy import PolicyError, load_policy
 
     try:
         load_policy(path)
@@ -319,9 +319,9 @@ def _checked_policy(path: Path) -> Path:
 def _validate_data(data: Path, role: str = "silo") -> str:
     """Load the silo or party folder once (as a node of `role` will); a clear SiloStartError naming the file if it
     is not a valid one; a one-line summary naming the role and the silo's or party's id."""
-    from client.data.party_store import load_party, read_party_info
-    from client.data.silo_store import load_silo
-    from client.data.tabular import DataError
+    from silofl.client.data.party_store import load_party, read_party_info
+    from silofl.client.data.silo_store import load_silo
+    from silofl.client.data.tabular import DataError
 
     folder = Path(data).expanduser()
     try:
@@ -453,6 +453,6 @@ def add_silo_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     start.add_argument("--dry-run", action="store_true", help="validate and print the command, do not start it")
     start.set_defaults(func=silo_start_command)
-    from client.silo_budget import add_budget_parser  # imports nothing heavy until it runs
+    from silofl.client.silo_budget import add_budget_parser  # imports nothing heavy until it runs
 
     add_budget_parser(silo_sub)

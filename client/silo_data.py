@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Context
 
-from client.data.tabular import DatasetInfo, SiloData
-from protocols.messages import DataSpec, MessageError, SiloInfo
+from silofl.client.data.tabular import DatasetInfo, SiloData
+from silofl.protocols.messages import DataSpec, MessageError, SiloInfo
 
 DATA_PATH_KEY = "data-path"
 PARTITION_ID_KEY = "partition-id"
@@ -62,10 +62,10 @@ def _load_folder(path: str, role: str) -> Any:
 def _load_folder_cached(path: str, role: str, stamp: tuple) -> Any:
     del stamp  # part of the cache key only
     if role == "silo":
-        from client.data.silo_store import load_silo
+        from silofl.client.data.silo_store import load_silo
 
         return load_silo(Path(path))
-    from client.data.party_store import load_party
+    from silofl.client.data.party_store import load_party
 
     return load_party(Path(path), role=role)
 
@@ -95,7 +95,7 @@ def _simulated_partition(context: Context, spec: DataSpec) -> int:
 def node_role(context: Context, spec: DataSpec) -> tuple[str, int | None]:
     """(role, party id) of this node: its node config's `role` when deployed (the party id is in its data), else
     derived from its partition-id and the run's topology (`protocols.parties.simulated_role`)."""
-    from protocols.parties import ROLE_KEY, ROLES, SILO, simulated_role
+    from silofl.protocols.parties import ROLE_KEY, ROLES, SILO, simulated_role
 
     if is_deployed(context) or ROLE_KEY in context.node_config:
         role = str(context.node_config.get(ROLE_KEY, SILO))
@@ -121,8 +121,8 @@ def load_party_data(context: Context, spec: DataSpec, role: str, party_id: int |
 
 @lru_cache(maxsize=4)
 def _parties(spec: DataSpec) -> tuple[tuple, tuple]:
-    from client.data.loaders import load_dataset
-    from client.data.topology import split_parties
+    from silofl.client.data.loaders import load_dataset
+    from silofl.client.data.topology import split_parties
 
     features, sensitive = split_parties(
         load_dataset(spec.dataset, **_source(spec)),
@@ -143,7 +143,7 @@ def _capped_party(party, cap: int, seed: int):
     if len(party.train_ids) <= cap:
         return party
     keep = _cap_index(len(party.train_ids), cap, seed, party.party_id)
-    from client.data.tabular import NonSensitiveDivision
+    from silofl.client.data.tabular import NonSensitiveDivision
 
     train = NonSensitiveDivision(party.train.features[keep], party.train.labels[keep])
     return dataclasses.replace(party, train_ids=party.train_ids[keep], train=train)
@@ -180,7 +180,7 @@ def _split(spec: DataSpec) -> dict[str, Any]:
 
 @lru_cache(maxsize=4)
 def _partitioned(spec: DataSpec) -> tuple[SiloData, ...]:
-    from client.data.federate import load_federation
+    from silofl.client.data.federate import load_federation
 
     _, silos = load_federation(spec.dataset, spec.num_silos, **_source(spec), **_split(spec))
     if spec.max_train_records:

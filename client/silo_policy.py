@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from flwr.app import Context
 
-from protocols import messages as msg
-from protocols.silo_policy import PERMISSIVE, PolicyError, SiloPolicy, load_policy
+from silofl.protocols import messages as msg
+from silofl.protocols.silo_policy import PERMISSIVE, PolicyError, SiloPolicy, load_policy
 
 if TYPE_CHECKING:
-    from client.lifetime_ledger import JobRecord
+    from silofl.client.lifetime_ledger import JobRecord
 
 POLICY_KEY = "policy"
 BUDGET_KEY = "epsilon-budget"
@@ -104,8 +104,8 @@ def check_model(context: Context, kind: str, what: str) -> None:
 
     Why an opt-in: the server names the model; without it, a server naming any module installed at the silo (the
     standard library's included) would make the silo import it and call one of its functions."""
-    from client.silo_data import is_deployed
-    from protocols.model_names import is_custom_model, model_module
+    from silofl.client.silo_data import is_deployed
+    from silofl.protocols.model_names import is_custom_model, model_module
 
     if not is_custom_model(kind) or not is_deployed(context):
         return
@@ -128,7 +128,7 @@ def check_job(context: Context, instr: msg.TrainInstruction, *, role: str, recor
     policy = node_policy(context)
     if policy is PERMISSIVE:
         return policy
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     spec = algorithms.get(instr.algorithm)
     name = spec.name
@@ -187,8 +187,8 @@ def admit(
     """Before a job's first release: refuse a fixed mechanism over the job's cap, and reserve the job's whole run in
     the node's lifetime ledger (refused past `lifetime-epsilon`). A node without a lifetime budget and without a
     state folder keeps no lifetime ledger."""
-    from client import lifetime_ledger, privacy_state
-    from protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE
+    from silofl.client import lifetime_ledger, privacy_state
+    from silofl.protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE
 
     policy = node_policy(context)
     cap = policy.job_epsilon_cap
@@ -225,8 +225,8 @@ def _lifetime_record(
 ) -> JobRecord:
     """The node's open job as the lifetime ledger keeps it; a `noised` one covers all the node's data when every
     release of its algorithm is noised for the node's role (`Algorithm.noised_for`)."""
-    from client import lifetime_ledger, privacy_state
-    from protocols import algorithms
+    from silofl.client import lifetime_ledger, privacy_state
+    from silofl.protocols import algorithms
 
     job = privacy_state.job_record(context)
     spec = algorithms.get(instr.algorithm)
@@ -247,7 +247,7 @@ def record_unnoised(context: Context, instr: msg.TrainInstruction, what: str) ->
     DP-mu2-FL round) in the node's lifetime ledger as what it is, un-noised (epsilon unbounded), so that the ledger
     counts everything the node ever released. Once per job and process; nothing without a state folder. (A lifetime
     budget refuses such jobs before they are computed: `check_job`, and DP-mu2-FL's trusted check.)"""
-    from client import lifetime_ledger, privacy_state
+    from silofl.client import lifetime_ledger, privacy_state
 
     directory = privacy_state.state_dir(context)
     job_record = context.state[privacy_state.JOB_KEY]

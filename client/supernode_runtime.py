@@ -161,7 +161,7 @@ FLOWER_IDLE_SLEEP = 3
 FLOWER_REPLY_SLEEP = 0.5
 
 #: This module as `python -m` names it (``__name__`` is ``__main__`` when it runs that way).
-MODULE = "client.supernode_runtime"
+MODULE = "silofl.client.supernode_runtime"
 
 
 def _log(level: int, text: str, *args: Any, exc_info: BaseException | None = None) -> None:

@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 from pydantic import Field, ValidationError, model_validator
 
-from protocols.options import BUILTIN_DATASETS, TABULAR_BUILTINS, CommonOptions
+from silofl.protocols.options import BUILTIN_DATASETS, TABULAR_BUILTINS, CommonOptions
 
 
 class ConfigError(ValueError):
@@ -68,7 +68,7 @@ class RunConfig(CommonOptions):
     @property
     def spec(self):  # -> protocols.algorithms.base.Algorithm
         """The algorithm's registry entry."""
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         return algorithms.get(self.algorithm)
 
@@ -129,7 +129,7 @@ class RunConfig(CommonOptions):
         naming the algorithms it belongs to, or, with ``other_algorithms="ignore"``, dropped: for stored configs of
         older versions, which listed every key, and sweep files whose shared tables serve several algorithms.
         """
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         if not isinstance(values, Mapping):
             kind = type(values).__name__
@@ -202,7 +202,7 @@ def _keys(model: type[RunConfig]) -> set[str]:
 
 
 def _names() -> str:
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     return ", ".join(algorithms.names())
 
@@ -215,7 +215,7 @@ def _canonical(key: str) -> str:
 
 def all_keys() -> dict[str, list[str]]:
     """Every run-config key of every registered algorithm -> the algorithms that have it."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     out: dict[str, list[str]] = {}
     for spec in algorithms.specs():

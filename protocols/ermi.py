@@ -93,7 +93,13 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.models import TabularModel, all_finite, clipped_row_sum, head_clipped_sum, linear_stack_clipped_sum
+from silofl.protocols.models import (
+    TabularModel,
+    all_finite,
+    clipped_row_sum,
+    head_clipped_sum,
+    linear_stack_clipped_sum,
+)
 
 __all__ = [
     "FAIRNESS_NOTIONS",

@@ -36,8 +36,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocols.devices import Device
-from protocols.model_names import check_evaluated_model_name
+from silofl.protocols.devices import Device
+from silofl.protocols.model_names import check_evaluated_model_name
 
 SETUP = "query.setup"
 GROUPS = "query.groups"
@@ -300,14 +300,14 @@ class TrainInstruction(_Schema):
     @classmethod
     def for_algorithm(cls, algorithm: str, **values: Any) -> TrainInstruction:
         """The instruction of `algorithm` (its registry entry's model) with `values`."""
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         return algorithms.get(algorithm).instruction_model(algorithm=algorithms.get(algorithm).name, **values)
 
 
 def read_instruction(content: RecordDict, *, what: str = "message") -> TrainInstruction:
     """The train instruction of `content`, validated with its algorithm's model (strictly, as :func:`read_config`)."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     rec = content.get(CONFIG) if CONFIG in content else None
     name = rec.get("algorithm") if isinstance(rec, ConfigRecord | MetricRecord) else None

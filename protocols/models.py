@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocols.model_names import MODEL_KINDS, is_custom_model
+from silofl.protocols.model_names import MODEL_KINDS, is_custom_model
 
 __all__ = [
     "MODEL_KINDS",

@@ -18,10 +18,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from protocols.devices import Device
-from protocols.fairness_metrics import MIN_SUPPORT
-from protocols.messages import MAX_SERVER_VALUE
-from protocols.model_names import MODEL_HELP, check_tabular_model_name
+from silofl.protocols.devices import Device
+from silofl.protocols.fairness_metrics import MIN_SUPPORT
+from silofl.protocols.messages import MAX_SERVER_VALUE
+from silofl.protocols.model_names import MODEL_HELP, check_tabular_model_name
 
 #: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
 SILO: dict[str, Any] = {"silo": True}

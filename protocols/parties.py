@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from protocols.messages import MessageError
+from silofl.protocols.messages import MessageError
 
 ROLE_KEY = "role"
 SILO, FEATURES, SENSITIVE = "silo", "features", "sensitive"
@@ -58,7 +58,7 @@ MAX_BOX_BYTES = 2**31 - 1
 
 def boxes_record(boxes: Mapping[str, bytes]) -> ArrayRecord:
     """Sealed boxes as uint8 arrays named by party."""
-    from protocols.messages import arrays_record
+    from silofl.protocols.messages import arrays_record
 
     return arrays_record({name: np.frombuffer(box, dtype=np.uint8) for name, box in boxes.items()})
 
@@ -99,6 +99,6 @@ def simulated_role(partition_id: int, feature_parties: int, sensitive_parties: i
 
 def int_record(**columns: np.ndarray) -> ArrayRecord:
     """Columns as an int64 ArrayRecord (the exchange's counts)."""
-    from protocols.messages import arrays_record
+    from silofl.protocols.messages import arrays_record
 
     return arrays_record({name: np.asarray(value, dtype=np.int64) for name, value in columns.items()})

@@ -96,7 +96,7 @@ class SiloPolicy(BaseModel):
     def _known_algorithms(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if value is None:
             return None
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         names = []
         for name in value:
@@ -155,7 +155,7 @@ class SiloPolicy(BaseModel):
             return algorithm in self.algorithms
         if not self.has_budget:
             return True
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         return role in algorithms.get(algorithm).noised_for
 
@@ -166,7 +166,7 @@ class SiloPolicy(BaseModel):
 
     def allowed_algorithms(self, role: str) -> list[str]:
         """The registry names this policy answers in `role` (for messages and `silofl silo budget`)."""
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         return [name for name in algorithms.names() if self.allows(name, role)]
 

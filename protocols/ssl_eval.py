@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocols.ssl_models import image_shape as infer_image_shape
+from silofl.protocols.ssl_models import image_shape as infer_image_shape
 
 __all__ = [
     "ProbeResult",

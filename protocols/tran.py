@@ -57,8 +57,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from protocols.ermi import GroupPrior
-from protocols.models import TabularModel, all_finite, clipped_row_sum, linear_stack_clipped_sum
+from silofl.protocols.ermi import GroupPrior
+from silofl.protocols.models import TabularModel, all_finite, clipped_row_sum, linear_stack_clipped_sum
 
 __all__ = [
     "clipped_constraint_gradient_sum",

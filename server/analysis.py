@@ -19,9 +19,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from server.plots.grouping import _PANEL_KEYS
-from server.plots.labels import _fmt
-from server.plots.runs import RunRecord, mean_sd, varied_keys
+from silofl.server.plots.grouping import _PANEL_KEYS
+from silofl.server.plots.labels import _fmt
+from silofl.server.plots.runs import RunRecord, mean_sd, varied_keys
 
 Point = tuple[float, float]  # (test error, fairness violation), each the mean over seeds
 

@@ -13,7 +13,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from protocols.config import RunConfig
+from silofl.protocols.config import RunConfig
 
 
 def make_server_app(
@@ -28,9 +28,9 @@ def make_server_app(
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        from server.orchestrator import run_federation
-        from server.polling import polling_grid
-        from server.progress import RunProgress
+        from silofl.server.orchestrator import run_federation
+        from silofl.server.polling import polling_grid
+        from silofl.server.progress import RunProgress
 
         cfg = config if config is not None else RunConfig.parse(context.run_config)
         grid = polling_grid(grid)  # deployed: replies pulled within milliseconds, not every 3 s (server/polling.py)

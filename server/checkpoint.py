@@ -50,10 +50,10 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 
-from protocols import messages as msg
-from protocols.config import ConfigError, RunConfig
-from protocols.record_codec import decode_record, encode_record
-from strategies.base import Federation, RoundError, RoundRecord, RunHistory, SiloflStrategy
+from silofl.protocols import messages as msg
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.protocols.record_codec import decode_record, encode_record
+from silofl.strategies.base import Federation, RoundError, RoundRecord, RunHistory, SiloflStrategy
 
 FORMAT = 1
 CHECKPOINT_DIR = "checkpoint"

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from protocols.config import ConfigError, RunConfig
-from strategies.base import RoundError
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.strategies.base import RoundError
 
 #: Flags whose name is not the run-config key (the key is accepted as a flag too).
 _FLAG_NAMES = {"num_silos": "--silos", "out_dir": "--out"}
@@ -31,7 +31,7 @@ _NOT_FLAGS = frozenset({"algorithm", "resume"})
 
 def _add_run_parser(subparsers: argparse._SubParsersAction) -> None:
     """`silofl run ALGORITHM [options]`: one sub-command per registered algorithm, with that algorithm's options."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     run = subparsers.add_parser(
         "run",
@@ -89,7 +89,7 @@ def _add_option_flags(parser: argparse.ArgumentParser, spec) -> None:
     """One flag per option of the algorithm, grouped as the option groups are, with the algorithm's defaults."""
     from typing import Literal, get_args, get_origin
 
-    from protocols.options import DataOptions, RunControlOptions, RunLengthOptions
+    from silofl.protocols.options import DataOptions, RunControlOptions, RunLengthOptions
 
     model = spec.config_model
     done: set[str] = set()
@@ -124,7 +124,7 @@ def _add_option_flags(parser: argparse.ArgumentParser, spec) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig for a `silofl run` command line: the flags given, the algorithm's defaults for the rest."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     model = algorithms.get(args.algorithm).config_model
     values = {name: getattr(args, name) for name in model.model_fields if hasattr(args, name) and name != "algorithm"}
@@ -136,17 +136,17 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from server.engines import run_job
+    from silofl.server.engines import run_job
 
     config = config_from_args(args)
     _check_device(config, args)  # before anything runs: a run for a GPU on a machine without one
     _user_model_path(config)
     if getattr(args, "resume_dir", ""):
-        from server.checkpoint import resume_config
+        from silofl.server.checkpoint import resume_config
 
         config = resume_config(config, args.resume_dir, out_given=bool(getattr(args, "out_dir", "")))
     node_configs = _silo_node_configs(config, args)
-    from client.data.preflight import preflight
+    from silofl.client.data.preflight import preflight
 
     # the data checked before anything starts: refusals raise ConfigError (exit 2), warnings one line each
     for warning in preflight(config, share_with_silos=args.engine == "inprocess"):
@@ -174,7 +174,7 @@ def _check_device(config: RunConfig, args: argparse.Namespace) -> None:
     RAY_ADDRESS) the GPUs are the cluster's: a node without one refuses the run's first message instead."""
     import os
 
-    from protocols.devices import device_problem, visible_gpus
+    from silofl.protocols.devices import device_problem, visible_gpus
 
     device = str(getattr(config, "device", "cpu"))
     on_cluster = args.engine == "ray" and bool(getattr(args, "ray_address", "") or os.environ.get("RAY_ADDRESS"))
@@ -191,7 +191,7 @@ def _user_model_path(config: RunConfig) -> None:
     Flower's PYTHONPATH, a local Ray's workers. A deployed silo imports it from its own installation instead."""
     import os
 
-    from protocols.model_names import is_custom_model
+    from silofl.protocols.model_names import is_custom_model
 
     cwd = os.getcwd()
     if is_custom_model(str(getattr(config, "model", ""))) and cwd not in sys.path and "" not in sys.path:
@@ -209,7 +209,7 @@ def _silo_node_configs(config: RunConfig, args: argparse.Namespace) -> list[dict
             "--silo-policy needs --silo-state DIR: a silo under a policy keeps its lifetime ledger (and charges its "
             "noised evaluations) in a state folder"
         )
-    from server.engines import simulated_node_configs
+    from silofl.server.engines import simulated_node_configs
 
     return simulated_node_configs(config, policy=policy or None, state_dir=state)
 
@@ -239,20 +239,20 @@ def _print_summary(config: RunConfig, result: dict, engine: str, metrics: dict[s
     console = Console()
     console.print(table)
     console.print(f"result: {Path(config.out_dir) / 'result.json'}")
-    from server.privacy_statement import privacy_lines
+    from silofl.server.privacy_statement import privacy_lines
 
     for line in privacy_lines(config.spec, config, privacy):
         console.print(line, markup=False, highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from client.data.split_cli import add_data_parser
-    from client.silo_cli import add_silo_parser
-    from protocols.privacy.calibrate_cli import add_privacy_parser
-    from server.deploy.cli import add_deploy_parser
-    from server.model_cli import add_model_parsers
-    from server.plots.cli import add_plot_parser
-    from server.sweep import add_sweep_parser
+    from silofl.client.data.split_cli import add_data_parser
+    from silofl.client.silo_cli import add_silo_parser
+    from silofl.protocols.privacy.calibrate_cli import add_privacy_parser
+    from silofl.server.deploy.cli import add_deploy_parser
+    from silofl.server.model_cli import add_model_parsers
+    from silofl.server.plots.cli import add_plot_parser
+    from silofl.server.sweep import add_sweep_parser
 
     parser = argparse.ArgumentParser(
         prog="silofl", description="Cross-silo federated learning with differential privacy and fairness, on Flower."
@@ -322,7 +322,7 @@ def _interrupted(exc: KeyboardInterrupt, args: argparse.Namespace, argv: Sequenc
     """What Ctrl-C leaves: where the state after the last completed round is, and the command that continues it."""
     import shlex
 
-    from server.orchestrator import RunInterrupted
+    from silofl.server.orchestrator import RunInterrupted
 
     if not isinstance(exc, RunInterrupted):
         return "silofl: interrupted (Ctrl-C) before the rounds started or on an engine that keeps no state here"

@@ -14,7 +14,7 @@ from typing import Any
 
 from flwr.app import Context, RecordDict
 
-from protocols.config import RunConfig
+from silofl.protocols.config import RunConfig
 
 ENGINES = ("inprocess", "ray")
 
@@ -25,8 +25,8 @@ def simulated_node_configs(config: RunConfig, *, policy: str | None, state_dir: 
     ``sensitive0``), so that a later run on the same `state_dir` meets the same lifetime ledgers."""
     from pathlib import Path
 
-    from protocols.parties import simulated_role
-    from protocols.silo_policy import load_policy
+    from silofl.protocols.parties import simulated_role
+    from silofl.protocols.silo_policy import load_policy
 
     extra: dict[str, str] = {}
     if policy:
@@ -55,15 +55,15 @@ def run_job(
     `ray_address` (or the environment's RAY_ADDRESS): the Ray engine joins that running cluster instead of starting
     a local one (:func:`ray_init_args`).
     """
-    from client.app import app as client_app
-    from server.app import make_server_app
+    from silofl.client.app import app as client_app
+    from silofl.server.app import make_server_app
 
     if ray_address and engine != "ray":
         raise ValueError(f"--ray-address {ray_address} is for the Ray engine: add --engine ray")
     results: list[dict[str, Any]] = []
     server_app = make_server_app(config, sink=results.append, engine=engine, progress=progress)
     if engine == "inprocess":
-        from server.inprocess_grid import InProcessGrid
+        from silofl.server.inprocess_grid import InProcessGrid
 
         grid = InProcessGrid(client_app, config.num_nodes, node_configs=node_configs)
         context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config.to_run_config())
@@ -91,7 +91,7 @@ def run_job(
     if not results:
         raise RuntimeError(f"the {engine} engine finished without a result; see the log above for the ServerApp error")
     if config.out_dir:  # a tabular model's artifact beside result.json (server/model_artifact.py); else nothing
-        from server.model_artifact import write_run_artifact
+        from silofl.server.model_artifact import write_run_artifact
 
         write_run_artifact(config, results[0], node_configs)
     return results[0]
@@ -102,7 +102,7 @@ def client_resources(config: RunConfig, address: str = "") -> dict[str, float]:
     (`protocols.devices.ray_client_resources`: cpu -> none; cuda, or auto on a machine with GPUs -> a share such that
     every node fits on this machine's GPUs at once). On a Ray cluster (`address`, or the environment's RAY_ADDRESS)
     this machine cannot count the cluster's GPUs before it joins: cuda then takes one GPU per node."""
-    from protocols.devices import ray_client_resources, visible_gpus
+    from silofl.protocols.devices import ray_client_resources, visible_gpus
 
     device = str(getattr(config, "device", "cpu"))
     on_cluster = bool(address or os.environ.get("RAY_ADDRESS", ""))
@@ -148,7 +148,7 @@ def with_party_secret(
         return node_configs
     import secrets
 
-    from protocols.party_keys import PARTY_SECRET_KEY
+    from silofl.protocols.party_keys import PARTY_SECRET_KEY
 
     secret = secrets.token_bytes(32).hex()
     base = node_configs if node_configs is not None else [{} for _ in range(config.num_nodes)]

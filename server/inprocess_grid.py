@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from protocols.party_keys import PARTY_SECRET_KEY
+from silofl.protocols.party_keys import PARTY_SECRET_KEY
 
 #: Flower's error code for an exception raised inside a ClientApp.
 CLIENT_APP_RAISED_EXCEPTION = 0
@@ -119,8 +119,8 @@ class InProcessGrid(Grid):
         In simulation the server and the silos are one process and die together: a snapshot of both after the same
         round is a consistent state of the whole federation, from which a restarted process continues. The records
         are referenced, not copied: silofl replaces a state record, it never changes one in place."""
-        from client.party_exchange import SEALED_KEY
-        from client.privacy_state import DATA_SPEC_KEY, STATE_DIR_KEY
+        from silofl.client.party_exchange import SEALED_KEY
+        from silofl.client.privacy_state import DATA_SPEC_KEY, STATE_DIR_KEY
 
         skip = (DATA_SPEC_KEY, SEALED_KEY)  # the sealed records: received again when a run resumes
         return {

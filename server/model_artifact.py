@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.preprocessing import Preprocessing, PreprocessingError
+from silofl.protocols.preprocessing import Preprocessing, PreprocessingError
 
 __all__ = [
     "FORMAT",
@@ -100,7 +100,7 @@ def read_result(run_dir: str | Path) -> dict[str, Any]:
 
 def is_tabular_result(result: Mapping[str, Any]) -> bool:
     """Whether a result holds a logistic regression or MLP inline (the runs that get an artifact)."""
-    from protocols.models import MODEL_KINDS
+    from silofl.protocols.models import MODEL_KINDS
 
     config = result.get("config")
     return isinstance(config, Mapping) and config.get("model") in MODEL_KINDS and isinstance(result.get("model"), dict)
@@ -113,7 +113,7 @@ def _hidden(config: Mapping[str, Any]) -> int | None:
 def _result_arrays(result: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The result's parameters as float32 arrays, checked against the architecture its config and federation name
     (names, order and shapes of `protocols.models.build_model`'s state_dict)."""
-    from protocols.models import build_model, parameter_spec
+    from silofl.protocols.models import build_model, parameter_spec
 
     config, federation = result["config"], result["federation"]
     hidden = _hidden(config)
@@ -155,7 +155,7 @@ def _privacy(result: Mapping[str, Any]) -> dict[str, Any]:
     privacy = {k: v for k, v in dict(result.get("privacy") or {}).items() if k != "per_silo"}
     name = result["config"].get("algorithm", "")
     try:
-        from protocols import algorithms
+        from silofl.protocols import algorithms
 
         spec = algorithms.get(name)
     except (KeyError, ValueError, ImportError):
@@ -287,7 +287,7 @@ def simulation_preprocessing(
     (node config `data-path`) were prepared by `silofl data split`: the preprocessing.json it wrote beside them.
     Raises PreprocessingError (image datasets, folders without the file) or the loader's errors.
     """
-    from client.data.preprocessing_file import PREPROCESSING_FILE, load_preprocessing
+    from silofl.client.data.preprocessing_file import PREPROCESSING_FILE, load_preprocessing
 
     paths = [c["data-path"] for c in node_configs or () if "data-path" in c]
     if paths:
@@ -300,7 +300,7 @@ def simulation_preprocessing(
                 "FILE`, FILE the one `silofl data split` wrote"
             )
         return Preprocessing.load(files[0]), f"{files[0]} (silofl data split, beside the silos' folders)"
-    from client.silo_data import _source  # the simulated silos' loader arguments: the very records they loaded
+    from silofl.client.silo_data import _source  # the simulated silos' loader arguments: the very records they loaded
 
     preprocessing = load_preprocessing(config.dataset, **_source(config))
     return preprocessing, f"dataset {config.dataset!r} loaded again by the command line (silofl run)"
@@ -356,7 +356,7 @@ def pack(run_dir: str | Path, preprocessing_file: str | Path | None = None) -> P
             "(`silofl data split` writes it beside the silo folders; for silos that simulated their partitions, "
             "`silofl data split` on the run's dataset, with its options, writes the same file)"
         )
-    from protocols.config import RunConfig
+    from silofl.protocols.config import RunConfig
 
     config = RunConfig.parse(result["config"])
     if str(config.dataset).lower().endswith((".csv", ".parquet")) and not Path(config.dataset).is_file():
@@ -379,7 +379,7 @@ def _not_tabular_message(run: Path, result: Mapping[str, Any]) -> str:
             f"{run} is a {algorithm} run: its model is an image encoder ({model}, in model.npz), not a classifier; "
             f"export it with `silofl export {run} --format onnx --out FILE`"
         )
-    from protocols.model_names import is_custom_model
+    from silofl.protocols.model_names import is_custom_model
 
     if isinstance(model, str) and is_custom_model(model):
         return (

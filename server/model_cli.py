@@ -135,7 +135,7 @@ def _warnings_as_lines() -> Iterator[None]:
 
 def _read(path: Path):
     """The rows of FILE, read as the training table was (`client.data.generic.read_table`)."""
-    from client.data.generic import read_table
+    from silofl.client.data.generic import read_table
 
     frame = read_table(path)
     if frame.empty:
@@ -147,7 +147,7 @@ def predict_command(args: argparse.Namespace) -> int:
     """`silofl predict`: one output row per input row: `prediction` (the label name) and `prob_<label>` columns."""
     import pandas as pd
 
-    from server.trained_model import load_model
+    from silofl.server.trained_model import load_model
 
     model = load_model(args.run)
     frame = _read(args.data)
@@ -173,8 +173,8 @@ def _fmt(value: float | None) -> str:
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """`silofl evaluate`: tables (or JSON with --json) of the overall and per-group metrics."""
-    from protocols.fairness_metrics import MIN_SUPPORT
-    from server.trained_model import load_model
+    from silofl.protocols.fairness_metrics import MIN_SUPPORT
+    from silofl.server.trained_model import load_model
 
     model = load_model(args.run)
     frame = _read(args.data)
@@ -235,7 +235,7 @@ def _print_evaluation(args: argparse.Namespace, model: Any, report: dict[str, An
 
 def export_command(args: argparse.Namespace) -> int:
     """`silofl export`: the ONNX file, then one line per fact a user needs to feed it."""
-    from server.model_export import export_onnx
+    from silofl.server.model_export import export_onnx
 
     report = export_onnx(args.run, args.out)
     print(f"onnx: {report.path} ({report.what})")
@@ -251,7 +251,7 @@ def export_command(args: argparse.Namespace) -> int:
 
 def pack_command(args: argparse.Namespace) -> int:
     """`silofl model pack`: write the artifact and say where."""
-    from server.model_artifact import pack
+    from silofl.server.model_artifact import pack
 
     path = pack(args.run, args.preprocessing)
     print(f"model artifact: {path} (silofl predict | evaluate | export {args.run})")

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from server.model_artifact import MANIFEST_FILE, ArtifactError, is_tabular_result, read_result
+from silofl.server.model_artifact import MANIFEST_FILE, ArtifactError, is_tabular_result, read_result
 
 __all__ = ["TOLERANCE", "ExportReport", "export_onnx"]
 
@@ -94,7 +94,7 @@ def _require_exporter() -> None:
 
 
 def _tabular(run: Path) -> tuple[nn.Module, str, int, tuple[str, ...], dict[str, str], str, np.ndarray]:
-    from server.trained_model import load_model
+    from silofl.server.trained_model import load_model
 
     model = load_model(run)
     manifest = model.manifest
@@ -114,7 +114,7 @@ def _tabular(run: Path) -> tuple[nn.Module, str, int, tuple[str, ...], dict[str,
 def _encoder(
     run: Path, result: dict[str, Any]
 ) -> tuple[nn.Module, str, int, tuple[str, ...], dict[str, str], str, np.ndarray]:
-    from protocols.ssl_models import SSL_MODEL_KINDS, build_ssl_model, image_shape
+    from silofl.protocols.ssl_models import SSL_MODEL_KINDS, build_ssl_model, image_shape
 
     config, federation = result["config"], result["federation"]
     if config.get("model") not in SSL_MODEL_KINDS:
@@ -132,7 +132,7 @@ def _encoder(
         projection_dim=int(config.get("projection-dim", 128)),
         width=int(config.get("width", 1)),
     )
-    from protocols.models import set_parameters
+    from silofl.protocols.models import set_parameters
 
     with np.load(npz) as stored:
         try:

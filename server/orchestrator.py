@@ -30,12 +30,12 @@ from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from protocols import messages as msg
-from protocols.algorithms.base import resolve
-from protocols.algorithms.common import check_run_model
-from protocols.config import RunConfig
-from server.result import build_result, write_result
-from strategies.base import (
+from silofl.protocols import messages as msg
+from silofl.protocols.algorithms.base import resolve
+from silofl.protocols.algorithms.common import check_run_model
+from silofl.protocols.config import RunConfig
+from silofl.server.result import build_result, write_result
+from silofl.strategies.base import (
     Federation,
     ProgressCallback,
     RoundError,
@@ -245,7 +245,7 @@ def run_federation(
     grid: Grid, config: RunConfig, *, on_start=None, on_round: ProgressCallback | None = None, engine: str = ""
 ) -> dict[str, Any]:
     """Run one job on `grid` and return (and, with `out_dir`, write) its result."""
-    from server import checkpoint
+    from silofl.server import checkpoint
 
     t_start = time.perf_counter()
     resumed = _resume_point(config)
@@ -262,7 +262,7 @@ def run_federation(
             restore(resumed.silo_states)
     counts = None
     if federation.sensitive:
-        from server import parties
+        from silofl.server import parties
 
         # every start, a resumed one too: a sensitive party keeps the records for the run only
         parties.sealed_exchange(grid, federation, config.round_timeout)
@@ -401,8 +401,8 @@ def _no_second_interrupt():
 
 def _resume_point(config: RunConfig):
     """The checkpoint a `resume` run continues from (None for a fresh run); refuses what cannot be resumed."""
-    from protocols.config import ConfigError
-    from server import checkpoint
+    from silofl.protocols.config import ConfigError
+    from silofl.server import checkpoint
 
     if not config.resume:
         return None

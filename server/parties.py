@@ -17,10 +17,10 @@ import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols import party_keys as pk
-from strategies.base import Federation, RoundError, collect_replies
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols import party_keys as pk
+from silofl.strategies.base import Federation, RoundError, collect_replies
 
 
 def send_to(grid: Grid, federation: Federation, entries, records: dict, kind: str, timeout: float):

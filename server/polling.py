@@ -25,7 +25,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log as flower_log
 
-from client.supernode_runtime import Backoff  # the SuperNode's backing-off poll; stdlib-only at import
+from silofl.client.supernode_runtime import Backoff  # the SuperNode's backing-off poll; stdlib-only at import
 
 __all__ = ["REPLY_POLL", "WAITING_LOG_EVERY", "PollingGrid", "bounded_object_pulls", "polling_grid"]
 
@@ -166,7 +166,7 @@ def polling_grid(grid: Grid) -> Grid:
 
     if not (isinstance(grid, HttpGrid) and type(grid).send_and_receive is HttpGrid.send_and_receive):
         return grid
-    from client.supernode_runtime import FlowerChangedError, check_flower, shorten_object_pulls
+    from silofl.client.supernode_runtime import FlowerChangedError, check_flower, shorten_object_pulls
 
     try:
         check_flower()

@@ -12,8 +12,8 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from protocols.config import RunConfig
-from strategies.base import Federation, RoundRecord
+from silofl.protocols.config import RunConfig
+from silofl.strategies.base import Federation, RoundRecord
 
 
 class RunProgress:

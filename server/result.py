@@ -12,9 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from protocols.algorithms.base import EXACT_EVALUATION, resolve
-from protocols.config import RunConfig
-from strategies.base import Federation, RunHistory
+from silofl.protocols.algorithms.base import EXACT_EVALUATION, resolve
+from silofl.protocols.config import RunConfig
+from silofl.strategies.base import Federation, RunHistory
 
 
 def build_result(
@@ -118,7 +118,7 @@ def _fairness_groups(history: RunHistory, federation: Federation, min_support: i
     over all groups and over the groups with at least `min_support` test records (the run's `min-support`; default
     `MIN_SUPPORT`; `group_report`); absent when the last evaluation kept no counts (a central evaluation, or a run
     stopped before one)."""
-    from protocols.fairness_metrics import MIN_SUPPORT, group_report
+    from silofl.protocols.fairness_metrics import MIN_SUPPORT, group_report
 
     counts = history.last_evaluation_counts
     if counts is None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from protocols.config import RunConfig
-from protocols.devices import resolve_device
-from protocols.models import set_parameters
-from protocols.ssl_eval import extract_features, knn_accuracy, linear_probe
-from protocols.ssl_models import build_ssl_model, image_shape
+from silofl.protocols.config import RunConfig
+from silofl.protocols.devices import resolve_device
+from silofl.protocols.models import set_parameters
+from silofl.protocols.ssl_eval import extract_features, knn_accuracy, linear_probe
+from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
 MONITOR_MEMORY = 10_000
 MONITOR_QUERIES = 2_000
@@ -30,7 +30,7 @@ class CentralEvaluator:
     """kNN monitor and linear probe on the backbone's features of a labelled dataset held by the server."""
 
     def __init__(self, config: RunConfig) -> None:
-        from client.data.loaders import load_dataset
+        from silofl.client.data.loaders import load_dataset
 
         data = load_dataset(config.dataset, data_dir=config.data_dir or None, seed=config.seed)
         self.shape = image_shape(data.info.num_features)

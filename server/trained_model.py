@@ -1,6 +1,6 @@
 """Use a model silofl trained: `load_model(RUN)` -> :class:`TrainedModel` (`predict`, `predict_proba`, `evaluate`).
 
-    from server.trained_model import load_model
+    from silofl.server.trained_model import load_model
     model = load_model("runs/20261126-steffle-loans")
     frame = pandas.read_csv("new_applicants.csv")
     model.predict(frame)              # label names, one per row
@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from protocols.fairness_metrics import MIN_SUPPORT, confusion_counts, fairness_from_counts, group_report
-from protocols.preprocessing import (
+from silofl.protocols.fairness_metrics import MIN_SUPPORT, confusion_counts, fairness_from_counts, group_report
+from silofl.protocols.preprocessing import (
     EncodedFrame,
     Preprocessing,
     PreprocessingError,
@@ -36,7 +36,7 @@ from protocols.preprocessing import (
     group_vocabulary,
     joint_group_names,
 )
-from server.model_artifact import ArtifactError, read_artifact
+from silofl.server.model_artifact import ArtifactError, read_artifact
 
 __all__ = ["ModelEvaluation", "TrainedModel", "load_model"]
 
@@ -88,7 +88,7 @@ class TrainedModel:
         arrays: dict[str, np.ndarray],
         preprocessing: Preprocessing | None,
     ) -> None:
-        from protocols.models import build_model, set_parameters
+        from silofl.protocols.models import build_model, set_parameters
 
         spec = manifest["model"]
         self.run_dir = run_dir

@@ -28,8 +28,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from protocols import messages as msg
-from protocols.fairness_metrics import fairness_from_counts
+from silofl.protocols import messages as msg
+from silofl.protocols.fairness_metrics import fairness_from_counts
 
 
 class RoundError(RuntimeError):
@@ -182,7 +182,7 @@ class StrategyInputs:
 
     def tabular_spec(self) -> list[tuple[str, tuple[int, ...]]]:
         """The parameter names and shapes of the run's logistic regression or MLP."""
-        from protocols.models import build_model, parameter_spec
+        from silofl.protocols.models import build_model, parameter_spec
 
         info = self.federation.info
         model = build_model(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols import messages as msg
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
-from strategies.lr_schedule import StepSchedule, step_schedule
+from silofl.protocols import messages as msg
+from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.lr_schedule import StepSchedule, step_schedule
 
 
 class DpFedSgdStrategy(SiloflStrategy):

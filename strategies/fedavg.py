@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols import messages as msg
-from strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.protocols import messages as msg
+from silofl.strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
 
 
 class FedAvg(SiloflStrategy):

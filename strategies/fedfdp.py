@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols import fedfdp
-from protocols import messages as msg
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
+from silofl.protocols import fedfdp
+from silofl.protocols import messages as msg
+from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
 
 VALUE = "value"
 SCALAR = (1,)

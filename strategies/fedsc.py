@@ -35,10 +35,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from protocols import fedsc
-from protocols import messages as msg
-from protocols.privacy.calr import normalize_release
-from strategies.base import (
+from silofl.protocols import fedsc
+from silofl.protocols import messages as msg
+from silofl.protocols.privacy.calr import normalize_release
+from silofl.strategies.base import (
     Arrays,
     Federation,
     ProgressCallback,
@@ -52,7 +52,7 @@ from strategies.base import (
     collect_replies,
     weighted_sum,
 )
-from strategies.server_optimizer import ServerOptimizer
+from silofl.strategies.server_optimizer import ServerOptimizer
 
 
 class Evaluator(Protocol):
@@ -339,8 +339,8 @@ class FedscStrategy(SiloflStrategy):
 
 def _build(inputs: StrategyInputs, *, sharing: bool) -> FedscStrategy:
     """The backbone + projector as the model; the central evaluator when the server holds the labelled data."""
-    from protocols.models import get_parameters, parameter_spec
-    from protocols.ssl_models import build_ssl_model, image_shape
+    from silofl.protocols.models import get_parameters, parameter_spec
+    from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
     config, federation = inputs.config, inputs.federation
     try:
@@ -352,7 +352,7 @@ def _build(inputs: StrategyInputs, *, sharing: bool) -> FedscStrategy:
     )
     evaluator = None
     if config.eval_data == "central":
-        from server.ssl_evaluation import CentralEvaluator
+        from silofl.server.ssl_evaluation import CentralEvaluator
 
         evaluator = CentralEvaluator(config)
     schedule = (

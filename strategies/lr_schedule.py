@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from strategies.base import StrategyInputs
+from silofl.strategies.base import StrategyInputs
 
 
 class StepSchedule:

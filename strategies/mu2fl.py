@@ -24,10 +24,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from protocols import messages as msg
-from protocols import mu2
-from protocols.models import flatten_parameters, unflatten_parameters
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
+from silofl.protocols import messages as msg
+from silofl.protocols import mu2
+from silofl.protocols.models import flatten_parameters, unflatten_parameters
+from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
 
 
 class Mu2flStrategy(SiloflStrategy):

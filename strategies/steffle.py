@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from protocols import messages as msg
-from protocols.ermi import PRIOR_FLOOR, project_frobenius
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
-from strategies.lr_schedule import StepSchedule, step_schedule
+from silofl.protocols import messages as msg
+from silofl.protocols.ermi import PRIOR_FLOOR, project_frobenius
+from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.lr_schedule import StepSchedule, step_schedule
 
 
 class SteffleStrategy(SiloflStrategy):
@@ -117,13 +117,13 @@ class SteffleStrategy(SiloflStrategy):
 
 def build(inputs: StrategyInputs) -> SteffleStrategy:
     """SteFFLe's server (the `steffle` registry entry): the prior from the silos' noised group counts."""
-    from protocols.ermi import GroupPrior, w_shape
+    from silofl.protocols.ermi import GroupPrior, w_shape
 
     config, info = inputs.config, inputs.federation.info
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)
     kind = SteffleStrategy
     if inputs.federation.sensitive:  # separate feature and sensitive parties (strategies/steffle_parties.py)
-        from strategies.steffle_parties import SteffleSeparatePartiesStrategy as kind
+        from silofl.strategies.steffle_parties import SteffleSeparatePartiesStrategy as kind
     return kind(
         inputs.federation,
         inputs.tabular_spec(),

@@ -31,9 +31,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from protocols import messages as msg
-from protocols import parties as pm
-from strategies.base import (
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.strategies.base import (
     Arrays,
     RoundError,
     SiloEntry,
@@ -43,7 +43,7 @@ from strategies.base import (
     evaluation_metrics,
     weighted_sum,
 )
-from strategies.steffle import SteffleStrategy
+from silofl.strategies.steffle import SteffleStrategy
 
 
 class SteffleSeparatePartiesStrategy(SteffleStrategy):

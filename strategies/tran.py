@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord
 
-from protocols import messages as msg
-from protocols import tran
-from protocols.ermi import GroupPrior
-from strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
-from strategies.lr_schedule import StepSchedule, step_schedule
+from silofl.protocols import messages as msg
+from silofl.protocols import tran
+from silofl.protocols.ermi import GroupPrior
+from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.lr_schedule import StepSchedule, step_schedule
 
 MASS = "mass"  # the group mass in the silos' fair-update record (`client.rounds.tran.MASS`)
 
@@ -105,7 +105,7 @@ class TranStrategy(SiloflStrategy):
 
 def build(inputs: StrategyInputs) -> TranStrategy:
     """Tran et al.'s server (the `tran` registry entry): the prior from the silos' noised group counts."""
-    from protocols.ermi import PRIOR_FLOOR
+    from silofl.protocols.ermi import PRIOR_FLOOR
 
     config = inputs.config
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)

@@ -32,17 +32,17 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client import silo_data
-from client.app import app
-from client.data.party_store import save_party
-from client.data.silo_store import save_silo
-from client.data.tabular import DatasetInfo, SiloData, Split, make_split
-from client.data.topology import FeaturePartyData, SensitivePartyData
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols import party_keys as pk
-from protocols.models import build_model, parameter_spec
-from server.inprocess_grid import copy_content, deliver
+from silofl.client import silo_data
+from silofl.client.app import app
+from silofl.client.data.party_store import save_party
+from silofl.client.data.silo_store import save_silo
+from silofl.client.data.tabular import DatasetInfo, SiloData, Split, make_split
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols import party_keys as pk
+from silofl.protocols.models import build_model, parameter_spec
+from silofl.server.inprocess_grid import copy_content, deliver
 
 Arrays = dict[str, np.ndarray]
 Data = SiloData | SensitivePartyData
@@ -250,7 +250,7 @@ def sealed_exchange(twins: Twins, silo: SiloData) -> None:
     :func:`feature_party` (`silo`), as the honest exchange does: the server asks their holdings, feature party 0 seals
     its records to them (`client.sealed_records.record_boxes`, with its keys), and both unseal the same boxes. The
     records carry no sensitive attribute, so the boxes are the same for D and D'."""
-    from client.sealed_records import record_boxes
+    from silofl.client.sealed_records import record_boxes
 
     config = msg.ExchangeSetup(feature_parties=1, sensitive_parties=1).to_config_record()
     first, second = twins.send(pm.HOLDINGS_QUERY, RecordDict({msg.CONFIG: config}), 0)
@@ -282,7 +282,7 @@ def tabular_model(
 
 def ssl_model(num_features: int, *, projection_dim: int, width: int = 1, kind: str = "cnn") -> Arrays:
     """Zeros for every parameter of FedSC's SSL model (`protocols.ssl_models.build_ssl_model`)."""
-    from protocols.ssl_models import build_ssl_model, image_shape
+    from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
     model = build_ssl_model(kind, image_shape(num_features), projection_dim=projection_dim, width=width, seed=0)
     return {name: np.zeros(shape, np.float32) for name, shape in parameter_spec(model)}

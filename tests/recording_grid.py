@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flwr.app import Message
 
-from server.inprocess_grid import InProcessGrid
+from silofl.server.inprocess_grid import InProcessGrid
 
 
 class RecordingGrid(InProcessGrid):

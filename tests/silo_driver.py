@@ -12,14 +12,14 @@ import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client import privacy_state
-from client.app import app
-from client.data.silo_store import load_silo, save_silo
-from client.data.tabular import SensitiveDivision, Split
-from protocols import messages as msg
-from protocols.models import build_model, get_parameters
-from protocols.privacy.ledger import PrivacyLedger
-from server.inprocess_grid import deliver
+from silofl.client import privacy_state
+from silofl.client.app import app
+from silofl.client.data.silo_store import load_silo, save_silo
+from silofl.client.data.tabular import SensitiveDivision, Split
+from silofl.protocols import messages as msg
+from silofl.protocols.models import build_model, get_parameters
+from silofl.protocols.privacy.ledger import PrivacyLedger
+from silofl.server.inprocess_grid import deliver
 
 #: The fairness record a round sends, per algorithm: SteFFLe's W (demographic parity, 2 groups, 2 labels) and prior,
 #: Tran et al.'s signed multipliers and prior. Both make every record's contribution depend on its attribute.
@@ -147,8 +147,8 @@ def shuffled_cli_run(algorithm: str, out: Path, capsys: Any, *, rounds: int = 13
     import json
     import math
 
-    from protocols.privacy.accountant import calibrate_noise, epsilon_spent
-    from server.cli import main
+    from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
+    from silofl.server.cli import main
 
     flags = ["--sampling", "shuffle", "--epsilon", "1", "--rounds", str(rounds), "--out", str(out)]
     code = main(["run", algorithm, *flags])

@@ -10,7 +10,7 @@ import pytest
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
-from protocols.privacy.accountant import (
+from silofl.protocols.privacy.accountant import (
     ACCOUNTANTS,
     RELATIONS,
     PriorRelease,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from protocols import algorithms
-from protocols.config import ConfigError, RunConfig
-from server.cli import main
+from silofl.protocols import algorithms
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.server.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN = ["fedavg", "dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc", "fedfdp"]

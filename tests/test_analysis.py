@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from server.analysis import (
+from silofl.server.analysis import (
     lower_envelope,
     matched_error_reduction,
     mean_or_none,
     mean_points,
     pareto_front,
 )
-from server.plots.runs import RunRecord
+from silofl.server.plots.runs import RunRecord
 
 # SteFFLe's points (test error, violation): the front is (0.15, 0.20), (0.16, 0.10), (0.18, 0.04); (0.17, 0.12) and
 # (0.20, 0.06) are dominated; the error range is [0.15, 0.20].

@@ -29,11 +29,11 @@ import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
 
-from client import randomness
-from client.data.tabular import SiloData
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols import shuffled_epochs
+from silofl.client import randomness
+from silofl.client.data.tabular import SiloData
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols import shuffled_epochs
 from tests import malicious_server as ms
 
 N = 20  # training records of the small silos

@@ -6,7 +6,7 @@ import kornia.augmentation as K
 import pytest
 import torch
 
-from client.augment import CROP_SCALE, SMALL_CROP_SCALE, crop_scale, make_views, ssl_augmentation
+from silofl.client.augment import CROP_SCALE, SMALL_CROP_SCALE, crop_scale, make_views, ssl_augmentation
 
 
 def _ops(module: torch.nn.Module) -> list[type]:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from client import randomness
-from client.algorithms.dp_fedsgd import poisson_sample
-from client.batches import round_sample
-from protocols import messages as msg
-from server.inprocess_grid import InProcessGrid
+from silofl.client import randomness
+from silofl.client.algorithms.dp_fedsgd import poisson_sample
+from silofl.client.batches import round_sample
+from silofl.protocols import messages as msg
+from silofl.server.inprocess_grid import InProcessGrid
 
 
 def _context(**node_config) -> Context:
@@ -69,7 +69,7 @@ def test_shuffled_runs_survive_a_server_restart_and_a_silo_restart_bit_for_bit(t
     (their replies lost, the epoch charged), and resumes from its checkpoint; in another run silo 1 restarts (a
     fresh context, its state-dir) before round 4, mid-epoch. Both end as the uninterrupted run: the same batches,
     each epoch charged once."""
-    from client.app import app as client_app
+    from silofl.client.app import app as client_app
     from tests.test_faults import DyingServerGrid, RestartingGrid, ServerKilled, _config, _same_run, _serve, _state_dirs
 
     values = {"algorithm": "steffle", "epsilon": 1.0, "sampling": "shuffle", "num-silos": 3, "rounds": 8}

@@ -9,8 +9,8 @@ import re
 import pytest
 from rich.console import Console
 
-from protocols.privacy.accountant import calibrate_noise
-from protocols.privacy.calibrate_cli import add_privacy_parser, calibrate_command
+from silofl.protocols.privacy.accountant import calibrate_noise
+from silofl.protocols.privacy.calibrate_cli import add_privacy_parser, calibrate_command
 
 
 def _parser() -> argparse.ArgumentParser:

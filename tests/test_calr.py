@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.fedsc import clip_rows
-from protocols.privacy.accountant import epsilon_spent
-from protocols.privacy.calr import (
+from silofl.protocols.fedsc import clip_rows
+from silofl.protocols.privacy.accountant import epsilon_spent
+from silofl.protocols.privacy.calr import (
     accountant_relation,
     calr_closed_form_epsilon,
     calr_epsilon,

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import client.data.cifar as cifar
-from client.data.cifar import CIFAR10_ARCHIVE, CIFAR10_FOLDER, CIFAR10_LABELS, load_cifar10, read_batch
-from client.data.loaders import BUILTIN_DATASETS, load_dataset
-from client.data.partition import partition_dataset
-from client.data.sources import FILES, ChecksumError, DataUnavailableError
-from client.data.tabular import DataError
+import silofl.client.data.cifar as cifar
+from silofl.client.data.cifar import CIFAR10_ARCHIVE, CIFAR10_FOLDER, CIFAR10_LABELS, load_cifar10, read_batch
+from silofl.client.data.loaders import BUILTIN_DATASETS, load_dataset
+from silofl.client.data.partition import partition_dataset
+from silofl.client.data.sources import FILES, ChecksumError, DataUnavailableError
+from silofl.client.data.tabular import DataError
 
 BATCHES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch")
 PER_BATCH = 10  # one image of every class per batch
@@ -66,7 +66,7 @@ def write_archive(path: Path, batches: dict[str, dict[bytes, object]]) -> Path:
 
 
 def check_dataset(ds: object, batches: dict[str, dict[bytes, object]]) -> None:
-    from client.data.tabular import TabularDataset
+    from silofl.client.data.tabular import TabularDataset
 
     assert isinstance(ds, TabularDataset)
     train, test = ds.train.nonsensitive, ds.test.nonsensitive

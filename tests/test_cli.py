@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from server.cli import main
+from silofl.server.cli import main
 
 
 def test_run_writes_result_and_prints_summary(tmp_path, capsys) -> None:
@@ -56,12 +56,12 @@ def test_unknown_dataset_is_a_clear_error(tmp_path, capsys) -> None:
 
 def test_a_silo_failure_stops_the_run_with_exit_1(tmp_path, capsys, monkeypatch) -> None:
     """A silo that fails to load its data after the command line's checks passed stops the run: exit 1."""
-    import client.app
+    from silofl.client import app as client_app
 
     def broken(context, spec):
         raise OSError("disk gone: /data/silo.csv")
 
-    monkeypatch.setattr(client.app, "load_silo_data", broken)
+    monkeypatch.setattr(client_app, "load_silo_data", broken)
     code = main(["run", "fedavg", "--rounds", "1", "--no-progress", "--out", str(tmp_path / "run")])
     assert code == 1
     err = capsys.readouterr().err
@@ -77,7 +77,7 @@ def test_a_missing_file_is_refused_before_the_run_with_exit_2(tmp_path, capsys) 
 
 
 def test_default_length_is_the_algorithms_own(tmp_path) -> None:
-    from server.cli import build_parser, config_from_args
+    from silofl.server.cli import build_parser, config_from_args
 
     args = build_parser().parse_args(["run", "fedavg", "--out", str(tmp_path)])
     assert config_from_args(args).epochs == 40.0  # docs/RESULTS.md's configuration for the minibatch algorithms

@@ -9,10 +9,10 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.app import app
-from protocols import messages as msg
-from protocols.models import build_model, get_parameters
-from server.inprocess_grid import deliver
+from silofl.client.app import app
+from silofl.protocols import messages as msg
+from silofl.protocols.models import build_model, get_parameters
+from silofl.server.inprocess_grid import deliver
 
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
 
@@ -188,8 +188,8 @@ def test_evaluate_returns_counts_that_add_up() -> None:
 def test_ledger_kept_between_messages_is_the_one_in_the_state() -> None:
     """The silo reuses the ledger it saved only while its state holds that very record unchanged: a ledger record
     put in its place (a restored checkpoint) or changed in place is what the next charge starts from."""
-    from client import privacy_state
-    from protocols.privacy.ledger import PrivacyLedger
+    from silofl.client import privacy_state
+    from silofl.protocols.privacy.ledger import PrivacyLedger
 
     context = _context()
     info = _setup(context)

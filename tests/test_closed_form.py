@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from protocols.privacy.accountant import epsilon_spent
-from protocols.privacy.closed_form import steffle_closed_form
+from silofl.protocols.privacy.accountant import epsilon_spent
+from silofl.protocols.privacy.closed_form import steffle_closed_form
 
 # The papers' Credit Card setting (spec steffle.md): 30,000 rows, 3:1 train/test, 3 silos; batch 256; delta = 1/n^2.
 N_SILO, BATCH, ROUNDS = 7500, 256, 1200

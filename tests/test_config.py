@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from protocols.config import ConfigError, RunConfig
+from silofl.protocols.config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_roundtrip_through_flower_run_config() -> None:
 
 
 def test_pyproject_run_config_is_the_one_the_registry_derives_and_runs() -> None:
-    from protocols.config import flower_run_config
+    from silofl.protocols.config import flower_run_config
 
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert table == flower_run_config()  # regenerate: every key of every algorithm = "", see the comment there
@@ -107,7 +107,7 @@ def test_pyproject_run_config_is_the_one_the_registry_derives_and_runs() -> None
 
 
 def test_builtin_dataset_names_match_the_loaders() -> None:
-    from client.data.loaders import BUILTIN_DATASETS as LOADERS
-    from protocols.config import BUILTIN_DATASETS
+    from silofl.client.data.loaders import BUILTIN_DATASETS as LOADERS
+    from silofl.protocols.config import BUILTIN_DATASETS
 
     assert tuple(LOADERS) == BUILTIN_DATASETS

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from silofl.server.cli import main
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_ctrl_c_writes_the_state_prints_the_resume_command_and_resume_finishes_t
     """Ctrl-C in round 4 of 6 (raised inside a silo's answer, where the in-process engine runs it): exit 130, no
     traceback, result.json says interrupted after round 3 with its rounds, and the printed command resumes the run
     to the very numbers of a run that was never interrupted."""
-    from client.rounds import dp_fedsgd
+    from silofl.client.rounds import dp_fedsgd
 
     common = ["--rounds", "6", "--epsilon", "1", "--eval-every", "2", "--checkpoint-every", "1"]
     assert main(["run", "dp-fedsgd", *common, "--no-progress", "--out", str(tmp_path / "whole")]) == 0
@@ -102,7 +102,7 @@ def test_ctrl_c_writes_the_state_prints_the_resume_command_and_resume_finishes_t
 
 def test_ctrl_c_before_the_rounds_is_one_line(tmp_path, capsys, monkeypatch) -> None:
     """An interrupt before the rounds (here in the setup round) exits 130 with one line, no traceback."""
-    from server import orchestrator
+    from silofl.server import orchestrator
 
     def interrupted(grid, config):
         raise KeyboardInterrupt
@@ -119,7 +119,7 @@ def test_ray_address_needs_the_ray_engine(tmp_path, capsys) -> None:
 
 
 def test_ray_init_args_join_a_cluster_or_start_a_local_ray(monkeypatch) -> None:
-    from server.engines import ray_init_args
+    from silofl.server.engines import ray_init_args
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert ray_init_args("head:6379") == {"address": "head:6379"}  # Ray refuses num_cpus when it joins a cluster

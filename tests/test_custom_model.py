@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from protocols import messages as msg
-from protocols.config import ConfigError, RunConfig
-from protocols.models import ModelError, build_model, check_model, get_parameters, parameter_spec, set_parameters
-from protocols.silo_policy import PolicyError, parse_policy
-from server.cli import main
+from silofl.protocols import messages as msg
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.protocols.models import ModelError, build_model, check_model, get_parameters, parameter_spec, set_parameters
+from silofl.protocols.silo_policy import PolicyError, parse_policy
+from silofl.server.cli import main
 from tests import custom_models
 from tests import malicious_server as ms
 
@@ -103,7 +103,7 @@ def test_a_module_that_is_not_installed_is_named_with_the_fix() -> None:
 
 
 def test_dropout_and_buffers_are_refused() -> None:
-    from protocols.models import check_model_structure
+    from silofl.protocols.models import check_model_structure
 
     with pytest.raises(ModelError, match="Dropout"):
         check_model_structure("m:f", torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.1)))
@@ -140,7 +140,7 @@ def _batch(n: int = 12, d: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def test_dp_sgd_clipped_sums_agree_with_the_built_in_route() -> None:
-    from client.gradients import clipped_gradient_sum, mean_gradient, weighted_clipped_gradient_sum
+    from silofl.client.gradients import clipped_gradient_sum, mean_gradient, weighted_clipped_gradient_sum
 
     builtin, user = _twins()
     x, y, _ = _batch()
@@ -155,8 +155,8 @@ def test_dp_sgd_clipped_sums_agree_with_the_built_in_route() -> None:
 
 
 def test_fairness_gradients_agree_with_the_built_in_route() -> None:
-    from protocols import tran
-    from protocols.ermi import GroupPrior, clipped_psi_theta_sum
+    from silofl.protocols import tran
+    from silofl.protocols.ermi import GroupPrior, clipped_psi_theta_sum
 
     builtin, user = _twins()
     x, y, s = _batch()
@@ -218,8 +218,8 @@ def test_silofl_run_refuses_a_batchnorm_model_before_the_run(tmp_path: Path, cap
 def test_the_server_checks_the_model_when_no_command_line_did(tmp_path: Path) -> None:
     """`flwr run` and a deployment enter at the ServerApp: the orchestrator checks the model after the setup round,
     before any round."""
-    from client.app import app as client_app
-    from server.orchestrator import run_federation
+    from silofl.client.app import app as client_app
+    from silofl.server.orchestrator import run_federation
     from tests.recording_grid import RecordingGrid
 
     config = RunConfig.parse(

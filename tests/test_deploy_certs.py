@@ -15,8 +15,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key
 
-from server.deploy.certs import CertError, CertPaths, ensure_certs, make_certs
-from server.deploy.cli import add_deploy_parser
+from silofl.server.deploy.certs import CertError, CertPaths, ensure_certs, make_certs
+from silofl.server.deploy.cli import add_deploy_parser
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,7 +156,7 @@ def test_parties_get_key_pairs_named_after_their_data_folders(tmp_path: Path) ->
 def test_parties_get_party_key_files_of_one_generation(tmp_path: Path) -> None:
     """A party key file per party (0600), all with one pseudonym key and one directory, each opening what another
     seals to it; silos get none; a lost file is remade with all the others (one generation)."""
-    from protocols import party_keys as pk
+    from silofl.protocols import party_keys as pk
 
     paths = make_certs(tmp_path, 2, hosts=(), topology="central-sensitive")
     assert [p.name for p in paths.party_keys] == [

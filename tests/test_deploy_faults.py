@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from client import lifetime_ledger, privacy_state
-from server.deploy import local
+from silofl.client import lifetime_ledger, privacy_state
+from silofl.server.deploy import local
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SILOS = 2
@@ -118,7 +118,7 @@ def _recorded_spawns(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[st
 
 def test_deploy_up_no_database_keeps_the_superlink_state_in_memory(tmp_path: Path, monkeypatch) -> None:
     """`silofl deploy up --no-database`: no `--database` (the SuperLink's state in memory), the state-dirs still."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     started = _recorded_spawns(monkeypatch)
     assert main(["deploy", "up", "--dir", str(tmp_path / "fed"), "--silos", "2", "--no-database"]) == 0
@@ -131,7 +131,7 @@ def test_deploy_up_policy_reaches_every_node_and_a_bad_one_starts_nothing(tmp_pa
     """`silofl deploy up --policy FILE`: every SuperNode's node config names the policy file (absolute), as `silofl
     silo start --policy` does for one node; a policy with a bad key stops `up` before any process starts, naming
     the key."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     started = _recorded_spawns(monkeypatch)
     policy = tmp_path / "policy.toml"
@@ -171,7 +171,7 @@ def fake_deployment(tmp_path: Path) -> Iterator[local.Deployment]:
 def test_restart_starts_again_exactly_what_died(fake_deployment: local.Deployment, capsys) -> None:
     """`silofl deploy restart --dir DIR`: only the dead process, with its command, working directory and log (appended,
     and waited for from the restart on); `--node NAME` restarts a running one; unknown names are refused."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     root = Path(fake_deployment.dir)
     first, second = fake_deployment.processes
@@ -268,7 +268,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Deplo
 def _silofl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """The documented command line (`silofl ...`, as `python -m server.cli`)."""
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "silofl.server.cli", *args],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -351,7 +351,7 @@ def _charged_rounds(path: Path) -> list[int]:
 
 def _wait_for_round(out: Path, at: int, run: Submitted, timeout: float = 180) -> None:
     """Until the server's checkpoint in `out` holds round `at` (the run is mid-way)."""
-    from server import checkpoint
+    from silofl.server import checkpoint
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -395,7 +395,7 @@ def _logs(dep: local.Deployment, chars: int = 2000) -> str:
     for pid in [p.pid for p in nodes if local._alive(p)] + local._descendants(nodes):
         with contextlib.suppress(OSError):  # only silofl's runtime processes handle the signal (others would die)
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"client.supernode_runtime" in command and b"--single-task" not in command:
+            if b"silofl.client.supernode_runtime" in command and b"--single-task" not in command:
                 os.kill(pid, signal.SIGUSR1)
     time.sleep(1.0)
     return "".join(
@@ -486,7 +486,9 @@ def test_a_supernode_killed_mid_run_is_restarted_and_the_run_resumed(
     assert result["status"]["rounds_completed"] in (at - 1, at), (at, result["status"])  # at: a reply raced the kill
 
     status = subprocess.run(
-        [sys.executable, "-m", "server.cli", "deploy", "status", "--dir", dep.dir], capture_output=True, text=True
+        [sys.executable, "-m", "silofl.server.cli", "deploy", "status", "--dir", dep.dir],
+        capture_output=True,
+        text=True,
     )
     assert status.returncode == 1 and "silo_1       NOT RUNNING" in status.stdout, status.stdout
     restarted = _silofl("deploy", "restart", "--dir", dep.dir)

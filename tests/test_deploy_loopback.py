@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from client.silo_cli import SiloStartError, add_silo_parser, node_config_string, supernode_command
-from server.deploy import local
-from server.deploy.certs import make_certs
-from server.deploy.topology import NodeLayout
+from silofl.client.silo_cli import SiloStartError, add_silo_parser, node_config_string, supernode_command
+from silofl.server.deploy import local
+from silofl.server.deploy.certs import make_certs
+from silofl.server.deploy.topology import NodeLayout
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT = 240
@@ -45,8 +45,8 @@ def _silo_args(argv: list[str]) -> argparse.Namespace:
 
 @pytest.fixture(scope="module")
 def silo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from client.data.federate import load_federation
-    from client.data.silo_store import save_silo
+    from silofl.client.data.federate import load_federation
+    from silofl.client.data.silo_store import save_silo
 
     root = tmp_path_factory.mktemp("split with space")
     _, silos = load_federation("synthetic", 2)
@@ -69,7 +69,7 @@ def test_supernode_command_is_secure_by_default(silo_dir: Path, keys, tmp_path: 
     )  # fmt: skip
     command = supernode_command(args)
     assert command[:8] == [
-        sys.executable, "-m", "client.supernode_runtime", "supernode", "--clientapp-process", "long-lived",
+        sys.executable, "-m", "silofl.client.supernode_runtime", "supernode", "--clientapp-process", "long-lived",
         "--superlink", "link.example:9092",
     ]  # fmt: skip
     assert command[command.index("--isolation") + 1] == "process"  # the long-lived ClientApp is its own process
@@ -153,7 +153,7 @@ def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, ca
     assert args.func(args) == 0
     captured = capsys.readouterr()
     first = captured.out.split()
-    assert first[:4] == [sys.executable, "-m", "client.supernode_runtime", "supernode"]
+    assert first[:4] == [sys.executable, "-m", "silofl.client.supernode_runtime", "supernode"]
     assert first[6:9] == ["--superlink", "127.0.0.1:9092", "--insecure"]
     assert "silo 0 of 2 (synthetic)" in captured.err
     args = _silo_args(["--data", str(silo_dir), "--superlink", "127.0.0.1:9092", "--insecure", "--dry-run",
@@ -170,7 +170,7 @@ def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, ca
 @pytest.fixture(scope="module")
 def party_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`silofl data split synthetic --silos 3 --topology central-sensitive`: features_0..2 and sensitive_0."""
-    from server.deploy.local import _write_synthetic_parties
+    from silofl.server.deploy.local import _write_synthetic_parties
 
     root = tmp_path_factory.mktemp("parties with space")
     _write_synthetic_parties(root, NodeLayout("central-sensitive", 3, 1))
@@ -191,8 +191,8 @@ def test_silo_start_puts_a_party_folders_role_in_the_node_config(party_root: Pat
     """The role comes from the folder (or an agreeing --role) and reaches the ClientApp's `node_role` as written."""
     from flwr.app import Context, RecordDict
 
-    from client.silo_data import node_role
-    from protocols.messages import DataSpec
+    from silofl.client.silo_data import node_role
+    from silofl.protocols.messages import DataSpec
 
     base = ["--superlink", "127.0.0.1:9092", "--insecure", "--dry-run"]
     for folder, role, flags in (
@@ -212,9 +212,9 @@ def test_silo_start_puts_a_party_folders_role_in_the_node_config(party_root: Pat
     args = _silo_args(["--data", str(silo_dir), *base])  # a silo's node config is what it was before parties
     assert args.func(args) == 0
     assert "role" not in _node_config(capsys.readouterr().out)
-    from client import silo_cli
-    from client.data import party_store, silo_store
-    from protocols import parties
+    from silofl.client import silo_cli
+    from silofl.client.data import party_store, silo_store
+    from silofl.protocols import parties
 
     assert (silo_cli.ROLE_KEY, silo_cli.ROLES) == (parties.ROLE_KEY, parties.ROLES)  # copied to keep flwr out
     assert (silo_cli.SILO_FORMAT, silo_cli.PARTY_FORMAT) == (silo_store.FORMAT, party_store.FORMAT)
@@ -225,7 +225,7 @@ def test_silo_start_passes_a_partys_own_key_file_and_refuses_another(
 ) -> None:
     """`--party-keys` (the sealed record exchange): the party's own file reaches its node config; a file of the other
     role, a broken one or one given to a silo is refused before anything starts, naming the fix."""
-    from server.deploy.certs import make_certs
+    from silofl.server.deploy.certs import make_certs
 
     certs = make_certs(tmp_path / "certs", 3, hosts=(), topology="central-sensitive")
     base = ["--superlink", "127.0.0.1:9092", "--insecure", "--dry-run"]
@@ -579,9 +579,9 @@ def test_deployed_runtimes_give_the_inprocess_numbers(tmp_path: Path, monkeypatc
     runtimes give, for DP-FedSGD and SteFFLe, the result of the in-process engine over the same silo folders."""
     import numpy as np
 
-    import client.silo_cli as silo_cli
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    import silofl.client.silo_cli as silo_cli
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     plain = silo_cli.node_config_string
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from protocols import algorithms
-from protocols import messages as msg
-from protocols.config import ConfigError, RunConfig
-from protocols.devices import device_problem, ray_client_resources, resolve_device
-from server.cli import main
+from silofl.protocols import algorithms
+from silofl.protocols import messages as msg
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.protocols.devices import device_problem, ray_client_resources, resolve_device
+from silofl.server.cli import main
 from tests import malicious_server as ms
 
 TORCH_TABULAR = ("fedavg", "dp-fedsgd", "steffle", "tran", "fedfdp")
@@ -51,11 +51,11 @@ def test_auto_resolves_to_the_cpu_without_a_gpu_and_to_cuda_with_one(monkeypatch
 def test_cuda_without_a_gpu_is_refused_at_the_command_line_before_anything_runs(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import protocols.devices
+    from silofl.protocols import devices
 
-    monkeypatch.setattr(protocols.devices, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(devices, "visible_gpus", lambda: 0)
     loaded = []
-    monkeypatch.setattr("client.data.preflight.preflight", lambda *a, **k: loaded.append(1) or [])
+    monkeypatch.setattr("silofl.client.data.preflight.preflight", lambda *a, **k: loaded.append(1) or [])
     out = tmp_path / "run"
     assert main(["run", "dp-fedsgd", "--device", "cuda", "--rounds", "1", "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -78,9 +78,9 @@ def test_a_silo_without_a_gpu_refuses_a_cuda_instruction() -> None:
 def test_auto_reaches_every_instruction_and_gives_the_cpus_numbers(tmp_path: Path) -> None:
     """On this machine (no GPU) a silo resolves auto to the CPU: the same numbers, bit for bit, as device cpu. The
     train and evaluate instructions carry the run's device (each silo resolves auto on its own hardware)."""
-    from client.app import app as client_app
-    from server.engines import run_job
-    from server.orchestrator import run_federation
+    from silofl.client.app import app as client_app
+    from silofl.server.engines import run_job
+    from silofl.server.orchestrator import run_federation
     from tests.recording_grid import RecordingGrid
 
     if torch.cuda.is_available():
@@ -133,11 +133,11 @@ def test_the_ray_share_refuses_cuda_without_a_gpu_and_bad_arguments() -> None:
 
 
 def test_the_ray_engine_asks_for_the_share_of_the_runs_device(monkeypatch) -> None:
-    import protocols.devices
-    from server.engines import client_resources
+    from silofl.protocols import devices
+    from silofl.server.engines import client_resources
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(protocols.devices, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(devices, "visible_gpus", lambda: 1)
     cuda = RunConfig.parse({"algorithm": "dp-fedsgd", "rounds": 1, "num-silos": 4, "device": "cuda"})
     assert client_resources(cuda) == {"num_cpus": 1, "num_gpus": 0.25}
     assert client_resources(cuda, "ray://head:10001") == {"num_cpus": 1, "num_gpus": 1.0}  # a cluster's GPUs

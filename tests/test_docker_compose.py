@@ -249,7 +249,7 @@ def _free_port() -> int:
 
 
 def _silofl(*args: str, timeout: float = 120) -> None:
-    _run([sys.executable, "-m", "server.cli", *args], timeout=timeout, cwd=PROJECT)
+    _run([sys.executable, "-m", "silofl.server.cli", *args], timeout=timeout, cwd=PROJECT)
 
 
 def _flwr(

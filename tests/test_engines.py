@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from protocols.config import RunConfig
-from server.engines import run_job
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
 
 REQUIRED = {
     "final": {"accuracy", "error", "loss", "dp_violation", "eo_violation"},
@@ -97,7 +97,7 @@ def test_ray_simulation_gives_the_inprocess_result(tmp_path, algorithm: str, ext
 
 def test_silos_with_their_own_data_folders(tmp_path) -> None:
     """Deployment-style silos: each loads the folder `silofl data split` wrote for it (node config `data-path`)."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     assert main(["data", "split", "synthetic", "--silos", "3", "--out", str(tmp_path / "split")]) == 0
     folders = sorted(p for p in (tmp_path / "split").iterdir() if p.is_dir())  # beside them: preprocessing.json

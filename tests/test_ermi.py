@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.ermi import (
+from silofl.protocols.ermi import (
     FAIRNESS_NOTIONS,
     GroupPrior,
     block_weights,
@@ -25,7 +25,7 @@ from protocols.ermi import (
     psi_w_sensitive_sum_checked,
     w_shape,
 )
-from protocols.models import build_model, parameter_spec
+from silofl.protocols.models import build_model, parameter_spec
 from tests.generic_module import NotTabular
 
 SHAPES = [(2, 2), (3, 3), (3, 2), (2, 4)]  # (k groups, l labels)
@@ -589,7 +589,7 @@ def test_logreg_clipped_sum_without_backward_pass_gives_autograds_bits(notion: s
     """Logistic regression's theta-sum from the closed-form logit gradients (`psi_logit_grads`, no backward pass)
     equals the backward pass of sum_i <a_i, F(x_i)> (`linear_stack_clipped_sum`) bit for bit, at a SteFFLe round's
     batch size, with every row clipped, some, and none."""
-    from protocols.models import linear_stack_clipped_sum
+    from silofl.protocols.models import linear_stack_clipped_sum
 
     for seed in range(4):
         model = build_model("logreg", 102, l_, seed=seed)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols.fairness_metrics import FairnessReport, confusion_counts, fairness_from_counts
+from silofl.protocols.fairness_metrics import FairnessReport, confusion_counts, fairness_from_counts
 
 
 def _brute_force(s: np.ndarray, y: np.ndarray, yhat: np.ndarray, k: int, l_: int) -> dict[str, float]:
@@ -203,7 +203,7 @@ def test_bad_records_are_rejected() -> None:
 
 
 def test_group_report_supports_rates_and_min_support_violations() -> None:
-    from protocols.fairness_metrics import group_report
+    from silofl.protocols.fairness_metrics import group_report
 
     counts = np.zeros((3, 2, 2), dtype=np.int64)
     counts[0] = [[60, 20], [10, 30]]  # 120 records, predicted positive 50/120, TPR 30/40, FPR 20/80
@@ -233,7 +233,7 @@ def test_group_report_supports_rates_and_min_support_violations() -> None:
 
 
 def test_group_report_empty_groups_and_thresholds() -> None:
-    from protocols.fairness_metrics import MIN_SUPPORT, group_report
+    from silofl.protocols.fairness_metrics import MIN_SUPPORT, group_report
 
     counts = np.zeros((3, 2, 2), dtype=np.int64)
     counts[0] = [[5, 5], [0, 10]]
@@ -257,8 +257,8 @@ def test_result_json_reports_each_groups_support_and_the_min_support_violations(
 ) -> None:
     """A SteFFLe run's result.json: `fairness_groups` from the summed test counts of the last evaluation (the same
     violations as `final`, supports adding up to the test records); `final` keeps its keys."""
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     config = RunConfig.parse(
         {
@@ -286,7 +286,7 @@ def test_min_support_option_sets_the_threshold_of_the_report(tmp_path: Path) -> 
     """`--min-support N` through the real entry point: the report keeps exactly the groups with >= N test records."""
     import json
 
-    from server.cli import main
+    from silofl.server.cli import main
 
     out = tmp_path / "run"
     assert main(["run", "fedavg", "--rounds", "2", "--min-support", "700", "--out", str(out)]) == 0

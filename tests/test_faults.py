@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from client import answer_journal, privacy_state
-from client.app import app as client_app
-from protocols import messages as msg
-from protocols import record_codec
-from protocols.config import ConfigError, RunConfig
-from protocols.privacy.ledger import PrivacyLedger
-from server import checkpoint
-from server.app import make_server_app
-from server.engines import run_job
-from server.inprocess_grid import InProcessGrid, deliver
-from strategies.base import RoundError
+from silofl.client import answer_journal, privacy_state
+from silofl.client.app import app as client_app
+from silofl.protocols import messages as msg
+from silofl.protocols import record_codec
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.protocols.privacy.ledger import PrivacyLedger
+from silofl.server import checkpoint
+from silofl.server.app import make_server_app
+from silofl.server.engines import run_job
+from silofl.server.inprocess_grid import InProcessGrid, deliver
+from silofl.strategies.base import RoundError
 
 SILOS = 3
 BASE: dict[str, Any] = {"num-silos": SILOS, "rounds": 5, "batch-size": 64, "eval-every": 2, "checkpoint-every": 1}
@@ -286,7 +286,7 @@ def test_server_restart_from_checkpoint_equals_the_uninterrupted_run(tmp_path, a
 
 def test_silofl_run_resume_continues_a_killed_run(tmp_path, uninterrupted, capsys) -> None:
     """The command line: `silofl run dp-fedsgd ... --resume DIR` after the process died in round 4."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     out = tmp_path / "run"
     with pytest.raises(ServerKilled):
@@ -413,7 +413,7 @@ def _setup(context: Context) -> msg.SiloInfo:
 def _train(context: Context, info: msg.SiloInfo, server_round: int, *, scale: float = 0.0) -> Message:
     import numpy as np
 
-    from protocols.models import build_model, get_parameters
+    from silofl.protocols.models import build_model, get_parameters
 
     params = get_parameters(build_model("logreg", info.num_features, info.num_labels))
     params = {k: (v + scale).astype(np.float32) for k, v in params.items()}
@@ -541,8 +541,8 @@ def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path,
     import signal
     import subprocess
 
-    import client.silo_cli as silo_cli
-    from server.deploy import local
+    import silofl.client.silo_cli as silo_cli
+    from silofl.server.deploy import local
 
     states = tmp_path / "states"
     plain = silo_cli.node_config_string

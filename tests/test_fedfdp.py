@@ -13,28 +13,28 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client import randomness
-from client.algorithms import dp_fedsgd
-from client.algorithms import fedfdp as algo
-from client.algorithms.dp_fedsgd import poisson_sample
-from client.app import app
-from client.data.tabular import NonSensitiveDivision
-from client.gradients import (
+from silofl.client import randomness
+from silofl.client.algorithms import dp_fedsgd
+from silofl.client.algorithms import fedfdp as algo
+from silofl.client.algorithms.dp_fedsgd import poisson_sample
+from silofl.client.app import app
+from silofl.client.data.tabular import NonSensitiveDivision
+from silofl.client.gradients import (
     clipped_gradient_sum,
     flatten_per_sample,
     per_sample_gradients,
     per_sample_losses,
     weighted_clipped_gradient_sum,
 )
-from client.rounds import fedfdp as fedfdp_round
-from client.silo_data import load_silo_data
-from protocols import fedfdp
-from protocols import messages as msg
-from protocols.models import build_model, get_parameters, set_parameters
-from protocols.privacy.accountant import calibrate_noise, epsilon_spent
-from protocols.privacy.ledger import PrivacyLedger
-from server.cli import main
-from server.inprocess_grid import deliver
+from silofl.client.rounds import fedfdp as fedfdp_round
+from silofl.client.silo_data import load_silo_data
+from silofl.protocols import fedfdp
+from silofl.protocols import messages as msg
+from silofl.protocols.models import build_model, get_parameters, set_parameters
+from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
+from silofl.protocols.privacy.ledger import PrivacyLedger
+from silofl.server.cli import main
+from silofl.server.inprocess_grid import deliver
 
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
 

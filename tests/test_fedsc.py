@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.fedsc import (
+from silofl.protocols.fedsc import (
     aggregate,
     alpha_schedule,
     clip_rows,
@@ -241,7 +241,7 @@ def test_bad_input_is_refused() -> None:
 
 
 def test_normalize_rows_puts_every_representation_on_the_sphere_of_radius_sqrt_mu() -> None:
-    from protocols.fedsc import normalize_rows
+    from silofl.protocols.fedsc import normalize_rows
 
     z = torch.tensor([[3.0, 4.0], [0.01, 0.0], [-2.0, 0.0]], requires_grad=True)
     out = normalize_rows(z, 4.0)

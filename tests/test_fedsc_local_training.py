@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from client.algorithms.fedsc import _step_batches, local_sc_training
-from client.augment import ssl_augmentation
-from protocols.ssl_models import build_ssl_model
+from silofl.client.algorithms.fedsc import _step_batches, local_sc_training
+from silofl.client.augment import ssl_augmentation
+from silofl.protocols.ssl_models import build_ssl_model
 
 
 def _train(model, images, **kwargs) -> float:

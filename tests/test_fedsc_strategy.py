@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from client.app import app as client_app
-from protocols import messages as msg
-from protocols.config import RunConfig
-from server.inprocess_grid import InProcessGrid
-from server.orchestrator import run_federation
-from strategies.fedsc import cosine_lr, sharing_rounds
+from silofl.client.app import app as client_app
+from silofl.protocols import messages as msg
+from silofl.protocols.config import RunConfig
+from silofl.server.inprocess_grid import InProcessGrid
+from silofl.server.orchestrator import run_federation
+from silofl.strategies.fedsc import cosine_lr, sharing_rounds
 
 H = 8
 
@@ -163,7 +163,7 @@ def test_subsampled_calr_noise_one_step_rounds_and_fedadam_on_the_real_messages(
     """The CPU configuration's options end to end: silos take `local-steps` steps at a constant lr, share Poisson
     subsampled DP-CalR matrices noised in the silo (accounted as subsampled Gaussians), and the server takes an Adam
     step along the silos' mean update with a cosine server lr."""
-    from protocols.privacy.calr import calr_noise
+    from silofl.protocols.privacy.calr import calr_noise
 
     options = {"rounds": 3, "local_steps": 1, "calr_sampling_rate": 0.5, "server_optimizer": "adam", "server_lr": 0.01}
     result, grid = _run(_config(epsilon=6.0, delta=1e-2, **options))
@@ -206,8 +206,8 @@ def test_fedsc_run_is_reproducible_and_the_probe_is_the_final_accuracy(tmp_path)
 
     written = json.loads((tmp_path / "result.json").read_text())  # a non-private run's result is valid JSON
     assert written["final"]["accuracy"] == first["final"]["accuracy"]
-    from protocols.models import parameter_spec
-    from protocols.ssl_models import build_ssl_model, image_shape
+    from silofl.protocols.models import parameter_spec
+    from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
     expected = parameter_spec(build_ssl_model("cnn", image_shape(64), projection_dim=H))
     with np.load(tmp_path / "model.npz") as saved:
@@ -220,8 +220,8 @@ def test_fedsc_run_is_reproducible_and_the_probe_is_the_final_accuracy(tmp_path)
 def test_a_silo_refuses_to_share_past_the_announced_schedule() -> None:
     from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-    from client.rounds.fedsc import correlation_reply
-    from client.silo_data import load_silo_data
+    from silofl.client.rounds.fedsc import correlation_reply
+    from silofl.client.silo_data import load_silo_data
 
     config = _config(rounds=1)
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
@@ -229,8 +229,8 @@ def test_a_silo_refuses_to_share_past_the_announced_schedule() -> None:
         dataset="digits", num_silos=10, partition="classes", classes_per_silo=1, max_train_records=24, seed=0
     )
     silo = load_silo_data(context, spec)
-    from protocols.models import get_parameters
-    from protocols.ssl_models import build_ssl_model, image_shape
+    from silofl.protocols.models import get_parameters
+    from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
     model = build_ssl_model("cnn", image_shape(64), projection_dim=H)
     instr = msg.TrainInstruction.for_algorithm(
@@ -259,7 +259,7 @@ def test_fedsc_on_cifar10_python_batches_with_the_resnet(tmp_path) -> None:
     """The CIFAR path end to end: a tiny file in the standard python-batch format, ResNet-20, RGB augmentations."""
     import pickle
 
-    from client.data.cifar import CIFAR10_FOLDER
+    from silofl.client.data.cifar import CIFAR10_FOLDER
 
     folder = tmp_path / CIFAR10_FOLDER
     folder.mkdir(parents=True)

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols import algorithms
-from protocols.config import ConfigError, RunConfig, all_keys
+from silofl.protocols import algorithms
+from silofl.protocols.config import ConfigError, RunConfig, all_keys
 from tests import fuzz_cases
 
 #: Each algorithm's own option model: a key's type, bounds and default are the algorithm's (`lambda` >= 0 for both

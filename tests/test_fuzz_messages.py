@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from pydantic import BaseModel
 
-from protocols import algorithms
-from protocols import messages as msg
-from protocols.model_names import check_evaluated_model_name, check_tabular_model_name
+from silofl.protocols import algorithms
+from silofl.protocols import messages as msg
+from silofl.protocols.model_names import check_evaluated_model_name, check_tabular_model_name
 from tests import fuzz_cases
 
 #: Every schema a message is read with, and the record kind it travels in (reports are MetricRecords).
@@ -338,8 +338,8 @@ def test_missing_or_wrong_kind_of_record_is_rejected() -> None:
 
 def _instruction_of(algorithm: str) -> msg.TrainInstruction:
     """The train instruction the server sends for `algorithm` with its defaults."""
-    from protocols.config import RunConfig
-    from server.orchestrator import train_instruction
+    from silofl.protocols.config import RunConfig
+    from silofl.server.orchestrator import train_instruction
 
     return train_instruction(RunConfig.parse({"algorithm": algorithm, "rounds": 2}), rounds=2, delta=1e-5)
 

@@ -30,10 +30,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.data.tabular import SiloData
-from protocols import algorithms
-from protocols import messages as msg
-from protocols import parties as pm
+from silofl.client.data.tabular import SiloData
+from silofl.protocols import algorithms
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
 from tests import fuzz_cases
 from tests import malicious_server as ms
 

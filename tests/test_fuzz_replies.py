@@ -35,20 +35,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from client.app import DATA_SPEC_KEY
-from client.app import app as client_app
-from protocols import algorithms, mu2
-from protocols import messages as msg
-from protocols.config import RunConfig
-from protocols.models import build_model, get_parameters
-from server.inprocess_grid import copy_content, deliver
-from server.orchestrator import groups_round, setup_round
-from strategies.base import Federation, RoundError, SiloEntry
-from strategies.dp_fedsgd import DpFedSgdStrategy
-from strategies.fedavg import FedAvg
-from strategies.fedsc import FedscStrategy
-from strategies.lr_schedule import StepSchedule
-from strategies.steffle import SteffleStrategy
+from silofl.client.app import DATA_SPEC_KEY
+from silofl.client.app import app as client_app
+from silofl.protocols import algorithms, mu2
+from silofl.protocols import messages as msg
+from silofl.protocols.config import RunConfig
+from silofl.protocols.models import build_model, get_parameters
+from silofl.server.inprocess_grid import copy_content, deliver
+from silofl.server.orchestrator import groups_round, setup_round
+from silofl.strategies.base import Federation, RoundError, SiloEntry
+from silofl.strategies.dp_fedsgd import DpFedSgdStrategy
+from silofl.strategies.fedavg import FedAvg
+from silofl.strategies.fedsc import FedscStrategy
+from silofl.strategies.lr_schedule import StepSchedule
+from silofl.strategies.steffle import SteffleStrategy
 from tests import fuzz_cases
 
 SPEC = [("head.weight", (2, 3)), ("head.bias", (2,))]
@@ -161,7 +161,7 @@ def make_strategy(kind: str, lr: float = 0.5):
             **common,
         )
     if kind == "mu2fl":
-        from strategies.mu2fl import Mu2flStrategy
+        from silofl.strategies.mu2fl import Mu2flStrategy
 
         constants = mu2.Mu2Constants.for_logreg(3, 2, D=0.1)
         calibration = mu2.calibrate(

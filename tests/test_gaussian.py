@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.privacy.accountant import epsilon_spent
-from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+from silofl.protocols.privacy.accountant import epsilon_spent
+from silofl.protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
 
 
 def test_std_is_multiplier_times_sensitivity() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from client.data.generic import (
+from silofl.client.data.generic import (
     above_train_median,
     build_dataset,
     categorical_labels,
@@ -19,8 +19,8 @@ from client.data.generic import (
     sniff_separator,
     split_indices,
 )
-from client.data.loaders import load_dataset
-from client.data.tabular import DataError
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.tabular import DataError
 
 
 def toy_frame(n: int = 200, seed: int = 0) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from client.gradients import (
+from silofl.client.gradients import (
     clip_rows,
     clipped_gradient_sum,
     flatten_per_sample,
@@ -17,7 +17,7 @@ from client.gradients import (
     per_sample_gradients,
     unflatten,
 )
-from protocols.models import build_model, get_parameters, loss_fn, parameter_spec, set_parameters
+from silofl.protocols.models import build_model, get_parameters, loss_fn, parameter_spec, set_parameters
 
 CASES = [("logreg", 2), ("logreg", 3), ("mlp", 2), ("mlp", 4)]
 
@@ -202,7 +202,7 @@ def test_models_with_buffers_are_rejected() -> None:
 @pytest.mark.parametrize(("kind", "labels"), [("logreg", 2), ("logreg", 3), ("mlp", 2), ("mlp", 4)])
 def test_linear_stack_fast_path_equals_torch_func_route(kind: str, labels: int) -> None:
     """The vmap-free route for tabular models gives the torch.func per-sample result, with and without clipping."""
-    from client.gradients import _linear_stack_clipped_sum
+    from silofl.client.gradients import _linear_stack_clipped_sum
 
     torch.manual_seed(3)
     model = build_model(kind, 7, labels, hidden=5, seed=1)
@@ -241,8 +241,8 @@ def test_logreg_clipped_sum_without_backward_pass_gives_autograds_bits(num_label
     every row, some and none."""
     import torch.nn.functional as F
 
-    from client.gradients import _linear_stack_clipped_sum
-    from protocols.models import linear_stack_clipped_sum
+    from silofl.client.gradients import _linear_stack_clipped_sum
+    from silofl.protocols.models import linear_stack_clipped_sum
 
     for seed in range(4):
         model = build_model("logreg", 102, num_labels, seed=seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.data.images import (
+from silofl.client.data.images import (
     FASHION_MNIST_LABELS,
     NO_SENSITIVE_COLUMN,
     SINGLE_GROUP,
@@ -22,9 +22,9 @@ from client.data.images import (
     load_mnist,
     read_idx,
 )
-from client.data.partition import partition_dataset
-from client.data.sources import FILES, ChecksumError, DataUnavailableError, ensure_file, sha256_file
-from client.data.tabular import DataError, TabularDataset
+from silofl.client.data.partition import partition_dataset
+from silofl.client.data.sources import FILES, ChecksumError, DataUnavailableError, ensure_file, sha256_file
+from silofl.client.data.tabular import DataError, TabularDataset
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -72,7 +72,7 @@ def test_fashion_mnist(data_dir: Path) -> None:
 
 
 def test_logreg_on_mnist_has_the_papers_dimension(mnist: TabularDataset) -> None:
-    from protocols.models import build_model, parameter_spec
+    from silofl.protocols.models import build_model, parameter_spec
 
     spec = parameter_spec(build_model("logreg", mnist.info.num_features, mnist.info.num_labels))
     assert spec == [("head.weight", (10, 784)), ("head.bias", (10,))]

@@ -7,8 +7,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from protocols import messages as msg
-from server.inprocess_grid import InProcessGrid
+from silofl.protocols import messages as msg
+from silofl.server.inprocess_grid import InProcessGrid
 
 app = ClientApp()
 
@@ -79,7 +79,7 @@ def test_node_configs_are_merged_with_partition_ids() -> None:
 def test_copy_content_shares_nothing_mutable() -> None:
     from flwr.app import MetricRecord
 
-    from server.inprocess_grid import copy_content
+    from silofl.server.inprocess_grid import copy_content
 
     original = RecordDict(
         {

@@ -1,6 +1,7 @@
-"""The layers' import rules, checked by ruff's banned-api rule (TID251) from each layer's own `ruff.toml`:
-strategies (the server side) never import client (the silo side), the silo never imports the server or its
-strategies, and protocols/ (what both use) imports neither side.
+"""The import rules, checked by ruff's banned-api rule (TID251): every module imports silofl's own code by its
+installed name (`silofl.server`, ...; pyproject.toml bans the bare folder names), and from each layer's own
+`ruff.toml`: strategies (the server side) never import the silo side (`silofl.client`), the silo never imports the
+server or its strategies, and protocols/ (what both use) imports neither side.
 
 Only TID251 is run here: the rest of `ruff check` is a habit of the project, not a CI gate (a new ruff release may
 add a rule to a selected family)."""
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("client", "strategies", "protocols")
 
 
 def _ruff(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -29,22 +29,28 @@ def _ruff(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[s
     )
 
 
-def test_no_layer_imports_across_its_ban() -> None:
-    done = _ruff(*LAYERS)
+def test_no_module_imports_across_a_ban() -> None:
+    done = _ruff(".")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
     ("path", "source", "banned"),
     [
-        ("strategies/example.py", "def f():\n    from client.app import app\n    return app\n", "client"),
-        ("client/data/example.py", "import server.cli\n\nprint(server.cli)\n", "server"),
-        ("client/example.py", "from strategies.base import SiloflStrategy\n\nprint(SiloflStrategy)\n", "strategies"),
-        ("protocols/privacy/example.py", "from client import app\n\nprint(app)\n", "client"),
-        ("protocols/example.py", "from strategies import base\n\nprint(base)\n", "strategies"),
+        ("strategies/example.py", "def f():\n    from silofl.client.app import app\n    return app\n", "silofl.client"),
+        ("client/data/example.py", "import silofl.server.cli\n\nprint(silofl.server.cli)\n", "silofl.server"),
+        ("client/example.py", "from silofl.strategies import base\n\nprint(base)\n", "silofl.strategies"),
+        ("protocols/privacy/example.py", "from silofl.client import app\n\nprint(app)\n", "silofl.client"),
+        ("protocols/example.py", "from silofl.strategies import base\n\nprint(base)\n", "silofl.strategies"),
+        ("protocols/example.py", "from silofl.server import cli\n\nprint(cli)\n", "silofl.server"),
+        # the bare folder names, everywhere (they import in a checkout only, and load a second copy of a module)
+        ("server/example.py", "from protocols import messages\n\nprint(messages)\n", "protocols"),
+        ("tests/test_example.py", "def f():\n    import client.app\n    return client\n", "client"),
+        ("benchmarks/example.py", "from server.cli import main\n\nprint(main)\n", "server"),
+        ("client/rounds/example.py", "from client.app import app\n\nprint(app)\n", "client"),
     ],
 )
-def test_a_backward_import_is_refused_even_inside_a_function(path: str, source: str, banned: str) -> None:
+def test_a_banned_import_is_refused_even_inside_a_function(path: str, source: str, banned: str) -> None:
     """Each ban is live (a lazy import included): the check above could not pass by checking nothing."""
     done = _ruff("--stdin-filename", path, "-", stdin=source)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -52,6 +58,8 @@ def test_a_backward_import_is_refused_even_inside_a_function(path: str, source: 
 
 
 def test_the_server_may_host_silos_in_simulation() -> None:
-    """server/ has no ban: it runs the silos in-process and in Ray simulation (server/engines.py, inprocess_grid.py)."""
-    done = _ruff("--stdin-filename", "server/example.py", "-", stdin="from client.app import app\n\nprint(app)\n")
+    """server/ may import the silo side: it runs the silos in-process and in Ray simulation (server/engines.py,
+    server/inprocess_grid.py) and the `silofl data` and `silofl silo` commands."""
+    source = "from silofl.client.app import app\n\nprint(app)\n"
+    done = _ruff("--stdin-filename", "server/example.py", "-", stdin=source)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -17,14 +17,14 @@ import pytest
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
-from protocols.privacy.accountant import (
+from silofl.protocols.privacy.accountant import (
     PriorRelease,
     calibrate_noise,
     dp_event,
     epsilon_spent,
     pld_value_discretization,
 )
-from protocols.privacy.ledger import (
+from silofl.protocols.privacy.ledger import (
     DP_ACCOUNTING_CHECKED,
     LADDER_RATIO,
     BudgetExceededError,
@@ -270,8 +270,8 @@ def test_two_thousand_rdp_charges_are_cheap() -> None:
 
 def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monkeypatch) -> None:
     """Near the end of a run calibrated with "best", PLD certifies the rest of the run in a few evaluations."""
-    from protocols.privacy import admission, composition
-    from protocols.privacy.accountant import calibrate_noise
+    from silofl.protocols.privacy import admission, composition
+    from silofl.protocols.privacy.accountant import calibrate_noise
 
     steps, q, delta, eps = 400, 0.05, 1e-6, 1.0
     cal = calibrate_noise(eps, delta, q, steps, accountant="best")
@@ -293,7 +293,7 @@ def test_pld_certificate_keeps_long_calibrated_runs_cheap_and_within_budget(monk
 def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
     from dp_accounting.rdp import compute_epsilon
 
-    from protocols.privacy.composition import rdp_curve, rdp_to_epsilon
+    from silofl.protocols.privacy.composition import rdp_curve, rdp_to_epsilon
 
     for sigma, q, steps, delta in [
         (1.0, 0.01, 1000, 1e-5),
@@ -313,7 +313,7 @@ def test_vectorized_rdp_conversion_equals_dp_accounting() -> None:
 
 
 def _count_pld_evaluations(monkeypatch: pytest.MonkeyPatch) -> list:
-    from protocols.privacy import admission, composition
+    from silofl.protocols.privacy import admission, composition
 
     calls: list = []
     real = composition.pld_epsilon
@@ -433,7 +433,7 @@ def test_dp_accounting_version_is_one_the_ledger_was_checked_against() -> None:
 
 @pytest.mark.parametrize(("sigma", "q"), [(1.0, 0.01), (0.6, 0.5), (20.0, 1.0)])
 def test_rdp_curve_is_the_library_curve_through_public_properties(sigma: float, q: float) -> None:
-    from protocols.privacy.composition import rdp_curve
+    from silofl.protocols.privacy.composition import rdp_curve
 
     for name in ("orders", "rdp"):
         assert isinstance(getattr(RdpAccountant, name, None), property), (
@@ -502,7 +502,7 @@ def test_copy_is_independent_of_its_original() -> None:
 def test_figures_do_not_depend_on_the_module_caches(relation: str) -> None:
     """clear_caches() (benchmarks call it before each timed run) changes no figure: every cached PLD, prefix and
     RDP curve is recomputed the same way."""
-    from protocols.privacy.ledger import clear_caches
+    from silofl.protocols.privacy.ledger import clear_caches
 
     def figures() -> list[float]:
         ledger = PrivacyLedger(epsilon_budget=math.inf, delta=DELTA, accountant="best", relation=relation)

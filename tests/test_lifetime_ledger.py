@@ -12,9 +12,9 @@ import pytest
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from client import lifetime_ledger, privacy_state
-from protocols import messages as msg
-from protocols.silo_policy import SiloPolicy
+from silofl.client import lifetime_ledger, privacy_state
+from silofl.protocols import messages as msg
+from silofl.protocols.silo_policy import SiloPolicy
 from tests import malicious_server as ms
 
 N = 200
@@ -107,7 +107,7 @@ def test_randomized_responses_an_earlier_version_recorded_still_count_against_ev
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
-    from client import noised_evaluation
+    from silofl.client import noised_evaluation
 
     k, eps = 2, 1.5
     p = k / (np.exp(eps) + k - 1)
@@ -162,7 +162,7 @@ def test_silofl_run_under_a_silo_policy_and_silofl_silo_budget(tmp_path: Path, c
     """The operator's path: two `silofl run` jobs (progress bar on) on one --silo-state folder under a policy; the
     second run past the lifetime budget stops before any silo releases anything; `silofl silo budget` prints each
     job, its rounds and epsilon, and what is left; result.json no longer lists the evaluation as not covered."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     policy = tmp_path / "policy.toml"
     policy.write_text("lifetime-epsilon = 3.0\nlifetime-delta = 1e-6\nmax-epsilon-per-job = 2.0\n")
@@ -200,7 +200,7 @@ def test_silofl_run_under_a_silo_policy_and_silofl_silo_budget(tmp_path: Path, c
 
 
 def test_silofl_run_checks_the_policy_before_anything_runs(tmp_path: Path, capsys) -> None:
-    from server.cli import main
+    from silofl.server.cli import main
 
     bad = tmp_path / "policy.toml"
     bad.write_text("lifetime-epsilon = 2\n")
@@ -241,7 +241,7 @@ def test_silofl_run_on_ray_under_a_silo_policy_meets_the_same_ledgers(tmp_path: 
     partition id, so each simulated silo gets its policy and its own folder under DIR through it; the run equals the
     in-process one under the same policy (model, the job charged to each lifetime ledger), and later in-process runs
     on the same DIR meet the ledgers the Ray run charged: the third job past the lifetime budget is refused."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     policy = tmp_path / "policy.toml"
     policy.write_text("lifetime-epsilon = 3.0\nlifetime-delta = 1e-6\nmax-epsilon-per-job = 2.0\n")
@@ -271,7 +271,7 @@ def test_a_silo_that_refuses_evaluations_stops_the_run_at_setup(tmp_path: Path, 
     """Every run evaluates (every eval-every rounds and after the last): silos whose policy says
     `evaluation = "refuse"` stop it at the setup round, naming them, before any job is admitted or any round
     released, not after the training at the first evaluation."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     policy = tmp_path / "policy.toml"
     policy.write_text('lifetime-epsilon = 3.0\nlifetime-delta = 1e-6\nevaluation = "refuse"\n')

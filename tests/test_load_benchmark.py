@@ -29,11 +29,11 @@ MB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def small_run() -> dict:
-    import server.progress
+    from silofl.server import progress
 
-    original = server.progress.RunProgress
+    original = progress.RunProgress
     result = load.measure(load.LoadSpec("dp-fedsgd", silos=5, rounds=3, dataset="synthetic", batch_size=64))
-    assert server.progress.RunProgress is original, "measure must restore the ServerApp's progress bar"
+    assert progress.RunProgress is original, "measure must restore the ServerApp's progress bar"
     return result
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.data import loaders
-from client.data.images import load_digits
-from client.data.loaders import BUILTIN_DATASETS, load_dataset
-from client.data.sources import (
+from silofl.client.data import loaders
+from silofl.client.data.images import load_digits
+from silofl.client.data.loaders import BUILTIN_DATASETS, load_dataset
+from silofl.client.data.sources import (
     DATA_DIR_ENV,
     FILES,
     MIRROR_ENV,
@@ -24,7 +24,7 @@ from client.data.sources import (
     resolve_data_dir,
     sha256_file,
 )
-from client.data.tabular import DataError, TabularDataset
+from silofl.client.data.tabular import DataError, TabularDataset
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,14 @@ import pytest
 from dp_accounting import ComposedDpEvent, GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 from dp_accounting.pld import PLDAccountant
 
-from protocols.privacy.accountant import calibrate_noise, epsilon_spent, library_relation, pld_value_discretization
-from protocols.privacy.ledger import PrivacyLedger
-from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+from silofl.protocols.privacy.accountant import (
+    calibrate_noise,
+    epsilon_spent,
+    library_relation,
+    pld_value_discretization,
+)
+from silofl.protocols.privacy.ledger import PrivacyLedger
+from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 
 DELTA = 1e-6
 

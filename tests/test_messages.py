@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from protocols import messages as msg
+from silofl.protocols import messages as msg
 
 SPEC = [("head.weight", (1, 3)), ("head.bias", (1,))]
 

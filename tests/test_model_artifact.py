@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from client.data.generic import read_table, recording_preprocessing, split_indices
-from client.data.loaders import load_dataset
-from protocols.preprocessing import (
+from silofl.client.data.generic import read_table, recording_preprocessing, split_indices
+from silofl.client.data.loaders import load_dataset
+from silofl.protocols.preprocessing import (
     CategoricalFeature,
     ContinuousFeature,
     LabelMapping,
@@ -26,9 +26,9 @@ from protocols.preprocessing import (
     PreprocessingError,
     SensitiveColumn,
 )
-from server.cli import main
-from server.model_artifact import MANIFEST_FILE, WEIGHTS_FILE
-from server.trained_model import load_model
+from silofl.server.cli import main
+from silofl.server.model_artifact import MANIFEST_FILE, WEIGHTS_FILE
+from silofl.server.trained_model import load_model
 
 SEED = 0
 
@@ -252,8 +252,8 @@ def test_fedsc_run_exports_its_encoder(tmp_path, capsys) -> None:
     import onnxruntime as ort
     import torch
 
-    from protocols.models import set_parameters
-    from protocols.ssl_models import build_ssl_model, image_shape
+    from silofl.protocols.models import set_parameters
+    from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
     run = tmp_path / "sc"
     argv = ["run", "fedsc", "--silos", "2", "--partition", "iid", "--rounds", "1", "--eval-every", "1"]
@@ -332,9 +332,9 @@ def test_preprocessing_reencodes_a_csv_bit_for_bit(loans_csv) -> None:
 def test_preprocessing_reencodes_builtin_datasets_bit_for_bit(data_dir) -> None:
     """The built-ins' tables as their readers clean them (loaders.py), re-encoded: synthetic, credit (integer
     categories), parkinsons (a label thresholded at the training median)."""
-    from client.data import loaders
-    from client.data.sources import ensure_file
-    from client.data.synthetic import synthetic_frame
+    from silofl.client.data import loaders
+    from silofl.client.data.sources import ensure_file
+    from silofl.client.data.synthetic import synthetic_frame
 
     preprocessing, ds = _recorded("synthetic")
     _assert_reencodes(preprocessing, synthetic_frame(seed=0), ds)
@@ -435,8 +435,8 @@ def test_values_match_by_text_when_the_file_reads_another_type() -> None:
 
 
 def test_data_split_writes_the_preprocessing_and_model_pack_uses_it(trained, test_rows, loans_csv, tmp_path, capsys):
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     run, result = trained
     split = tmp_path / "split"

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from protocols.models import (
+from silofl.protocols.models import (
     MODEL_KINDS,
     build_model,
     get_parameters,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from protocols.mu2 import (
+from silofl.protocols.mu2 import (
     Mu2Constants,
     accountant_epsilon,
     calibrate,
@@ -101,7 +101,7 @@ def test_lipschitz_and_smoothness_bounds_hold_and_are_tight(classes: int) -> Non
 def test_closed_form_gradient_matches_silofl_torch_model() -> None:
     import torch
 
-    from protocols.models import build_model, get_parameters, loss_fn
+    from silofl.protocols.models import build_model, get_parameters, loss_fn
 
     rng = np.random.default_rng(1)
     for classes in (2, 4):
@@ -258,7 +258,7 @@ def test_server_step_is_projected_anytime_averaging() -> None:
 def test_noise_seed_matches_the_silos_randomness() -> None:
     from flwr.app import Context, RecordDict
 
-    from client.randomness import NOISE, round_seed
+    from silofl.client.randomness import NOISE, round_seed
 
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     for seed, party, t in ((0, 0, 1), (7, 3, 599), (123, 100, 60_000)):

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from client import randomness
-from client.data.federate import load_federation
-from client.rounds.mu2fl import _order
-from protocols import mu2
-from protocols.config import RunConfig
-from server.engines import run_job
+from silofl.client import randomness
+from silofl.client.data.federate import load_federation
+from silofl.client.rounds.mu2fl import _order
+from silofl.protocols import mu2
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
 
 
 def _streams(seed: int, silos: int):
@@ -78,7 +78,7 @@ def test_untrusted_silos_spend_at_most_the_closed_form_epsilon() -> None:
 
 
 def test_rho_and_epsilon_are_exclusive_and_model_must_be_logreg() -> None:
-    from protocols.config import ConfigError
+    from silofl.protocols.config import ConfigError
 
     with pytest.raises(ConfigError, match="either 'rho' or 'epsilon'"):
         RunConfig.parse({"algorithm": "mu2fl", "rounds": 3, "rho": 4.0, "epsilon": 1.0})
@@ -106,10 +106,10 @@ def test_noisy_sgd_baseline_runs_with_one_charge_per_record_and_is_worse_than_mu
 def test_a_silo_refuses_a_replayed_or_skipped_round() -> None:
     from flwr.app import Message
 
-    from client.app import app
-    from protocols import messages as msg
-    from protocols.models import build_model, parameter_spec
-    from server.inprocess_grid import deliver
+    from silofl.client.app import app
+    from silofl.protocols import messages as msg
+    from silofl.protocols.models import build_model, parameter_spec
+    from silofl.server.inprocess_grid import deliver
 
     ctx = Context(
         run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(), run_config={}

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from client.algorithms import dp_fedsgd, steffle
-from client.algorithms import fedfdp as fedfdp_algo
-from client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from client.gradients import clip_rows, clipped_gradient_sum, weighted_clipped_gradient_sum
-from protocols import ermi, fedfdp, fedsc, models, mu2, tran
-from protocols.models import build_model, clip_factors, head_clipped_sum, linear_stack_clipped_sum
-from protocols.privacy.gaussian import GaussianMechanism
+from silofl.client.algorithms import dp_fedsgd, steffle
+from silofl.client.algorithms import fedfdp as fedfdp_algo
+from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from silofl.client.gradients import clip_rows, clipped_gradient_sum, weighted_clipped_gradient_sum
+from silofl.protocols import ermi, fedfdp, fedsc, models, mu2, tran
+from silofl.protocols.models import build_model, clip_factors, head_clipped_sum, linear_stack_clipped_sum
+from silofl.protocols.privacy.gaussian import GaussianMechanism
 from tests.generic_module import NotTabular
 
 HUGE = 3e38  # finite in float32 (max 3.4e38); twice it overflows

@@ -8,12 +8,12 @@ import json
 import pytest
 from flwr.app import Context, RecordDict
 
-from client.app import app as client_app
-from protocols.config import RunConfig
-from server.app import make_server_app
-from server.engines import run_job
-from server.inprocess_grid import InProcessGrid
-from strategies.base import RoundError
+from silofl.client.app import app as client_app
+from silofl.protocols.config import RunConfig
+from silofl.server.app import make_server_app
+from silofl.server.engines import run_job
+from silofl.server.inprocess_grid import InProcessGrid
+from silofl.strategies.base import RoundError
 
 
 def _hit(message, partition: int, victim: int, at: int) -> bool:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.data.partition import PARTITIONS, partition_dataset, partition_indices
-from client.data.synthetic import make_synthetic
-from client.data.tabular import DataError
+from silofl.client.data.partition import PARTITIONS, partition_dataset, partition_indices
+from silofl.client.data.synthetic import make_synthetic
+from silofl.client.data.tabular import DataError
 
 
 def assert_disjoint_cover(parts: list[np.ndarray], n: int) -> None:

@@ -10,7 +10,7 @@ import stat
 import numpy as np
 import pytest
 
-from protocols import party_keys as pk
+from silofl.protocols import party_keys as pk
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.data.loaders import load_dataset
-from client.data.party_store import INFO_FILE, load_party, read_party_info, save_party
-from client.data.silo_store import SiloStoreError
-from client.data.topology import FeaturePartyData, SensitivePartyData, split_parties
-from server.cli import main
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.party_store import INFO_FILE, load_party, read_party_info, save_party
+from silofl.client.data.silo_store import SiloStoreError
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData, split_parties
+from silofl.server.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,23 @@ import pytest
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.text import Text
 
-from server.cli import main
-from server.plots.fairness import fairness_figures
-from server.plots.figures import build_figures
-from server.plots.files import save_figures
-from server.plots.labels import ROUND_METRICS, distinguishing_labels
-from server.plots.layout import LEGEND_WRAP
-from server.plots.rounds import run_figures
-from server.plots.runs import RunRecord, config_defaults, default_method, filter_runs, load_runs, mean_sd, varied_keys
-from server.sweep import load_sweep, run_sweep
+from silofl.server.cli import main
+from silofl.server.plots.fairness import fairness_figures
+from silofl.server.plots.figures import build_figures
+from silofl.server.plots.files import save_figures
+from silofl.server.plots.labels import ROUND_METRICS, distinguishing_labels
+from silofl.server.plots.layout import LEGEND_WRAP
+from silofl.server.plots.rounds import run_figures
+from silofl.server.plots.runs import (
+    RunRecord,
+    config_defaults,
+    default_method,
+    filter_runs,
+    load_runs,
+    mean_sd,
+    varied_keys,
+)
+from silofl.server.sweep import load_sweep, run_sweep
 
 TABULAR = """
 [base]
@@ -283,8 +291,8 @@ def test_a_run_folder_older_than_a_config_key_reads_as_that_keys_default(tabular
 def _every_algorithms_keys(config: dict) -> dict:
     """`config` as result.json files of versions before the algorithm registry stored it: every key of every
     algorithm (here each algorithm's default), the run's own values over them."""
-    from protocols import algorithms
-    from server.plots.runs import config_defaults
+    from silofl.protocols import algorithms
+    from silofl.server.plots.runs import config_defaults
 
     return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
 

@@ -21,17 +21,17 @@ from flwr.app import Context, Message
 from pydantic import Field
 from torch import nn
 
-from client import randomness
-from client.algorithms.fedavg import local_sgd
-from client.data.tabular import SiloData
-from client.rounds import RoundResult, with_records
-from protocols import algorithms
-from protocols import messages as msg
-from protocols.algorithms.base import Algorithm, local_epochs_rounds
-from protocols.models import get_parameters
-from protocols.options import SILO, LocalEpochsOptions, OptionGroup, SgdOptions, TabularModelOptions
-from strategies.base import StrategyInputs
-from strategies.fedavg import FedAvg
+from silofl.client import randomness
+from silofl.client.algorithms.fedavg import local_sgd
+from silofl.client.data.tabular import SiloData
+from silofl.client.rounds import RoundResult, with_records
+from silofl.protocols import algorithms
+from silofl.protocols import messages as msg
+from silofl.protocols.algorithms.base import Algorithm, local_epochs_rounds
+from silofl.protocols.models import get_parameters
+from silofl.protocols.options import SILO, LocalEpochsOptions, OptionGroup, SgdOptions, TabularModelOptions
+from silofl.strategies.base import StrategyInputs
+from silofl.strategies.fedavg import FedAvg
 
 NAME = "noisy-fedavg-toy"
 NOISE_STREAM = 41  # this algorithm's own randomness stream
@@ -108,7 +108,7 @@ def _model(result: dict) -> dict[str, np.ndarray]:
 
 
 def test_the_toy_runs_through_the_silofl_command_with_its_own_options(toy, tmp_path, capsys) -> None:
-    from server.cli import main
+    from silofl.server.cli import main
 
     with pytest.raises(SystemExit):
         main(["run", NAME, "--help"])
@@ -124,8 +124,8 @@ def test_the_toy_runs_through_the_silofl_command_with_its_own_options(toy, tmp_p
 
 
 def test_the_toy_without_noise_is_fedavg_and_its_noise_reaches_the_model(toy) -> None:
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     common = {"rounds": 2, "lr": 0.1, "batch-size": 64, "seed": 5}
     fedavg = run_job(RunConfig.parse({"algorithm": "fedavg", **common}), progress=False)
@@ -138,8 +138,8 @@ def test_the_toy_without_noise_is_fedavg_and_its_noise_reaches_the_model(toy) ->
 
 @pytest.mark.slow
 def test_the_toy_runs_in_a_ray_simulation_with_the_in_process_numbers(toy) -> None:
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     config = RunConfig.parse({"algorithm": NAME, "rounds": 2, "num-silos": 2, "seed": 3})
     inprocess = run_job(config, progress=False)

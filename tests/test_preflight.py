@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from client import silo_data
-from client.data.loaders import load_dataset
-from client.data.preflight import MIN_TRAIN_RECORDS, Node, check_nodes, preflight, uses_group_fairness
-from client.data.tabular import DataError
-from protocols import algorithms
-from protocols.config import ConfigError, RunConfig
+from silofl.client import silo_data
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.preflight import MIN_TRAIN_RECORDS, Node, check_nodes, preflight, uses_group_fairness
+from silofl.client.data.tabular import DataError
+from silofl.protocols import algorithms
+from silofl.protocols.config import ConfigError, RunConfig
 
 N = 400  # records of the test tables: 300 training (100 per silo of 3), 100 test
 
@@ -161,7 +161,7 @@ def test_one_sensitive_group_is_refused_for_a_fairness_regularizer_and_fine_for_
 
 
 def test_a_group_or_label_seen_only_in_the_test_split_warns(tmp_path: Path) -> None:
-    from client.data.generic import split_indices
+    from silofl.client.data.generic import split_indices
 
     frame = table()
     test_row = int(split_indices(N, 0.25, seed=0)[1][0])  # a record the seed-0 split puts in the test split
@@ -235,7 +235,7 @@ def test_a_missing_file_is_refused_naming_the_path_and_the_option(tmp_path: Path
 def test_the_in_process_silos_reuse_the_checked_load(tmp_path: Path) -> None:
     """The checks load the data through the silos' own cache, under the DataSpec the server's setup round sends: an
     in-process run then loads nothing again."""
-    from server.engines import run_job
+    from silofl.server.engines import run_job
 
     cfg = config(write(table(), tmp_path / "t.csv"), out_dir="")
     preflight(cfg)
@@ -249,7 +249,7 @@ def test_the_in_process_silos_reuse_the_checked_load(tmp_path: Path) -> None:
 
 # -- `silofl data split` ---------------------------------------------------------------------------------------------
 def split(argv: list[str]) -> int:
-    from client.data.split_cli import add_data_parser
+    from silofl.client.data.split_cli import add_data_parser
 
     parser = argparse.ArgumentParser(prog="silofl")
     add_data_parser(parser.add_subparsers(dest="command", required=True))
@@ -281,13 +281,13 @@ def test_data_split_gets_the_same_checks(tmp_path: Path, capsys) -> None:
 
 # -- through `silofl run` (needs `preflight` called in server/cli.py's run_command) --------------------
 def test_cli_missing_file_is_refused_before_any_federation_starts(tmp_path: Path, capsys, monkeypatch) -> None:
-    import server.engines
-    from server.cli import main
+    from silofl.server import engines
+    from silofl.server.cli import main
 
     def no_federation(*args, **kwargs):
         raise AssertionError("the federation was started")
 
-    monkeypatch.setattr(server.engines, "run_job", no_federation)
+    monkeypatch.setattr(engines, "run_job", no_federation)
     missing = tmp_path / "missing.csv"
     argv = ["run", "fedavg", "--dataset", str(missing), "--target", "y", "--sensitive", "s", "--rounds", "1"]
     assert main([*argv, "--no-progress", "--out", str(tmp_path / "run")]) == 2
@@ -297,7 +297,7 @@ def test_cli_missing_file_is_refused_before_any_federation_starts(tmp_path: Path
 
 
 def test_cli_prints_each_warning_on_one_line_and_runs(tmp_path: Path, capsys) -> None:
-    from server.cli import main
+    from silofl.server.cli import main
 
     frame = table().astype({"age": object})
     frame.loc[3, "age"] = "?"
@@ -314,7 +314,7 @@ def test_cli_prints_each_warning_on_one_line_and_runs(tmp_path: Path, capsys) ->
 
 
 def test_cli_refuses_one_group_for_steffle_with_exit_2(tmp_path: Path, capsys) -> None:
-    from server.cli import main
+    from silofl.server.cli import main
 
     path = write(table().assign(sex="M"), tmp_path / "men.csv")
     argv = ["run", "steffle", "--dataset", path, "--target", "approved", "--sensitive", "sex", "--rounds", "1"]
@@ -326,7 +326,7 @@ def test_cli_refuses_one_group_for_steffle_with_exit_2(tmp_path: Path, capsys) -
 def test_cli_csv_options_reach_the_silos(tmp_path: Path, capsys) -> None:
     """A ';'-separated file that also splits on ',' into as many fields: detection picks ',' (the first of a tie),
     so the run works only if `--csv-sep ';'` reaches the silos (the setup round's DataSpec, client/silo_data.py)."""
-    from server.cli import main
+    from silofl.server.cli import main
 
     rows = ["f,1,2;sex;y"] + [f"{i},5,7;{'FM'[i % 2]};{i % 3 == 0:d}" for i in range(N)]
     path = tmp_path / "tie.csv"

@@ -17,10 +17,10 @@ import torch
 from scipy import stats
 
 from benchmarks import privacy_audit as bench
-from client.rounds import steffle as steffle_round
-from protocols.messages import MessageError
-from protocols.privacy.accountant import epsilon_spent
-from protocols.privacy.audit import (
+from silofl.client.rounds import steffle as steffle_round
+from silofl.protocols.messages import MessageError
+from silofl.protocols.privacy.accountant import epsilon_spent
+from silofl.protocols.privacy.audit import (
     audit_releases,
     clopper_pearson_lower,
     clopper_pearson_upper,

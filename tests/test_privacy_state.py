@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from client import answer_journal, privacy_state
-from client.algorithms import steffle as steffle_algo
-from protocols import messages as msg
-from protocols.privacy.accountant import calibrate_noise, epsilon_spent
+from silofl.client import answer_journal, privacy_state
+from silofl.client.algorithms import steffle as steffle_algo
+from silofl.protocols import messages as msg
+from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
 from tests.silo_driver import SiloDriver
 
 #: 100 records per silo in batches of 32: B = 4 batches per epoch (the last of 4 records).

@@ -24,7 +24,7 @@ from benchmarks import (
     results_text,
     results_topologies,
 )
-from server.analysis import matched_error_reduction
+from silofl.server.analysis import matched_error_reduction
 
 # -- documents from synthetic run folders with known numbers ----------------------------------------------------------
 
@@ -58,8 +58,8 @@ def _write_run(folder: Path, method: str, config: dict, final: dict, seconds: fl
 def _every_algorithms_keys(config: dict) -> dict:
     """`config` as result.json files of versions before the algorithm registry stored it: every key of every
     algorithm (here each algorithm's default), the run's own values over them."""
-    from protocols import algorithms
-    from server.plots.runs import config_defaults
+    from silofl.protocols import algorithms
+    from silofl.server.plots.runs import config_defaults
 
     return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
 
@@ -67,7 +67,7 @@ def _every_algorithms_keys(config: dict) -> dict:
 def _fake_sweep(root: Path, *, old_style: bool = False) -> Path:
     """runs/sweeps/steffle_adult_dp with KNOWN's points (h 0, epsilon 1, seeds 0 and 1), 10 s per run; each config
     as `silofl run` writes it (the algorithm's own keys), or with `old_style` as older versions did (every key)."""
-    from protocols.config import RunConfig
+    from silofl.protocols.config import RunConfig
 
     out = root / "sweeps" / "steffle_adult_dp"
     for (method, algorithm, key, value), (error, violation) in KNOWN.items():
@@ -215,7 +215,7 @@ algorithm = "fedavg"
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """24 real runs (SteFFLe x 3 lambdas, Tran x 2 dual steps, FedAvg; h 0 and 0.75; seeds 0, 1) as the
     steffle_adult_dp sweep of a temporary project."""
-    from server.sweep import load_sweep, run_sweep
+    from silofl.server.sweep import load_sweep, run_sweep
 
     root = tmp_path_factory.mktemp("results")
     files = root / "sweep-files"
@@ -309,7 +309,7 @@ def test_sweep_with_only_steffle_runs_says_there_is_no_reduction_yet(tmp_path: P
 
 
 def test_fedsc_benchmark_runs_are_grouped_by_configuration_with_the_command_that_made_them():
-    from server.plots.runs import RunRecord
+    from silofl.server.plots.runs import RunRecord
 
     paper = {"rounds": 20, "max-train-records": 500, "local-epochs": 5, "batch-size": 128, "alpha-end": 0.2}
     exact = {"rounds": 60, "max-train-records": 300, "local-epochs": 1, "batch-size": 100}
@@ -403,7 +403,7 @@ def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tm
     """The number-of-silos section (the SteFFLe paper's Figure 2 c, d) from known runs: one silo (h does not apply)
     and 3 silos at h 0 and 0.75, lambda 0 and 1, two seeds each; means in the table, the lowest violation per (h, N)
     in the summary, and both figures written and linked."""
-    from protocols.config import RunConfig
+    from silofl.protocols.config import RunConfig
 
     out = tmp_path / "sweeps" / "steffle_credit_silos"
     known = {  # (N, h, lambda) -> (error, violation)

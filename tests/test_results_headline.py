@@ -58,7 +58,7 @@ RUNS = {
 
 
 def _sweep(root: Path) -> Path:
-    from protocols.config import RunConfig
+    from silofl.protocols.config import RunConfig
 
     out = root / "sweeps" / "steffle_adult_dp"
     for (method, algorithm, key, value), (error, violation) in RUNS.items():
@@ -143,7 +143,7 @@ def test_gap_rows_and_their_conclusion_name_the_factor_that_moves_the_comparison
 
 
 def test_cross_noise_table_reads_each_method_at_its_own_epsilon(tmp_path: Path):
-    from server.plots.runs import RunRecord
+    from silofl.server.plots.runs import RunRecord
 
     def run(method: str, eps: float, lam: float, error: float, violation: float) -> RunRecord:
         config = {"algorithm": method, "num-silos": 3, "heterogeneity": 0.0, "epsilon": eps, "lambda": lam, "seed": 0}

@@ -11,11 +11,11 @@ import pytest
 
 from benchmarks import results, results_steffle, results_topologies
 from benchmarks import results_tran_gap as gap
-from server import plots
+from silofl.server import plots
 
 
 def _record(tmp_path: Path, method: str, eps: float, lam: float, error: float, violation: float, seed: int = 0):
-    from server.plots.runs import RunRecord
+    from silofl.server.plots.runs import RunRecord
 
     config = {"algorithm": "steffle", "num-silos": 3, "heterogeneity": 0.0, "epsilon": eps, "lambda": lam, "seed": seed}
     return RunRecord(tmp_path, method, config, {"error": error, "dp_violation": violation})
@@ -88,7 +88,7 @@ def test_only_tran_gap_replaces_its_section_and_nothing_else(tmp_path: Path) -> 
 
 def test_factor_section_from_run_folders(tmp_path: Path) -> None:
     """Run folders of both sweeps give one table per grid epsilon, with the main row first."""
-    from protocols.config import RunConfig
+    from silofl.protocols.config import RunConfig
 
     def write(sweep: str, method: str, algorithm: str, values: dict, final: dict) -> None:
         folder = tmp_path / "sweeps" / sweep / f"{method}_{len(list((tmp_path / 'sweeps').glob('*/*')))}"

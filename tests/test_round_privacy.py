@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 
-from client import privacy_state
-from protocols import messages as msg
-from protocols.privacy.accountant import library_relation, pld_value_discretization
+from silofl.client import privacy_state
+from silofl.protocols import messages as msg
+from silofl.protocols.privacy.accountant import library_relation, pld_value_discretization
 from tests.silo_driver import FAIRNESS, SiloDriver
 
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0, max_train_records=200)
@@ -54,7 +54,7 @@ def test_an_instruction_changed_mid_run_is_refused_naming_the_field(change: dict
 def test_the_ledger_charges_the_bound_mechanisms_event() -> None:
     """After the run, the ledger's epsilon is dp-accounting's PLD of the calibrated mechanism's own event (the
     histogram, then T Poisson-subsampled steps of two releases), and within the silo's budget."""
-    from client.rounds.steffle import mechanism
+    from silofl.client.rounds.steffle import mechanism
 
     driver = _driver("steffle", total_rounds=6)
     reports = [driver.report(driver.train(t)) for t in range(1, 7)]

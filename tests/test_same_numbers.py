@@ -202,8 +202,8 @@ def _fingerprint(array: np.ndarray) -> dict[str, Any]:
 
 def run_case(config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Run one case on the in-process engine; what the fixture records of it (`out_dir`: for FedSC's model.npz)."""
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     ssl = config["algorithm"] in SSL
     values = {**config, "out-dir": str(out_dir)} if ssl else config

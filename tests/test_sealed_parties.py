@@ -13,20 +13,20 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
-from client.app import app as client_app
-from client.data.loaders import load_dataset
-from client.data.topology import split_parties
-from client.party_exchange import PARTY_SECRET_KEY, SEALED_KEY
-from client.sealed_records import holdings_boxes, receive_records, record_boxes
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols import party_keys as pk
-from protocols.config import RunConfig
-from protocols.messages import MessageError
-from server.engines import run_job
-from server.inprocess_grid import InProcessGrid
-from server.orchestrator import run_federation
-from strategies.base import RoundError
+from silofl.client.app import app as client_app
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.topology import split_parties
+from silofl.client.party_exchange import PARTY_SECRET_KEY, SEALED_KEY
+from silofl.client.sealed_records import holdings_boxes, receive_records, record_boxes
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols import party_keys as pk
+from silofl.protocols.config import RunConfig
+from silofl.protocols.messages import MessageError
+from silofl.server.engines import run_job
+from silofl.server.inprocess_grid import InProcessGrid
+from silofl.server.orchestrator import run_federation
+from silofl.strategies.base import RoundError
 from tests.recording_grid import RecordingGrid
 
 
@@ -245,8 +245,8 @@ def test_policies_hold_with_sealed_records(tmp_path) -> None:
     evaluations noised answers its loss noised and charged, and the census counts the test records noised too."""
     import math
 
-    from client import lifetime_ledger
-    from server.engines import simulated_node_configs
+    from silofl.client import lifetime_ledger
+    from silofl.server.engines import simulated_node_configs
 
     config = _config(rounds=2, **{"eval-every": 1})
     policy, banks = tmp_path / "lifetime.toml", tmp_path / "banks.toml"
@@ -292,7 +292,7 @@ def test_a_csv_the_tests_never_saw_split_central_sensitive_trains_fairer_with_la
     import subprocess
     import sys
 
-    from server.engines import run_job
+    from silofl.server.engines import run_job
 
     rng = np.random.default_rng(2026)
     n = 3000
@@ -342,10 +342,10 @@ def test_a_census_restarted_mid_run_stops_it_and_resume_exchanges_again_and_cont
     """The census loses its sealed records with its process (they are never written to its state-dir): the run
     stops at its next round before anything is charged; resume=true on fresh processes runs the exchange again and
     finishes with the uninterrupted run's numbers, every round charged once."""
-    from client import privacy_state
-    from protocols.privacy.ledger import PrivacyLedger
-    from protocols.record_codec import decode_record
-    from server.app import make_server_app
+    from silofl.client import privacy_state
+    from silofl.protocols.privacy.ledger import PrivacyLedger
+    from silofl.protocols.record_codec import decode_record
+    from silofl.server.app import make_server_app
 
     base = {"rounds": 4, "eval-every": 2, "checkpoint-every": 1}
     reference = run_job(_config(**base), progress=False)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.server_optimizer import ServerOptimizer
+from silofl.strategies.server_optimizer import ServerOptimizer
 
 
 def _arrays(*values: float) -> dict[str, np.ndarray]:

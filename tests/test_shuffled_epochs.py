@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols import shuffled_epochs as se
+from silofl.protocols import shuffled_epochs as se
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_the_same_seed_gives_the_same_batch_in_a_fresh_process() -> None:
         "print(batch_indices(1500, 256, 4, epoch_seed(seed=3, silo_id=1, epoch=2, stream=EPOCH_ORDER)).tolist())"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    from client.randomness import EPOCH_ORDER, epoch_seed
+    from silofl.client.randomness import EPOCH_ORDER, epoch_seed
 
     here = se.batch_indices(1500, 256, 4, epoch_seed(seed=3, silo_id=1, epoch=2, stream=EPOCH_ORDER))
     assert out.strip() == str(here.tolist())

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from client import silo_data
-from client.data.federate import load_federation
-from client.data.silo_store import save_silo
-from protocols.messages import DataSpec
+from silofl.client import silo_data
+from silofl.client.data.federate import load_federation
+from silofl.client.data.silo_store import save_silo
+from silofl.protocols.messages import DataSpec
 
 
 def _deployed_context(folder: Path) -> Context:
@@ -26,7 +26,7 @@ def test_a_deployed_silo_is_loaded_once_and_again_when_its_files_change(tmp_path
     spec = DataSpec(dataset="synthetic", num_silos=2)
     silo_data._load_folder_cached.cache_clear()
     loads: list[Path] = []
-    from client.data import silo_store
+    from silofl.client.data import silo_store
 
     real = silo_store.load_silo
     monkeypatch.setattr(silo_store, "load_silo", lambda d: loads.append(d) or real(d))
@@ -48,7 +48,7 @@ def test_a_deployed_silo_is_loaded_once_and_again_when_its_files_change(tmp_path
 def test_the_silos_read_a_csv_file_with_the_runs_separator(tmp_path) -> None:
     """A ';'-separated file that also splits on ',' into as many fields: detection picks ',' (the first of a tie);
     `csv-sep = ";"` must reach the simulated silos through the setup round's DataSpec."""
-    from client.data.generic import csv_format
+    from silofl.client.data.generic import csv_format
 
     rows = ["f,1,2;sex;y"] + [f"{i},5,7;{'FM'[i % 2]};{i % 3 == 0:d}" for i in range(200)]
     path = tmp_path / "t.csv"

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from client import lifetime_ledger
-from protocols import messages as msg
-from protocols.silo_policy import PolicyError, SiloPolicy, load_policy, parse_policy
+from silofl.client import lifetime_ledger
+from silofl.protocols import messages as msg
+from silofl.protocols.silo_policy import PolicyError, SiloPolicy, load_policy, parse_policy
 from tests import malicious_server as ms
 
 N = 200
@@ -263,8 +263,8 @@ def test_a_trusted_server_needs_the_policys_consent_and_no_lifetime_budget(tmp_p
 def test_a_job_whose_state_predates_lifetime_ledgers_is_admitted_before_its_next_release(tmp_path: Path) -> None:
     """A job file written before lifetime ledgers (no admission mark, no lifetime ledger): the silo, now under a
     lifetime budget, admits the job with the calibration it holds before answering its next round."""
-    from client import privacy_state
-    from client.round_privacy import ADMITTED_KEY
+    from silofl.client import privacy_state
+    from silofl.client.round_privacy import ADMITTED_KEY
 
     node = _node(tmp_path, None)
     assert not _dp_fedsgd(node, 1, seed=0, epsilon=1.0).has_error()
@@ -283,8 +283,8 @@ def test_a_job_whose_state_predates_lifetime_ledgers_is_admitted_before_its_next
 def test_silofl_silo_start_checks_the_policy_and_keeps_state_by_default(tmp_path: Path, capsys) -> None:
     """`silofl silo start --policy FILE`: a bad policy stops the node before the SuperNode exists, naming the key; a
     good one goes into the node config with its absolute path, next to the default state folder DATA.state."""
-    from client.data.silo_store import save_silo
-    from server.cli import main
+    from silofl.client.data.silo_store import save_silo
+    from silofl.server.cli import main
 
     data = tmp_path / "silo_0"
     save_silo(ms.make_silo(N), data)

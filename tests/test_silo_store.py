@@ -10,12 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.data.loaders import load_dataset
-from client.data.partition import partition_dataset
-from client.data.silo_store import INFO_FILE, NONSENSITIVE_FILE, SENSITIVE_FILE, SiloStoreError, load_silo, save_silo
-from client.data.split_cli import add_data_parser, split_command
-from client.data.synthetic import make_synthetic
-from client.data.tabular import SiloData
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.partition import partition_dataset
+from silofl.client.data.silo_store import (
+    INFO_FILE,
+    NONSENSITIVE_FILE,
+    SENSITIVE_FILE,
+    SiloStoreError,
+    load_silo,
+    save_silo,
+)
+from silofl.client.data.split_cli import add_data_parser, split_command
+from silofl.client.data.synthetic import make_synthetic
+from silofl.client.data.tabular import SiloData
 
 
 def assert_same_silo(a: SiloData, b: SiloData) -> None:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import protocols.ssl_eval as ssl_eval
-from protocols.ssl_eval import ProbeResult, extract_features, knn_accuracy, knn_predict, linear_probe
-from protocols.ssl_models import build_ssl_model
+import silofl.protocols.ssl_eval as ssl_eval
+from silofl.protocols.ssl_eval import ProbeResult, extract_features, knn_accuracy, knn_predict, linear_probe
+from silofl.protocols.ssl_models import build_ssl_model
 
 
 def clusters(n: int, num_classes: int, dim: int, spread: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from protocols.models import get_parameters, parameter_spec, set_parameters
-from protocols.ssl_models import SSLModel, build_ssl_model, feature_dim, image_shape
+from silofl.protocols.models import get_parameters, parameter_spec, set_parameters
+from silofl.protocols.ssl_models import SSLModel, build_ssl_model, feature_dim, image_shape
 
 
 def test_image_shape_of_flattened_records() -> None:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from client.algorithms.steffle import group_label_counts, w_gradient_base, w_radius_of
-from client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from protocols.ermi import GroupPrior, psi_w_gradients, w_shape
+from silofl.client.algorithms.steffle import group_label_counts, w_gradient_base, w_radius_of
+from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from silofl.protocols.ermi import GroupPrior, psi_w_gradients, w_shape
 
 
 @pytest.mark.parametrize(
@@ -60,9 +60,9 @@ def test_group_label_counts() -> None:
 def test_fairness_gradients_keep_f_from_the_clipped_sums_forward_pass_bit_for_bit(kind, notion, l_) -> None:
     """The sensitive division's theta-sum and F, from one forward pass, are the bits of `clipped_psi_theta_sum` and
     of a separate forward pass: the round's results do not depend on the shortcut."""
-    from client.algorithms.steffle import _clipped_theta_sum_and_outputs
-    from protocols.ermi import clipped_psi_theta_sum
-    from protocols.models import build_model
+    from silofl.client.algorithms.steffle import _clipped_theta_sum_and_outputs
+    from silofl.protocols.ermi import clipped_psi_theta_sum
+    from silofl.protocols.models import build_model
 
     gen = torch.Generator().manual_seed(3)
     n, d, k = 40, 7, 2
@@ -84,9 +84,9 @@ def test_balanced_w_gradient_is_the_whole_mean_gradient_from_the_sensitive_relea
     """Group-balanced objective: fairness_gradients' h_W (no noise) is the whole mean_i dpsi_i/dW over its sample,
     its -2 W F term recovered from the s-dependent release (`balanced_w_base`); the theta part is the clipped sum of
     the weighted per-sample gradients; and every record's s-dependent W-gradient lies within w_radius_of."""
-    from client.algorithms.steffle import balanced_w_base, fairness_gradients
-    from protocols.ermi import clipped_psi_theta_sum
-    from protocols.models import build_model
+    from silofl.client.algorithms.steffle import balanced_w_base, fairness_gradients
+    from silofl.protocols.ermi import clipped_psi_theta_sum
+    from silofl.protocols.models import build_model
 
     gen = torch.Generator().manual_seed(5)
     n, d = 60, 4
@@ -119,7 +119,7 @@ def test_per_group_w_noise_scales_each_row_to_its_own_bound(notion, l_, balanced
     """w-noise per-group: row (b, r) of the W release gets noise std sigma * B_br (B = w_row_bounds), i.e. the
     release divided row by row by B is the unit-sensitivity Gaussian; every record's contribution to the scaled
     release lies in the unit ball (the accountant's radius 1); the largest bound is w_radius_of's."""
-    from client.algorithms.steffle import per_group_w_release
+    from silofl.client.algorithms.steffle import per_group_w_release
 
     k = 4
     table = np.array([[0.02, 0.08, 0.3, 0.6], [0.05, 0.15, 0.2, 0.6], [0.1, 0.1, 0.2, 0.6]])[:l_]
@@ -147,7 +147,7 @@ def test_per_group_w_noise_scales_each_row_to_its_own_bound(notion, l_, balanced
 
 
 def test_balanced_is_for_silos_only_and_per_group_noise_for_every_topology() -> None:
-    from protocols.config import ConfigError, RunConfig
+    from silofl.protocols.config import ConfigError, RunConfig
 
     base = {"algorithm": "steffle", "dataset": "synthetic", "epsilon": 1.0}
     assert RunConfig.parse({**base, "group-weight": "balanced", "w-noise": "per-group"}).group_weight == "balanced"
@@ -162,8 +162,8 @@ def test_balanced_is_for_silos_only_and_per_group_noise_for_every_topology() -> 
 def test_w_noise_auto_is_per_group() -> None:
     """The default w-noise (auto) noises the W release row by row, exactly as an explicit per-group does;
     isotropic stays what it was (the paper-reproduction sweeps pin it)."""
-    from client.rounds.steffle import w_noise_of
-    from protocols.config import RunConfig
+    from silofl.client.rounds.steffle import w_noise_of
+    from silofl.protocols.config import RunConfig
 
     assert RunConfig.parse({"algorithm": "steffle", "rounds": 2}).w_noise == "auto"
     assert RunConfig.parse({"algorithm": "steffle", "rounds": 2}).w_lr == 0.02

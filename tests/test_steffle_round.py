@@ -12,14 +12,14 @@ import math
 import numpy as np
 import pytest
 
-from client.app import app as client_app
-from client.data.federate import load_federation
-from client.data.silo_store import load_silo, save_silo
-from client.data.tabular import SensitiveDivision, Split
-from protocols import messages as msg
-from protocols.config import RunConfig
-from server.app import make_server_app
-from server.inprocess_grid import InProcessGrid, deliver
+from silofl.client.app import app as client_app
+from silofl.client.data.federate import load_federation
+from silofl.client.data.silo_store import load_silo, save_silo
+from silofl.client.data.tabular import SensitiveDivision, Split
+from silofl.protocols import messages as msg
+from silofl.protocols.config import RunConfig
+from silofl.server.app import make_server_app
+from silofl.server.inprocess_grid import InProcessGrid, deliver
 
 NOISED = {(msg.COUNTS, "counts"), (msg.FAIR_UPDATE, "*")}
 
@@ -37,7 +37,7 @@ class TwinApp:
         self.pairs: list[tuple[str, object, object]] = []
 
     def __call__(self, message, context):
-        from server.inprocess_grid import copy_content
+        from silofl.server.inprocess_grid import copy_content
 
         twin_message = type(message)(
             copy_content(message.content),
@@ -115,7 +115,7 @@ def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_chang
 
 
 def test_lambda_zero_releases_no_fairness_gradient_and_spends_nothing(tmp_path) -> None:
-    from server.engines import run_job
+    from silofl.server.engines import run_job
 
     config = RunConfig.parse(
         {"algorithm": "steffle", "num-silos": 2, "rounds": 3, "epsilon": 1.0, "batch-size": 64, "lambda": 0.0}
@@ -130,8 +130,8 @@ def test_shuffled_epochs_put_every_record_in_one_sensitive_batch_per_epoch(tmp_p
     """sampling shuffle, read from a silo's real replies: changing record i's attribute changes exactly one round's
     fairness release per epoch (the round whose sensitive batch holds i), nothing else; over an epoch the rounds'
     batches cover the 22 records once, in batches of 8, 8 and 6, the sampler's batches."""
-    from client.randomness import SENSITIVE_EPOCH_ORDER, epoch_seed
-    from protocols.shuffled_epochs import batch_indices
+    from silofl.client.randomness import SENSITIVE_EPOCH_ORDER, epoch_seed
+    from silofl.protocols.shuffled_epochs import batch_indices
     from tests.silo_driver import sensitive_rounds_of_each_record
 
     _, silos = load_federation("synthetic", 2, seed=0)

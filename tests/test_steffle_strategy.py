@@ -7,12 +7,12 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from protocols import messages as msg
-from protocols.config import RunConfig
-from server.engines import run_job
-from strategies.base import Federation, SiloEntry
-from strategies.lr_schedule import StepSchedule
-from strategies.steffle import SteffleStrategy
+from silofl.protocols import messages as msg
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
+from silofl.strategies.base import Federation, SiloEntry
+from silofl.strategies.lr_schedule import StepSchedule
+from silofl.strategies.steffle import SteffleStrategy
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from client import silo_data
-from client.app import app as client_app
-from client.party_exchange import PARTY_SECRET_KEY
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols.config import RunConfig
-from server.engines import run_job
-from server.inprocess_grid import InProcessGrid, deliver
-from server.orchestrator import run_federation
-from strategies.base import RoundError
+from silofl.client import silo_data
+from silofl.client.app import app as client_app
+from silofl.client.party_exchange import PARTY_SECRET_KEY
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
+from silofl.server.inprocess_grid import InProcessGrid, deliver
+from silofl.server.orchestrator import run_federation
+from silofl.strategies.base import RoundError
 from tests.recording_grid import RecordingGrid
 
 #: One party secret for every run of a comparison: the parties' pseudonyms (not the sealed boxes, which are random)
@@ -219,7 +219,7 @@ def test_ids_held_by_two_sensitive_parties_are_refused(monkeypatch) -> None:
 
 
 def test_topology_options_belong_to_steffle_and_fit_the_topology() -> None:
-    from protocols.config import ConfigError
+    from silofl.protocols.config import ConfigError
 
     with pytest.raises(ConfigError, match="topology"):
         RunConfig.parse({"algorithm": "mu2fl", "dataset": "synthetic", "rounds": 2, "topology": "divided"})
@@ -239,7 +239,7 @@ def test_a_node_with_a_party_role_in_a_silos_run_is_refused_naming_it() -> None:
 
 
 def test_silofl_run_with_a_topology_shows_the_parties(tmp_path, capsys) -> None:
-    from server.cli import main
+    from silofl.server.cli import main
 
     code = main(
         ["run", "steffle", "--topology", "central-sensitive", "--rounds", "3", "--epsilon", "1", "--out", str(tmp_path)]
@@ -276,7 +276,7 @@ def test_a_sensitive_party_refuses_past_its_budget_and_charges_nothing_more(tmp_
     """The census's operator caps its epsilon (node config `epsilon-budget`) below the run's: its noise is
     calibrated to the cap, and a server that keeps asking past the announced rounds is refused, naming the party,
     with its ledger unchanged."""
-    from server.engines import simulated_node_configs
+    from silofl.server.engines import simulated_node_configs
 
     config = _config(topology="central-sensitive", rounds=3)
     configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path))  # a budget evaluates noised
@@ -301,9 +301,9 @@ def test_a_sensitive_party_refuses_past_its_budget_and_charges_nothing_more(tmp_
 def test_party_folders_given_to_an_algorithm_that_runs_on_silos_only_are_refused_naming_it(tmp_path) -> None:
     """Nodes started on party folders (a census and two banks) asked to run dp-fedsgd: the setup round stops the
     run with the algorithm named, before anything private is asked."""
-    from client.data.loaders import load_dataset
-    from client.data.party_store import save_party
-    from client.data.topology import split_parties
+    from silofl.client.data.loaders import load_dataset
+    from silofl.client.data.party_store import save_party
+    from silofl.client.data.topology import split_parties
 
     features, sensitive = split_parties(load_dataset("synthetic", seed=0), "central-sensitive", feature_parties=2)
     configs = []
@@ -338,8 +338,8 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     `evaluation = "refuse"` the run stops at setup, naming it."""
     import math
 
-    from client import lifetime_ledger
-    from server.engines import simulated_node_configs
+    from silofl.client import lifetime_ledger
+    from silofl.server.engines import simulated_node_configs
 
     config = _config(topology="central-sensitive", rounds=2, **{"eval-every": 1})
     policy = tmp_path / "census.toml"

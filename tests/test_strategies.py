@@ -7,11 +7,11 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from protocols import messages as msg
-from strategies.base import Federation, RoundError, SiloEntry
-from strategies.dp_fedsgd import DpFedSgdStrategy
-from strategies.fedavg import FedAvg
-from strategies.lr_schedule import StepSchedule
+from silofl.protocols import messages as msg
+from silofl.strategies.base import Federation, RoundError, SiloEntry
+from silofl.strategies.dp_fedsgd import DpFedSgdStrategy
+from silofl.strategies.fedavg import FedAvg
+from silofl.strategies.lr_schedule import StepSchedule
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from client import supernode_runtime as rt
-from server.polling import WAITING_LOG_EVERY, PollingGrid, polling_grid
+from silofl.client import supernode_runtime as rt
+from silofl.server.polling import WAITING_LOG_EVERY, PollingGrid, polling_grid
 
 # --- the Flower this module was checked against -------------------------------------------------------------------
 
@@ -369,7 +369,7 @@ def test_run_and_exit_ends_the_process_even_if_a_thread_would_hold_it(tmp_path) 
 
 def test_worker_command_follows_the_supernodes_runtime_api() -> None:
     command = rt._worker_command({"runtime_api_address": "0.0.0.0:9094", "runtime_certificates": None})
-    assert command[1:4] == ["-m", "client.supernode_runtime", "clientapp"] and "--per-message" not in command
+    assert command[1:4] == ["-m", "silofl.client.supernode_runtime", "clientapp"] and "--per-message" not in command
     assert "--per-message" in rt._worker_command({"runtime_api_address": "a:1"}, per_message=True)
     assert command[command.index("--runtime-api-address") + 1] == "127.0.0.1:9094"  # as Flower's SuperExec dials
     assert command[command.index("--parent-pid") + 1] == str(rt.os.getpid())  # `silofl deploy down` finds it
@@ -470,7 +470,7 @@ def test_polling_grid_says_which_nodes_it_still_waits_for() -> None:
 def test_polling_grid_wraps_only_flowers_deployment_grid() -> None:
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from server.inprocess_grid import InProcessGrid
+    from silofl.server.inprocess_grid import InProcessGrid
 
     http = HttpGrid("127.0.0.1:1", insecure=True, token="t")  # not connected until used
     wrapped = polling_grid(http)
@@ -547,7 +547,7 @@ def test_bounded_object_pulls_give_up_on_objects_that_never_come() -> None:
     from flwr.supercore.inflatable import inflatable_utils
     from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
 
-    from server.polling import bounded_object_pulls
+    from silofl.server.polling import bounded_object_pulls
 
     def never(object_id: str) -> bytes:
         raise ObjectUnavailableError(object_id)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
-from server.sweep import (
+from silofl.server.cli import main
+from silofl.server.sweep import (
     SweepError,
     format_value,
     load_spec,
@@ -304,8 +304,8 @@ def test_dry_run_lists_every_run_with_its_state(smoke, capsys) -> None:
 def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys() -> None:
     """The sweep files written before the algorithm registry (issue 17) still expand to the same runs: their shared
     tables hold keys some methods do not have (`fairness` for FedAvg), which those methods' runs leave out."""
-    from protocols import algorithms
-    from server.sweep import load_sweep
+    from silofl.protocols import algorithms
+    from silofl.server.sweep import load_sweep
 
     expected = {
         "fedsc_fmnist": 9,
@@ -372,7 +372,17 @@ def test_kill_stops_the_workers_too(tmp_path: Path) -> None:
             """
         )
     )
-    command = [sys.executable, "-m", "server.cli", "sweep", str(spec), "--out", str(tmp_path / "out"), "--workers", "2"]
+    command = [
+        sys.executable,
+        "-m",
+        "silofl.server.cli",
+        "sweep",
+        str(spec),
+        "--out",
+        str(tmp_path / "out"),
+        "--workers",
+        "2",
+    ]
     parent = subprocess.Popen([*command, "--no-progress"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     workers: list[int] = []
     try:

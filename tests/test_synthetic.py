@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.data.synthetic import make_synthetic, synthetic_frame
-from client.data.tabular import DataError, TabularDataset
+from silofl.client.data.synthetic import make_synthetic, synthetic_frame
+from silofl.client.data.tabular import DataError, TabularDataset
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, iters: int = 25, l2: float = 1e-4) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.data.tabular import (
+from silofl.client.data.tabular import (
     DataError,
     DatasetInfo,
     NonSensitiveDivision,

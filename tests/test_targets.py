@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.config import RunConfig
-from server.engines import run_job
+from silofl.protocols.config import RunConfig
+from silofl.server.engines import run_job
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from client.data.loaders import load_dataset
-from client.data.partition import partition_dataset
-from client.data.tabular import DataError
-from client.data.topology import check_parties, record_ids, split_parties
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.partition import partition_dataset
+from silofl.client.data.tabular import DataError
+from silofl.client.data.topology import check_parties, record_ids, split_parties
 
 
 @pytest.fixture(scope="module")

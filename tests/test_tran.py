@@ -13,10 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols import tran
-from protocols.ermi import GroupPrior
-from protocols.fairness_metrics import confusion_counts, fairness_from_counts
-from protocols.models import build_model
+from silofl.protocols import tran
+from silofl.protocols.ermi import GroupPrior
+from silofl.protocols.fairness_metrics import confusion_counts, fairness_from_counts
+from silofl.protocols.models import build_model
 
 
 def _batch(n: int, k: int, l_: int, seed: int):
@@ -180,8 +180,8 @@ def test_dual_step_grows_the_multipliers_by_the_violation() -> None:
 
 
 def _run(**overrides):
-    from protocols.config import RunConfig
-    from server.engines import run_job
+    from silofl.protocols.config import RunConfig
+    from silofl.server.engines import run_job
 
     values = {"algorithm": "tran", "num-silos": 3, "rounds": 60, "batch-size": 64, "epsilon": 2.0, "seed": 0}
     return run_job(RunConfig.parse({**values, **overrides}), progress=False)
@@ -203,7 +203,7 @@ def test_a_larger_dual_step_makes_the_model_fairer_at_the_same_seed() -> None:
 def test_the_ledger_composes_both_releases_of_every_round_after_the_histogram() -> None:
     """The noise each silo used is the accountant's for (eps, delta, q, T) with TWO releases per step, composed with
     the histogram before them; accounting one release per step would understate what the silo spent."""
-    from protocols.privacy.accountant import calibrate_noise, epsilon_spent
+    from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
 
     result = _run(rounds=20, epsilon=1.0)
     silo = result["privacy"]["per_silo"]["0"]
@@ -221,8 +221,8 @@ def test_the_ledger_composes_both_releases_of_every_round_after_the_histogram() 
 def test_the_silo_noises_both_releases_at_its_multiplier_times_their_radius() -> None:
     """h gets N(0, (sigma C)^2) and the group mass N(0, sigma^2) on the sum (before the division by q n_j); with all
     multipliers 0, h is exactly 0 (a constant needs no noise) and only the group mass is noised."""
-    from client.data.federate import load_federation
-    from client.rounds.tran import fairness_release
+    from silofl.client.data.federate import load_federation
+    from silofl.client.rounds.tran import fairness_release
 
     _, silos = load_federation("synthetic", 1, seed=0)
     silo = silos[0]
@@ -270,14 +270,14 @@ def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_chang
     Batch size >= n_j makes every record sampled every round, so the flipped record does reach those releases."""
     from flwr.app import Context, RecordDict
 
-    from client.app import app as client_app
-    from client.data.federate import load_federation
-    from client.data.silo_store import load_silo, save_silo
-    from client.data.tabular import SensitiveDivision, Split
-    from protocols import messages as msg
-    from protocols.config import RunConfig
-    from server.app import make_server_app
-    from server.inprocess_grid import InProcessGrid, copy_content, deliver
+    from silofl.client.app import app as client_app
+    from silofl.client.data.federate import load_federation
+    from silofl.client.data.silo_store import load_silo, save_silo
+    from silofl.client.data.tabular import SensitiveDivision, Split
+    from silofl.protocols import messages as msg
+    from silofl.protocols.config import RunConfig
+    from silofl.server.app import make_server_app
+    from silofl.server.inprocess_grid import InProcessGrid, copy_content, deliver
 
     _, silos = load_federation("synthetic", 2, seed=0)
     folders = []
@@ -359,8 +359,8 @@ def test_shuffled_epochs_from_the_command_line(tmp_path, capsys) -> None:
 def test_shuffled_epochs_put_every_record_in_one_sensitive_batch_per_epoch(tmp_path) -> None:
     """sampling shuffle, read from a silo's real replies: record i's attribute changes exactly one round's release
     (h and the group mass) per epoch, nothing else; the rounds of an epoch cover the 14 records once (5, 5, 4)."""
-    from client.data.federate import load_federation
-    from client.data.silo_store import save_silo
+    from silofl.client.data.federate import load_federation
+    from silofl.client.data.silo_store import save_silo
     from tests.silo_driver import sensitive_rounds_of_each_record
 
     _, silos = load_federation("synthetic", 2, seed=0)

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.data.tabular import NonSensitiveDivision
-from client.gradients import clipped_gradient_sum
-from protocols.models import model_device
-from protocols.privacy.gaussian import GaussianMechanism
+from silofl.client.data.tabular import NonSensitiveDivision
+from silofl.client.gradients import clipped_gradient_sum
+from silofl.protocols.models import model_device
+from silofl.protocols.privacy.gaussian import GaussianMechanism
 
 
 def poisson_sample(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:

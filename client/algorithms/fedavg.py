@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.data.tabular import NonSensitiveDivision
-from protocols.models import loss_fn, model_device
+from silofl.client.data.tabular import NonSensitiveDivision
+from silofl.protocols.models import loss_fn, model_device
 
 
 def local_sgd(

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.algorithms.dp_fedsgd import noisy_gradient, poisson_sample, step_batch
-from client.data.tabular import NonSensitiveDivision
-from client.gradients import per_sample_losses, weighted_clipped_gradient_sum
-from protocols import fedfdp
-from protocols.privacy.gaussian import GaussianMechanism
+from silofl.client.algorithms.dp_fedsgd import noisy_gradient, poisson_sample, step_batch
+from silofl.client.data.tabular import NonSensitiveDivision
+from silofl.client.gradients import per_sample_losses, weighted_clipped_gradient_sum
+from silofl.protocols import fedfdp
+from silofl.protocols.privacy.gaussian import GaussianMechanism
 
 
 def fair_noisy_gradient(

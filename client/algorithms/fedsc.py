@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.augment import make_views
-from protocols.fedsc import local_loss, normalize_rows
+from silofl.client.augment import make_views
+from silofl.protocols.fedsc import local_loss, normalize_rows
 
 
 def local_sc_training(

@@ -38,18 +38,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.algorithms.dp_fedsgd import step_batch, step_sample
-from client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from client.gradients import mean_gradient_and_logits
-from protocols.ermi import (
+from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
+from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from silofl.client.gradients import mean_gradient_and_logits
+from silofl.protocols.ermi import (
     GroupPrior,
     clipped_psi_theta_sum,
     psi_logit_grads,
     psi_output_cotangents_checked,
     psi_w_sensitive_sum_checked,
 )
-from protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
-from protocols.privacy.gaussian import GaussianMechanism
+from silofl.protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
+from silofl.protocols.privacy.gaussian import GaussianMechanism
 
 
 def w_radius_of(prior: GroupPrior) -> float:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from client.data.silo_store import SiloStoreError, load_silo, save_silo
-from client.data.tabular import (
+from silofl.client.data.silo_store import SiloStoreError, load_silo, save_silo
+from silofl.client.data.tabular import (
     DataError,
     DatasetInfo,
     NonSensitiveDivision,
@@ -23,23 +23,23 @@ from client.data.tabular import (
 )
 
 if TYPE_CHECKING:
-    from client.data.loaders import BUILTIN_DATASETS, load_dataset
-    from client.data.partition import PARTITIONS, partition_dataset, partition_indices
-    from client.data.sources import ChecksumError, DataUnavailableError
-    from client.data.split_cli import add_data_parser, split_command
-    from client.data.synthetic import make_synthetic
+    from silofl.client.data.loaders import BUILTIN_DATASETS, load_dataset
+    from silofl.client.data.partition import PARTITIONS, partition_dataset, partition_indices
+    from silofl.client.data.sources import ChecksumError, DataUnavailableError
+    from silofl.client.data.split_cli import add_data_parser, split_command
+    from silofl.client.data.synthetic import make_synthetic
 
 _LAZY = {
-    "BUILTIN_DATASETS": "client.data.loaders",
-    "load_dataset": "client.data.loaders",
-    "PARTITIONS": "client.data.partition",
-    "partition_dataset": "client.data.partition",
-    "partition_indices": "client.data.partition",
-    "ChecksumError": "client.data.sources",
-    "DataUnavailableError": "client.data.sources",
-    "add_data_parser": "client.data.split_cli",
-    "split_command": "client.data.split_cli",
-    "make_synthetic": "client.data.synthetic",
+    "BUILTIN_DATASETS": "silofl.client.data.loaders",
+    "load_dataset": "silofl.client.data.loaders",
+    "PARTITIONS": "silofl.client.data.partition",
+    "partition_dataset": "silofl.client.data.partition",
+    "partition_indices": "silofl.client.data.partition",
+    "ChecksumError": "silofl.client.data.sources",
+    "DataUnavailableError": "silofl.client.data.sources",
+    "add_data_parser": "silofl.client.data.split_cli",
+    "split_command": "silofl.client.data.split_cli",
+    "make_synthetic": "silofl.client.data.synthetic",
 }
 
 __all__ = [
@@ -70,4 +70,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'client.data' has no attribute {name!r}")
+    raise AttributeError(f"module 'silofl.client.data' has no attribute {name!r}")

@@ -34,9 +34,16 @@ from pathlib import Path
 
 import numpy as np
 
-from client.data.images import NO_SENSITIVE_COLUMN, SINGLE_GROUP
-from client.data.sources import DataUnavailableError, ensure_file, resolve_data_dir
-from client.data.tabular import DataError, DatasetInfo, NonSensitiveDivision, SensitiveDivision, Split, TabularDataset
+from silofl.client.data.images import NO_SENSITIVE_COLUMN, SINGLE_GROUP
+from silofl.client.data.sources import DataUnavailableError, ensure_file, resolve_data_dir
+from silofl.client.data.tabular import (
+    DataError,
+    DatasetInfo,
+    NonSensitiveDivision,
+    SensitiveDivision,
+    Split,
+    TabularDataset,
+)
 
 __all__ = [
     "CIFAR10_ARCHIVE",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from client.data.loaders import load_dataset
-from client.data.partition import partition_dataset
-from client.data.tabular import SiloData, TabularDataset
+from silofl.client.data.loaders import load_dataset
+from silofl.client.data.partition import partition_dataset
+from silofl.client.data.tabular import SiloData, TabularDataset
 
 
 def load_federation(

@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from client.data.tabular import DataError, DatasetInfo, TabularDataset, make_split
-from protocols.preprocessing import (
+from silofl.client.data.tabular import DataError, DatasetInfo, TabularDataset, make_split
+from silofl.protocols.preprocessing import (
     CategoricalFeature,
     ContinuousFeature,
     FeatureColumn,

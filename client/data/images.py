@@ -29,8 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from client.data.sources import ensure_file
-from client.data.tabular import DataError, DatasetInfo, NonSensitiveDivision, SensitiveDivision, Split, TabularDataset
+from silofl.client.data.sources import ensure_file
+from silofl.client.data.tabular import (
+    DataError,
+    DatasetInfo,
+    NonSensitiveDivision,
+    SensitiveDivision,
+    Split,
+    TabularDataset,
+)
 
 __all__ = [
     "FASHION_MNIST_LABELS",
@@ -194,7 +201,7 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> TabularDataset:
         from sklearn.datasets import load_digits as sklearn_digits
     except ImportError as exc:  # pragma: no cover - scikit-learn is a dependency
         raise DataError("the digits dataset needs scikit-learn; install it with `pip install scikit-learn`") from exc
-    from client.data.generic import split_indices  # imports pandas: only when needed
+    from silofl.client.data.generic import split_indices  # imports pandas: only when needed
 
     bunch = sklearn_digits()
     pixels = np.asarray(bunch.data)  # float64 (1797, 64), integer values 0..16

@@ -41,18 +41,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from client.data.cifar import CIFAR_DATASETS, load_cifar10
-from client.data.generic import (
+from silofl.client.data.cifar import CIFAR_DATASETS, load_cifar10
+from silofl.client.data.generic import (
     LabelEncoder,
     above_train_median,
     build_dataset,
     categorical_labels,
     load_table_dataset,
 )
-from client.data.images import IMAGE_DATASETS, load_digits, load_mnist
-from client.data.sources import ensure_file
-from client.data.synthetic import SYNTHETIC_LABEL_NAMES, synthetic_frame
-from client.data.tabular import DataError, TabularDataset
+from silofl.client.data.images import IMAGE_DATASETS, load_digits, load_mnist
+from silofl.client.data.sources import ensure_file
+from silofl.client.data.synthetic import SYNTHETIC_LABEL_NAMES, synthetic_frame
+from silofl.client.data.tabular import DataError, TabularDataset
 
 __all__ = ["ADULT_COLUMNS", "BUILTIN_DATASETS", "load_dataset"]
 

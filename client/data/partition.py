@@ -32,7 +32,7 @@ import warnings
 
 import numpy as np
 
-from client.data.tabular import DataError, SiloData, TabularDataset
+from silofl.client.data.tabular import DataError, SiloData, TabularDataset
 
 __all__ = ["PARTITIONS", "partition_dataset", "partition_indices"]
 

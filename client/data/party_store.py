@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from client.data.silo_store import INFO_FIELDS, SiloStoreError, atomic_write, read_npz, write_npz
-from client.data.tabular import DataError, DatasetInfo, NonSensitiveDivision
-from client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.client.data.silo_store import INFO_FIELDS, SiloStoreError, atomic_write, read_npz, write_npz
+from silofl.client.data.tabular import DataError, DatasetInfo, NonSensitiveDivision
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
 
 FORMAT = "silofl-party"
 VERSION = 1

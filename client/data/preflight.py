@@ -61,21 +61,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from client.data.generic import (
+from silofl.client.data.generic import (
     CSV_SEPARATORS,
     MostlyNumeric,
     mostly_numeric_columns,
     read_table_with_format,
     separator_name,
 )
-from client.data.tabular import DataError, DatasetInfo
-from protocols.algorithms.common import check_run_model
-from protocols.config import ConfigError
-from protocols.options import TABULAR_BUILTINS, FairnessOptions
+from silofl.client.data.tabular import DataError, DatasetInfo
+from silofl.protocols.algorithms.common import check_run_model
+from silofl.protocols.config import ConfigError
+from silofl.protocols.options import TABULAR_BUILTINS, FairnessOptions
 
 if TYPE_CHECKING:
-    from protocols.algorithms.base import Algorithm
-    from protocols.config import RunConfig
+    from silofl.protocols.algorithms.base import Algorithm
+    from silofl.protocols.config import RunConfig
 
 __all__ = [
     "MIN_TEST_RECORDS",
@@ -267,7 +267,7 @@ def check_nodes(nodes: Sequence[Node]) -> None:
 
 
 def _group_fairness_names(*, uses: bool) -> list[str]:
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     return [s.name for s in algorithms.specs() if uses_group_fairness(s) == uses]
 
@@ -330,7 +330,7 @@ def _absent(columns: list[np.ndarray], names: Sequence[str]) -> list[str]:
 
 def _batch_checks(config: RunConfig, nodes: Sequence[Node]) -> list[str]:
     """The batch size against each silo's training records, as the algorithm's rounds rule uses it."""
-    from protocols.algorithms.base import minibatch_rounds, single_pass_rounds
+    from silofl.protocols.algorithms.base import minibatch_rounds, single_pass_rounds
 
     m = getattr(config, "batch_size", None)
     samplers = [n for n in nodes if n.labels is not None]  # silos and feature parties draw the minibatches
@@ -396,8 +396,8 @@ def _load_kwargs(config: RunConfig) -> dict[str, Any]:
 
 def _load_nodes(config: RunConfig, share_with_silos: bool) -> tuple[DatasetInfo, list[Node]]:
     """The run's nodes, loaded and dealt by the simulated silos' own (cached) code, so their counts are the run's."""
-    from client import silo_data
-    from protocols.messages import DataSpec
+    from silofl.client import silo_data
+    from silofl.protocols.messages import DataSpec
 
     spec = DataSpec.from_run_config(config)
     try:
@@ -437,7 +437,7 @@ def _load_error(config: RunConfig, exc: Exception) -> str:
     """A loading or dealing error in the command line's words: a split too small for the silos names that split
     (the partition's own message would not); any other error is the loader's, prefixed with the dataset."""
     text = f"--dataset {config.dataset}: {exc}"
-    from client.data.loaders import load_dataset
+    from silofl.client.data.loaders import load_dataset
 
     try:  # no second download attempt: a file that could not be fetched is the error
         ds = load_dataset(config.dataset, **_load_kwargs(config), download=False)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from protocols.preprocessing import Preprocessing, PreprocessingError
+from silofl.protocols.preprocessing import Preprocessing, PreprocessingError
 
 __all__ = ["PREPROCESSING_FILE", "load_preprocessing", "recorded_preprocessing", "write_preprocessing"]
 
@@ -29,8 +29,8 @@ PREPROCESSING_FILE = "preprocessing.json"
 
 
 def _image_datasets() -> tuple[str, ...]:
-    from client.data.cifar import CIFAR_DATASETS
-    from client.data.images import IMAGE_DATASETS as MNIST_LIKE
+    from silofl.client.data.cifar import CIFAR_DATASETS
+    from silofl.client.data.images import IMAGE_DATASETS as MNIST_LIKE
 
     return (*MNIST_LIKE, *CIFAR_DATASETS)
 
@@ -62,8 +62,8 @@ def load_preprocessing(dataset: str, **loader_kwargs: Any) -> Preprocessing:
     (`DataError`, `FileNotFoundError`)."""
     if str(dataset).lower() in _image_datasets():
         raise _not_tabular(dataset)
-    from client.data.generic import recording_preprocessing
-    from client.data.loaders import load_dataset
+    from silofl.client.data.generic import recording_preprocessing
+    from silofl.client.data.loaders import load_dataset
 
     with recording_preprocessing() as recorded:
         load_dataset(dataset, **loader_kwargs)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from client.data.tabular import (
+from silofl.client.data.tabular import (
     DataError,
     DatasetInfo,
     NonSensitiveDivision,

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.data.tabular import DataError
+from silofl.client.data.tabular import DataError
 
 __all__ = [
     "DATA_DIR_ENV",

@@ -32,19 +32,26 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from client.data.generic import recording_preprocessing
-from client.data.loaders import BUILTIN_DATASETS, load_dataset
-from client.data.partition import PARTITIONS, partition_dataset
-from client.data.party_store import save_party
-from client.data.preflight import Node, check_nodes, check_table, is_file_dataset, single_group_warning, split_problem
-from client.data.preprocessing_file import PREPROCESSING_FILE, write_preprocessing
-from client.data.silo_store import INFO_FILE, save_silo
-from client.data.sources import DATA_DIR_ENV
-from client.data.tabular import DataError, DatasetInfo, SiloData, TabularDataset
-from client.data.topology import TOPOLOGIES, FeaturePartyData, SensitivePartyData, split_parties
-from protocols.config import ConfigError
-from protocols.options import csv_encoding, csv_separator
-from protocols.preprocessing import Preprocessing, PreprocessingError
+from silofl.client.data.generic import recording_preprocessing
+from silofl.client.data.loaders import BUILTIN_DATASETS, load_dataset
+from silofl.client.data.partition import PARTITIONS, partition_dataset
+from silofl.client.data.party_store import save_party
+from silofl.client.data.preflight import (
+    Node,
+    check_nodes,
+    check_table,
+    is_file_dataset,
+    single_group_warning,
+    split_problem,
+)
+from silofl.client.data.preprocessing_file import PREPROCESSING_FILE, write_preprocessing
+from silofl.client.data.silo_store import INFO_FILE, save_silo
+from silofl.client.data.sources import DATA_DIR_ENV
+from silofl.client.data.tabular import DataError, DatasetInfo, SiloData, TabularDataset
+from silofl.client.data.topology import TOPOLOGIES, FeaturePartyData, SensitivePartyData, split_parties
+from silofl.protocols.config import ConfigError
+from silofl.protocols.options import csv_encoding, csv_separator
+from silofl.protocols.preprocessing import Preprocessing, PreprocessingError
 
 __all__ = ["add_data_parser", "split_command"]
 

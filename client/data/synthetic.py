@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from client.data.generic import build_dataset, categorical_labels
-from client.data.tabular import DataError, TabularDataset
+from silofl.client.data.generic import build_dataset, categorical_labels
+from silofl.client.data.tabular import DataError, TabularDataset
 
 __all__ = ["SYNTHETIC_LABEL_NAMES", "make_synthetic", "synthetic_frame"]
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from client.data.partition import partition_dataset_indices
-from client.data.tabular import DataError, DatasetInfo, NonSensitiveDivision, TabularDataset
+from silofl.client.data.partition import partition_dataset_indices
+from silofl.client.data.tabular import DataError, DatasetInfo, NonSensitiveDivision, TabularDataset
 
 TOPOLOGIES = ("silos", "divided", "central-sensitive", "general")
 

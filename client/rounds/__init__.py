@@ -16,8 +16,8 @@ import numpy as np
 from flwr.app import Context, Message
 from torch import nn
 
-from client.data.tabular import SiloData
-from protocols.messages import TrainInstruction, TrainReport
+from silofl.client.data.tabular import SiloData
+from silofl.protocols.messages import TrainInstruction, TrainReport
 
 RoundResult = tuple[dict[str, dict[str, np.ndarray]], TrainReport]
 

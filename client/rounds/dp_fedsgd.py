@@ -5,15 +5,15 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from torch import nn
 
-from client import randomness
-from client.algorithms.dp_fedsgd import noisy_gradient
-from client.data.tabular import SiloData
-from client.gradients import unflatten
-from client.round_privacy import RoundPrivacy
-from client.rounds import RoundResult, with_records
-from protocols import messages as msg
-from protocols.models import parameter_spec
-from protocols.privacy.mechanism import Mechanism, Release
+from silofl.client import randomness
+from silofl.client.algorithms.dp_fedsgd import noisy_gradient
+from silofl.client.data.tabular import SiloData
+from silofl.client.gradients import unflatten
+from silofl.client.round_privacy import RoundPrivacy
+from silofl.client.rounds import RoundResult, with_records
+from silofl.protocols import messages as msg
+from silofl.protocols.models import parameter_spec
+from silofl.protocols.privacy.mechanism import Mechanism, Release
 
 
 def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from torch import nn
 
-from client import randomness
-from client.algorithms.fedavg import local_sgd
-from client.data.tabular import SiloData
-from client.rounds import RoundResult, with_records
-from protocols import messages as msg
-from protocols.models import get_parameters
+from silofl.client import randomness
+from silofl.client.algorithms.fedavg import local_sgd
+from silofl.client.data.tabular import SiloData
+from silofl.client.rounds import RoundResult, with_records
+from silofl.protocols import messages as msg
+from silofl.protocols.models import get_parameters
 
 
 @with_records()

@@ -27,16 +27,16 @@ import torch
 from flwr.app import ConfigRecord, Context, Message
 from torch import nn
 
-from client import randomness
-from client.algorithms import fedfdp as algo
-from client.data.tabular import SiloData
-from client.gradients import unflatten
-from client.round_privacy import RoundPrivacy
-from client.rounds import RoundResult, with_records
-from protocols import fedfdp
-from protocols import messages as msg
-from protocols.models import parameter_spec, set_parameters
-from protocols.privacy.mechanism import Mechanism, Release
+from silofl.client import randomness
+from silofl.client.algorithms import fedfdp as algo
+from silofl.client.data.tabular import SiloData
+from silofl.client.gradients import unflatten
+from silofl.client.round_privacy import RoundPrivacy
+from silofl.client.rounds import RoundResult, with_records
+from silofl.protocols import fedfdp
+from silofl.protocols import messages as msg
+from silofl.protocols.models import parameter_spec, set_parameters
+from silofl.protocols.privacy.mechanism import Mechanism, Release
 
 #: The silo's adaptive loss bound in its state: `bound` is C_l of round `round`; `next` the bound for the round after.
 BOUND_KEY = "silofl.fedfdp"

@@ -26,25 +26,25 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message
 
-from client import privacy_state, randomness, silo_policy
-from client.algorithms.fedsc import local_sc_training
-from client.augment import ssl_augmentation
-from client.data.tabular import SiloData
-from client.round_privacy import RoundPrivacy
-from client.rounds import RoundResult, with_records
-from protocols import messages as msg
-from protocols.devices import resolve_device
-from protocols.fedsc import normalize_rows
-from protocols.models import get_parameters, parameter_spec, set_parameters
-from protocols.privacy.calr import (
+from silofl.client import privacy_state, randomness, silo_policy
+from silofl.client.algorithms.fedsc import local_sc_training
+from silofl.client.augment import ssl_augmentation
+from silofl.client.data.tabular import SiloData
+from silofl.client.round_privacy import RoundPrivacy
+from silofl.client.rounds import RoundResult, with_records
+from silofl.protocols import messages as msg
+from silofl.protocols.devices import resolve_device
+from silofl.protocols.fedsc import normalize_rows
+from silofl.protocols.models import get_parameters, parameter_spec, set_parameters
+from silofl.protocols.privacy.calr import (
     accountant_relation,
     dp_calr,
     normalize_release,
     release_divisor,
     release_noise_scale,
 )
-from protocols.privacy.mechanism import Mechanism, Release
-from protocols.ssl_models import SSLModel, build_ssl_model, image_shape
+from silofl.protocols.privacy.mechanism import Mechanism, Release
+from silofl.protocols.ssl_models import SSLModel, build_ssl_model, image_shape
 
 SHARES_KEY = "silofl.fedsc.shares"
 #: randomness streams of this module (distinct from client.randomness's SHUFFLE and NOISE)

@@ -20,15 +20,15 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from torch import nn
 
-from client import randomness, silo_policy
-from client.data.tabular import SiloData
-from client.round_privacy import RoundPrivacy
-from client.rounds import RoundResult, with_records
-from client.silo_data import is_deployed
-from protocols import messages as msg
-from protocols import mu2
-from protocols.models import build_model, flatten_parameters, parameter_spec, unflatten_parameters
-from protocols.privacy.mechanism import Mechanism, Release
+from silofl.client import randomness, silo_policy
+from silofl.client.data.tabular import SiloData
+from silofl.client.round_privacy import RoundPrivacy
+from silofl.client.rounds import RoundResult, with_records
+from silofl.client.silo_data import is_deployed
+from silofl.protocols import messages as msg
+from silofl.protocols import mu2
+from silofl.protocols.models import build_model, flatten_parameters, parameter_spec, unflatten_parameters
+from silofl.protocols.privacy.mechanism import Mechanism, Release
 
 D_KEY = "silofl.mu2.d"
 ROUND_KEY = "silofl.mu2.round"

@@ -23,18 +23,18 @@ import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from client import batches, randomness
-from client.algorithms import steffle as algo
-from client.data.tabular import SiloData
-from client.gradients import unflatten
-from client.round_privacy import RoundPrivacy, digest
-from client.rounds import RoundResult, with_records
-from protocols import messages as msg
-from protocols import shuffled_epochs
-from protocols.ermi import MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior
-from protocols.models import parameter_spec
-from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
-from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+from silofl.client import batches, randomness
+from silofl.client.algorithms import steffle as algo
+from silofl.client.data.tabular import SiloData
+from silofl.client.gradients import unflatten
+from silofl.client.round_privacy import RoundPrivacy, digest
+from silofl.client.rounds import RoundResult, with_records
+from silofl.protocols import messages as msg
+from silofl.protocols import shuffled_epochs
+from silofl.protocols.ermi import MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior
+from silofl.protocols.models import parameter_spec
+from silofl.protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 
 #: The setup release: the (group, label) histogram, radius sqrt(2)/2 under replace-one (`histogram_sensitivity`).
 GROUP_COUNTS = "group-counts"

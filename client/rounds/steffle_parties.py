@@ -27,16 +27,16 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from client import party_exchange, randomness
-from client.data.topology import FeaturePartyData, SensitivePartyData
-from client.round_privacy import RoundPrivacy, digest
-from client.rounds.steffle import GROUP_COUNTS, _named, group_prior, w_noise_of
-from protocols import messages as msg
-from protocols import parties as pm
-from protocols.ermi import GroupPrior
-from protocols.models import parameter_spec
-from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
-from protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+from silofl.client import party_exchange, randomness
+from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.client.round_privacy import RoundPrivacy, digest
+from silofl.client.rounds.steffle import GROUP_COUNTS, _named, group_prior, w_noise_of
+from silofl.protocols import messages as msg
+from silofl.protocols import parties as pm
+from silofl.protocols.ermi import GroupPrior
+from silofl.protocols.models import parameter_spec
+from silofl.protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 
 
 def mechanism(instr: msg.TrainInstruction, rate: float) -> Mechanism:
@@ -68,7 +68,7 @@ def _keys(party_id: int, instr: msg.TrainInstruction, server_round: int) -> dict
 def _prior(content: RecordDict, info, instr: msg.TrainInstruction, what: str) -> tuple[GroupPrior, torch.Tensor, str]:
     """The group prior, W and the prior's digest (`RoundPrivacy.bind`) of a request (shapes from the fairness
     notion), as the silo mode reads them."""
-    from protocols.ermi import w_shape
+    from silofl.protocols.ermi import w_shape
 
     prior_shape = (info.num_groups,) if instr.fairness == "dp" else (info.num_labels, info.num_groups)
     shape = w_shape(instr.fairness, info.num_groups, info.num_labels)
@@ -100,7 +100,7 @@ def feature_train(
     """A feature party's round: a silo's non-sensitive division (`client.algorithms.steffle`
     `nonsensitive_step`): on its Poisson sample at q = m / n_j, the mean loss gradient g_j and the mean
     s-independent part of the W-gradient, -2 W (.) F_i. No row leaves it; it reads no sensitive value."""
-    from client.algorithms.steffle import nonsensitive_step
+    from silofl.client.algorithms.steffle import nonsensitive_step
 
     what = f"train message to feature party {party.party_id} in round {instr.server_round}"
     msg.check_records(message.content, {msg.CONFIG, msg.MODEL, msg.FAIRNESS}, what=what)
@@ -153,8 +153,8 @@ def sensitive_round(
     the silos' rate q, F and J_F computed here from the broadcast model, per-record clipped d psi / d theta and the
     s-dependent W-gradient, noised, divided by q n_c. Charged BEFORE anything is computed (a party over its budget
     refuses). The mechanism is the silos' amplified one: nobody else knows the sample."""
-    from client.algorithms.steffle import fairness_gradients
-    from client.app import _model_from_arrays
+    from silofl.client.algorithms.steffle import fairness_gradients
+    from silofl.client.app import _model_from_arrays
 
     what = f"sensitive query to sensitive party {party.party_id} in round {instr.server_round}"
     msg.check_records(message.content, {msg.CONFIG, msg.FAIRNESS, msg.MODEL}, what=what)

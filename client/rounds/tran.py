@@ -42,19 +42,19 @@ import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from client import batches, randomness
-from client.algorithms.dp_fedsgd import step_batch, step_sample
-from client.data.tabular import SiloData
-from client.gradients import mean_gradient, unflatten
-from client.round_privacy import digest
-from client.rounds import RoundResult, with_records
-from client.rounds import steffle as steffle_round
-from protocols import messages as msg
-from protocols import tran
-from protocols.ermi import GroupPrior
-from protocols.models import model_device, parameter_spec
-from protocols.privacy.gaussian import GaussianMechanism
-from protocols.privacy.mechanism import Mechanism, Release
+from silofl.client import batches, randomness
+from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
+from silofl.client.data.tabular import SiloData
+from silofl.client.gradients import mean_gradient, unflatten
+from silofl.client.round_privacy import digest
+from silofl.client.rounds import RoundResult, with_records
+from silofl.client.rounds import steffle as steffle_round
+from silofl.protocols import messages as msg
+from silofl.protocols import tran
+from silofl.protocols.ermi import GroupPrior
+from silofl.protocols.models import model_device, parameter_spec
+from silofl.protocols.privacy.gaussian import GaussianMechanism
+from silofl.protocols.privacy.mechanism import Mechanism, Release
 
 MASS_RADIUS = 1.0  # ||F(x_i)||_2 <= ||F(x_i)||_1 = 1: the ball record i's group-mass contribution lies in
 MASS = "mass"  # name of the group mass in the fair-update record

@@ -18,7 +18,7 @@ import importlib
 import os
 from importlib.metadata import entry_points
 
-from protocols.algorithms.base import Algorithm
+from silofl.protocols.algorithms.base import Algorithm
 
 __all__ = ["Algorithm", "get", "names", "register", "specs"]
 
@@ -84,7 +84,7 @@ def _load() -> None:
     if not _builtins_loaded:
         _builtins_loaded = True
         for module in _BUILTIN:
-            importlib.import_module(f"protocols.algorithms.{module}")
+            importlib.import_module(f"silofl.protocols.algorithms.{module}")
 
 
 def _load_plugins() -> None:

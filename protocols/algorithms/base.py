@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, create_model
 
-from protocols.options import PrivacyOptions, is_silo_field
+from silofl.protocols.options import PrivacyOptions, is_silo_field
 
 if TYPE_CHECKING:
-    from protocols.config import RunConfig
-    from protocols.messages import TrainInstruction
+    from silofl.protocols.config import RunConfig
+    from silofl.protocols.messages import TrainInstruction
 
 #: What the privacy report lists as not covered when the silos answer evaluations exactly (`server.result` drops it
 #: from a run whose every evaluation every silo answered noised, under its operator's policy).
@@ -94,7 +94,7 @@ class Algorithm:
     resumable: bool = True
     #: ``"module:function"`` giving the starting model's arrays (config, SiloInfo) -> ArrayRecord, when the strategy
     #: does not fix one itself.
-    initial_model: str = "protocols.algorithms.common:tabular_initial_arrays"
+    initial_model: str = "silofl.protocols.algorithms.common:tabular_initial_arrays"
     #: The model in result.json ("json": the arrays inline) or next to it ("npz": model.npz, for large models).
     model_output: str = "json"
     #: The final metrics the CLI summary shows: label -> key of result.json's `final`. `fairness` adds the
@@ -182,7 +182,7 @@ def _field_with_default(info: Any, value: Any) -> Any:
 
 def _config_model(spec: Algorithm) -> type[RunConfig]:
     """The algorithm's RunConfig: the common options and its groups, with its defaults."""
-    from protocols.config import RunConfig
+    from silofl.protocols.config import RunConfig
 
     base = create_model(f"_{_camel(spec.name)}Options", __base__=(RunConfig, *spec.options))  # type: ignore[call-overload]
     by_alias = {(info.alias or name): name for name, info in base.model_fields.items()}
@@ -200,7 +200,7 @@ def _config_model(spec: Algorithm) -> type[RunConfig]:
 
 def _instruction_model(spec: Algorithm) -> type[TrainInstruction]:
     """The train instruction of the algorithm: the base fields, its silo options, and its per-round fields."""
-    from protocols.messages import TrainInstruction
+    from silofl.protocols.messages import TrainInstruction
 
     base_fields = set(TrainInstruction.model_fields)
     fields: dict[str, Any] = {}

@@ -9,8 +9,8 @@ from typing import Any
 def tabular_initial_arrays(config: Any, info: Any) -> Any:
     """The starting parameters of a logistic regression, an MLP or the user's model (`--model module:factory`),
     initialised from the run's seed."""
-    from protocols import messages as msg
-    from protocols.models import build_model, get_parameters
+    from silofl.protocols import messages as msg
+    from silofl.protocols.models import build_model, get_parameters
 
     model = build_model(
         config.model, info.num_features, info.num_labels, hidden=getattr(config, "hidden", 64), seed=config.seed
@@ -23,9 +23,9 @@ def check_run_model(config: Any, num_features: int, num_labels: int) -> None:
     import, build, return (n, num_labels) float32 logits record by record, or give per-sample gradients
     (`protocols.models.check_model`). ConfigError naming ``--model`` and the fix; nothing for the built-in models
     (and for an algorithm without a `model` option)."""
-    from protocols.config import ConfigError
-    from protocols.model_names import is_custom_model
-    from protocols.models import ModelError, check_model
+    from silofl.protocols.config import ConfigError
+    from silofl.protocols.model_names import is_custom_model
+    from silofl.protocols.models import ModelError, check_model
 
     kind = getattr(config, "model", "")
     if not is_custom_model(kind):

@@ -3,9 +3,9 @@ minibatch (q = m / n_j), clips per-sample gradients to C, adds Gaussian noise si
 public batch size m; the server averages and steps. Server: `strategies.dp_fedsgd` (`DpFedSgdStrategy`); silo:
 `client.rounds.dp_fedsgd`."""
 
-from protocols.algorithms import register
-from protocols.algorithms.base import RECORD_PROTECTED, Algorithm
-from protocols.options import (
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import RECORD_PROTECTED, Algorithm
+from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
     GroupReportOptions,
@@ -35,8 +35,8 @@ SPEC = register(
         aliases=("dpfedsgd", "dp_fedsgd"),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.dp_fedsgd:build",
-        silo={"train": "client.rounds.dp_fedsgd:train_round"},
+        strategy="silofl.strategies.dp_fedsgd:build",
+        silo={"train": "silofl.client.rounds.dp_fedsgd:train_round"},
         plots=("fairness", "privacy"),
         mechanism="each silo: Poisson sampling q = m/n_j, per-sample clipping to C, Gaussian noise sigma*C on the sum "
         "(add/remove neighbours), one release per round; sigma from the accountant for (epsilon, delta, q, T)",

@@ -2,9 +2,9 @@
 global model; the server averages the models weighted by records. Server: `strategies.fedavg` (`FedAvg`); silo:
 `client.rounds.fedavg`."""
 
-from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm, local_epochs_rounds
-from protocols.options import (
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import Algorithm, local_epochs_rounds
+from silofl.protocols.options import (
     DeviceOptions,
     GroupReportOptions,
     LocalEpochsOptions,
@@ -19,8 +19,8 @@ SPEC = register(
         options=(TabularModelOptions, DeviceOptions, SgdOptions, LocalEpochsOptions, GroupReportOptions),
         # the SteFFLe sweeps' FedAvg baseline (docs/RESULTS.md): 40 rounds of one local epoch at lr 0.25
         defaults={"epochs": 40.0, "lr": 0.25},
-        strategy="strategies.fedavg:build",
-        silo={"train": "client.rounds.fedavg:train_round"},
+        strategy="silofl.strategies.fedavg:build",
+        silo={"train": "silofl.client.rounds.fedavg:train_round"},
         rounds=local_epochs_rounds,
         plots=("fairness", "privacy"),
     )

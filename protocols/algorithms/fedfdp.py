@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from protocols.algorithms import register
-from protocols.algorithms.base import RECORD_PROTECTED, Algorithm
-from protocols.options import (
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import RECORD_PROTECTED, Algorithm
+from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
     GroupReportOptions,
@@ -37,8 +37,8 @@ CAVEAT = (
 
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
     """The loss release's noise, and the paper's gradient-only epsilon of what ran (for comparison only)."""
-    from protocols import fedfdp
-    from protocols.privacy import accountant
+    from silofl.protocols import fedfdp
+    from silofl.protocols.privacy import accountant
 
     paper = {
         str(silo_id): fedfdp.paper_epsilon(report.noise_multiplier, report.sampling_rate, report.server_round, delta)
@@ -87,10 +87,10 @@ SPEC = register(
         aliases=("fed-fdp", "ling2024"),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.fedfdp:build",
-        silo={"train": "client.rounds.fedfdp:train_round"},
+        strategy="silofl.strategies.fedfdp:build",
+        silo={"train": "silofl.client.rounds.fedfdp:train_round"},
         plots=("fairness", "privacy"),
-        privacy_report="protocols.algorithms.fedfdp:privacy_report",
+        privacy_report="silofl.protocols.algorithms.fedfdp:privacy_report",
         mechanism="each silo, each round: on a Poisson sample q = m/n_j, fair clipping c_j = min(max(0, 1 + lambda "
         "(f_j - F_t)), C/||g_j||), Gaussian noise sigma*C on the sum, one local step sent as w_i; on an independent "
         "Poisson sample of the same rate, the losses of w_i clipped to [0, C_l] summed with Gaussian noise "

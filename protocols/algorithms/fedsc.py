@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocols.algorithms import register
-from protocols.algorithms.base import Algorithm, local_epochs_rounds
-from protocols.options import CalrOptions, LocalEpochsOptions, PrivacyOptions, SgdOptions, SslOptions
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import Algorithm, local_epochs_rounds
+from silofl.protocols.options import CalrOptions, LocalEpochsOptions, PrivacyOptions, SgdOptions, SslOptions
 
 #: docs/RESULTS.md's FedSC configuration (Fashion-MNIST, 10 silos x 1 class, 800 one-step rounds, FedAdam at the
 #: server): `benchmarks/fedsc_fmnist.py --rounds 800 --records 6000 --local-steps 1 --batch-size 13 --alpha-start 0.1
@@ -105,7 +105,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     """The shares each silo actually made, its noise, and the paper's closed form (FedSC, Jing et al., ICML 2024,
     Proposition 6.6 with its missing |D_j|^2 restored: docs/FEDSC.md, "Privacy") next to the accountant's epsilon the
     silo's ledger reports."""
-    from protocols.privacy.calr import calr_closed_form_epsilon
+    from silofl.protocols.privacy.calr import calr_closed_form_epsilon
 
     state = history.server_state or {}
     subsampled = config.calr_sampling_rate < 1.0
@@ -149,12 +149,15 @@ SPEC = register(
             "alpha-start": 0.1,
             "alpha-end": 0.1,
         },
-        strategy="strategies.fedsc:build_fedsc",
-        silo={"train": "client.rounds.fedsc:train_round", "query.correlation": "client.rounds.fedsc:correlation_reply"},
+        strategy="silofl.strategies.fedsc:build_fedsc",
+        silo={
+            "train": "silofl.client.rounds.fedsc:train_round",
+            "query.correlation": "silofl.client.rounds.fedsc:correlation_reply",
+        },
         **SSL_ENTRY,
         mechanism=mechanism,
         protects="the correlation matrices each silo shares (DP-CalR)",
         not_covered=SSL_NOT_COVERED,
-        privacy_report="protocols.algorithms.fedsc:privacy_report",
+        privacy_report="silofl.protocols.algorithms.fedsc:privacy_report",
     )
 )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from protocols.algorithms import register
-from protocols.algorithms.base import RECORD_PROTECTED, Algorithm, single_pass_rounds
-from protocols.options import PrivacyOptions, SinglePassOptions
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import RECORD_PROTECTED, Algorithm, single_pass_rounds
+from silofl.protocols.options import PrivacyOptions, SinglePassOptions
 
 #: The paper's Tables 1 and 2 (docs/RESULTS.md, benchmarks/sweeps/mu2_mnist.toml): one pass with b = 1.
 SINGLE_PASS_DEFAULTS = {"dataset": "digits", "epochs": 1.0, "batch-size": 1}
@@ -25,7 +25,7 @@ def single_pass_report(config: Any, history: Any, rounds: int, delta: float, *, 
     noise (the silos' messages are not private then; the released x_t are). `releases_per_record`: 0 = every round
     releases every record (DP-mu2-FL's momentum; T releases at noise multiplier sigma(rho, T)), 1 = one release per
     record at multiplier 1 / rho (single-pass noisy SGD)."""
-    from protocols import mu2
+    from silofl.protocols import mu2
 
     if not history.server_state:
         return {}
@@ -56,12 +56,12 @@ SPEC = register(
         aliases=("dp-mu2-fl", "mu2"),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.mu2fl:build_mu2fl",
-        silo={"train": "client.rounds.mu2fl:train_round"},
+        strategy="silofl.strategies.mu2fl:build_mu2fl",
+        silo={"train": "silofl.client.rounds.mu2fl:train_round"},
         rounds=single_pass_rounds,
         check=check_rho,
         plots=("mu2",),
-        privacy_report="protocols.algorithms.mu2fl:privacy_report",
+        privacy_report="silofl.protocols.algorithms.mu2fl:privacy_report",
         mechanism="each round each silo releases q_t = t d_t (corrected momentum over all its records so far; one "
         "record moves it by at most 2S/b), with Gaussian noise 2S sqrt(T)/(rho b) added in the silo (untrusted) or "
         "once at the server on the mean (trusted, /M); T rounds compose to (alpha, alpha rho^2/2)-RDP (the paper's "

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocols.algorithms import register
-from protocols.algorithms.base import RECORD_PROTECTED, Algorithm, single_pass_rounds
-from protocols.algorithms.mu2fl import SINGLE_PASS_DEFAULTS, check_rho, single_pass_report
-from protocols.options import PrivacyOptions, SinglePassOptions
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import RECORD_PROTECTED, Algorithm, single_pass_rounds
+from silofl.protocols.algorithms.mu2fl import SINGLE_PASS_DEFAULTS, check_rho, single_pass_report
+from silofl.protocols.options import PrivacyOptions, SinglePassOptions
 
 
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
@@ -26,12 +26,12 @@ SPEC = register(
         aliases=("noisy_sgd",),
         noised_for=("silo",),
         protects=RECORD_PROTECTED,
-        strategy="strategies.mu2fl:build_noisy_sgd",
-        silo={"train": "client.rounds.mu2fl:train_round_noisy_sgd"},
+        strategy="silofl.strategies.mu2fl:build_noisy_sgd",
+        silo={"train": "silofl.client.rounds.mu2fl:train_round_noisy_sgd"},
         rounds=single_pass_rounds,
         check=check_rho,
         plots=("mu2",),
-        privacy_report="protocols.algorithms.noisy_sgd:privacy_report",
+        privacy_report="silofl.protocols.algorithms.noisy_sgd:privacy_report",
         mechanism="single pass: each record is used in one round; each silo releases its mean gradient (sensitivity "
         "2G/b) with Gaussian noise 2G/(rho b) (untrusted; trusted: once at the server, /M): one release per record",
     )

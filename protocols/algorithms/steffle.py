@@ -10,11 +10,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from protocols import shuffled_epochs
-from protocols.algorithms import register
-from protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
-from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
-from protocols.options import (
+from silofl.protocols import shuffled_epochs
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
+from silofl.protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
+from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
     ErmiOptions,
@@ -27,7 +27,7 @@ from protocols.options import (
     TabularModelOptions,
     TopologyOptions,
 )
-from protocols.shuffled_epochs import ACCOUNTING_NOTE
+from silofl.protocols.shuffled_epochs import ACCOUNTING_NOTE
 
 RELATION = "replace_one (the sensitive attribute of one record)"
 PARTIES_REPORT = (
@@ -100,7 +100,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     """
     import numpy as np
 
-    from protocols.privacy.closed_form import steffle_closed_form
+    from silofl.protocols.privacy.closed_form import steffle_closed_form
 
     out: dict[str, Any] = {"relation": RELATION, **sampling_report(config, history, rounds)}
     if config.topology != "silos":
@@ -207,17 +207,17 @@ SPEC = register(
         defaults=MINIBATCH_DEFAULTS,
         check=check,
         noised_for=("sensitive",),
-        strategy="strategies.steffle:build",
+        strategy="silofl.strategies.steffle:build",
         silo={
-            "train": "client.rounds.steffle:train_round",
-            "query.groups": "client.rounds.steffle:group_counts",
-            "features:train": "client.rounds.steffle_parties:feature_train",
-            "sensitive:query.groups": "client.rounds.steffle_parties:group_counts",
-            "sensitive:query.sensitive": "client.rounds.steffle_parties:sensitive_round",
+            "train": "silofl.client.rounds.steffle:train_round",
+            "query.groups": "silofl.client.rounds.steffle:group_counts",
+            "features:train": "silofl.client.rounds.steffle_parties:feature_train",
+            "sensitive:query.groups": "silofl.client.rounds.steffle_parties:group_counts",
+            "sensitive:query.sensitive": "silofl.client.rounds.steffle_parties:sensitive_round",
         },
         plots=("fairness", "privacy"),
         label=label,
-        privacy_report="protocols.algorithms.steffle:privacy_report",
+        privacy_report="silofl.protocols.algorithms.steffle:privacy_report",
         mechanism=mechanism,
         protects=SENSITIVE_PROTECTED,
         in_clear=IN_CLEAR,

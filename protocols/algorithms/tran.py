@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocols.algorithms import register
-from protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
-from protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
-from protocols.algorithms.steffle import RELATION, SAMPLERS, sampling_report
-from protocols.options import (
+from silofl.protocols.algorithms import register
+from silofl.protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
+from silofl.protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
+from silofl.protocols.algorithms.steffle import RELATION, SAMPLERS, sampling_report
+from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
     DualOptions,
@@ -74,10 +74,13 @@ SPEC = register(
         ),
         defaults=MINIBATCH_DEFAULTS,
         aliases=("tran2021", "pf-ld"),
-        strategy="strategies.tran:build",
-        silo={"train": "client.rounds.tran:train_round", "query.groups": "client.rounds.tran:group_counts"},
+        strategy="silofl.strategies.tran:build",
+        silo={
+            "train": "silofl.client.rounds.tran:train_round",
+            "query.groups": "silofl.client.rounds.tran:group_counts",
+        },
         plots=("fairness", "privacy"),
-        privacy_report="protocols.algorithms.tran:privacy_report",
+        privacy_report="silofl.protocols.algorithms.tran:privacy_report",
         mechanism=mechanism,
         protects=SENSITIVE_PROTECTED,
         in_clear=IN_CLEAR,

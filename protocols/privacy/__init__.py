@@ -5,7 +5,7 @@ record's sensitive attribute changed, for DP w.r.t. sensitive attributes as in D
 ``dp-accounting``, numpy and torch; no Flower imports, so it is testable without a server.
 """
 
-from protocols.privacy.accountant import (
+from silofl.protocols.privacy.accountant import (
     ACCOUNTANTS,
     RELATIONS,
     Calibration,
@@ -16,9 +16,9 @@ from protocols.privacy.accountant import (
     epsilon_spent,
     pld_value_discretization,
 )
-from protocols.privacy.closed_form import steffle_closed_form
-from protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
-from protocols.privacy.ledger import BudgetExceededError, LedgerEntry, PrivacyLedger
+from silofl.protocols.privacy.closed_form import steffle_closed_form
+from silofl.protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
+from silofl.protocols.privacy.ledger import BudgetExceededError, LedgerEntry, PrivacyLedger
 
 __all__ = [
     "ACCOUNTANTS",

@@ -21,8 +21,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from protocols.privacy import composition
-from protocols.privacy.composition import State
+from silofl.protocols.privacy import composition
+from silofl.protocols.privacy.composition import State
 
 LADDER_RATIO = 1.1
 """Under PLD-only accounting a charge at ``s`` steps that no evaluated run covers extends the ladder to

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from protocols.privacy.accountant import ACCOUNTANTS, RELATIONS, Calibration, calibrate_noise
-from protocols.shuffled_epochs import SAMPLERS, accounted_steps, batches_per_epoch
+from silofl.protocols.privacy.accountant import ACCOUNTANTS, RELATIONS, Calibration, calibrate_noise
+from silofl.protocols.shuffled_epochs import SAMPLERS, accounted_steps, batches_per_epoch
 
 _NOTES = {
     "add_remove": "Each release adds Gaussian noise with std = noise multiplier x its own L2 sensitivity "

@@ -46,8 +46,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from protocols.fedsc import clip_rows
-from protocols.privacy.accountant import calibrate_noise, check_delta, check_epsilon, epsilon_spent
+from silofl.protocols.fedsc import clip_rows
+from silofl.protocols.privacy.accountant import calibrate_noise, check_delta, check_epsilon, epsilon_spent
 
 __all__ = [
     "CALR_RELATIONS",

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from protocols.privacy.accountant import check_delta
+from silofl.protocols.privacy.accountant import check_delta
 
 
 def _positive(value: object, name: str, *, upper: float = math.inf) -> float:

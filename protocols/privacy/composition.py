@@ -30,7 +30,7 @@ from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
 
-from protocols.privacy.accountant import check_delta, check_relation, library_relation, pld_value_discretization
+from silofl.protocols.privacy.accountant import check_delta, check_relation, library_relation, pld_value_discretization
 
 DP_ACCOUNTING_CHECKED = ("0.6.0", "0.7")
 """dp-accounting versions this module was checked against: ``>= [0]`` and ``< [1]`` (``dp-accounting>=0.6,<0.7``).

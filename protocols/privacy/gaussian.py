@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocols.privacy.accountant import check_relation
+from silofl.protocols.privacy.accountant import check_relation
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from protocols.privacy import admission, composition
-from protocols.privacy.accountant import (
+from silofl.protocols.privacy import admission, composition
+from silofl.protocols.privacy.accountant import (
     check_accountant,
     check_accountant_supports,
     check_delta,
@@ -65,8 +65,8 @@ from protocols.privacy.accountant import (
     check_steps,
     library_accountants,
 )
-from protocols.privacy.admission import LADDER_RATIO
-from protocols.privacy.composition import (
+from silofl.protocols.privacy.admission import LADDER_RATIO
+from silofl.protocols.privacy.composition import (
     DP_ACCOUNTING_CHECKED,
     RESPONSE_GRID,
     State,

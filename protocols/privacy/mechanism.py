@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the accountants (dp-accounting) are imported when a silo fi
     # ClientApp is a fresh process per message, and a message that is refused or non-private needs neither
     import dp_accounting
 
-    from protocols.privacy.accountant import Calibration
+    from silofl.protocols.privacy.accountant import Calibration
 
 Sampling = Literal["poisson", "none", "epochs"]
 SAMPLINGS: tuple[str, ...] = ("poisson", "none", "epochs")
@@ -163,7 +163,7 @@ class Mechanism:
         of the sample's releases combined (``Gaussian`` alone at rate 1); several samples composed."""
         import dp_accounting
 
-        from protocols.privacy import accountant as acc
+        from silofl.protocols.privacy import accountant as acc
 
         events = []
         for sample in dict.fromkeys(r.sample for r in self.releases):
@@ -225,7 +225,7 @@ class Mechanism:
     def calibrate(self, budget: float, delta: float, accountant: str) -> Calibrated:
         """The smallest multiplier whose run (setup releases included, one composition) stays within `budget` at
         `delta` by `accountant`; a fixed multiplier is only accounted. ``budget = inf``: no noise (multiplier 0)."""
-        from protocols.privacy import accountant as acc
+        from silofl.protocols.privacy import accountant as acc
 
         if self.fixed_multiplier is not None:
             multiplier = self.fixed_multiplier
@@ -305,7 +305,7 @@ def _calibrate(
     companion_ratio: float = math.inf,
 ) -> Calibration:
     """`calibrate_noise` is a pure function of its arguments (0.2-1 s): simulated silos of equal size share it."""
-    from protocols.privacy import accountant as acc
+    from silofl.protocols.privacy import accountant as acc
 
     key = (epsilon, delta, sampling_rate, steps, releases, accountant, relation, prior, companion_ratio)
     cached = _CALIBRATIONS.get(key)

@@ -127,7 +127,7 @@ def _write(path: Path, data: bytes, *, private: bool) -> None:
 
 
 def _node_names(silos: int, topology: str, sensitive_parties: int | None) -> tuple[str, ...]:
-    from server.deploy.topology import TopologyError, node_layout
+    from silofl.server.deploy.topology import TopologyError, node_layout
 
     if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
         raise CertError(f"silos must be a positive integer (one key pair per silo), got {silos!r}")
@@ -261,7 +261,7 @@ def _write_party_keys(paths: CertPaths) -> None:
     """Fresh party key files for every party of `paths` (none for silos): one generation, one directory."""
     if not paths.party_keys:
         return
-    from protocols.party_keys import generate
+    from silofl.protocols.party_keys import generate
 
     keys = generate(party_name(name) for name in paths.names)
     for name, file in zip(paths.names, paths.party_keys, strict=True):

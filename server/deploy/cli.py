@@ -38,7 +38,7 @@ def _hosts(text: str) -> list[str]:
 
 
 def certs_command(args: argparse.Namespace) -> int:
-    from server.deploy.certs import CertError, make_certs
+    from silofl.server.deploy.certs import CertError, make_certs
 
     try:
         paths = make_certs(
@@ -67,7 +67,7 @@ def certs_command(args: argparse.Namespace) -> int:
 
 
 def up_command(args: argparse.Namespace) -> int:
-    from server.deploy.local import DeployError, up
+    from silofl.server.deploy.local import DeployError, up
 
     try:
         dep = up(
@@ -105,7 +105,7 @@ def up_command(args: argparse.Namespace) -> int:
 
 def status_command(args: argparse.Namespace) -> int:
     """Print every process of the deployment and whether it runs; exit 0 if all run, 1 if not (or no deployment)."""
-    from server.deploy.local import DeployError, status
+    from silofl.server.deploy.local import DeployError, status
 
     try:
         processes = status(args.dir)
@@ -123,7 +123,7 @@ def status_command(args: argparse.Namespace) -> int:
 
 def restart_command(args: argparse.Namespace) -> int:
     """Start again the processes that do not run (or those named by --node), as `up` started them."""
-    from server.deploy.local import DeployError, restart, status
+    from silofl.server.deploy.local import DeployError, restart, status
 
     try:
         restarted = restart(args.dir, args.node, grace=args.grace, say=lambda text: print(text, flush=True))
@@ -143,7 +143,7 @@ def restart_command(args: argparse.Namespace) -> int:
 
 
 def down_command(args: argparse.Namespace) -> int:
-    from server.deploy.local import DeployError, down
+    from silofl.server.deploy.local import DeployError, down
 
     try:
         pids = down(args.dir, grace=args.grace)
@@ -156,7 +156,7 @@ def down_command(args: argparse.Namespace) -> int:
 
 def _add_topology_flags(parser: argparse.ArgumentParser, nodes: str) -> None:
     """`--topology` and `--sensitive-parties`, shared by `deploy certs` and `deploy up` (`nodes`: what is made)."""
-    from server.deploy.topology import TOPOLOGIES
+    from silofl.server.deploy.topology import TOPOLOGIES
 
     parser.add_argument(
         "--topology",
@@ -177,8 +177,8 @@ def _add_topology_flags(parser: argparse.ArgumentParser, nodes: str) -> None:
 
 def add_deploy_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `deploy certs|up|status|restart|down` on an argparse subparsers object (e.g. the `silofl` command's)."""
-    from client.silo_cli import DEFAULT_RUNTIME, RUNTIMES
-    from server.deploy.certs import DEFAULT_HOSTS
+    from silofl.client.silo_cli import DEFAULT_RUNTIME, RUNTIMES
+    from silofl.server.deploy.certs import DEFAULT_HOSTS
 
     deploy = subparsers.add_parser("deploy", help="deploy a federation", description="Deploy a federation.")
     sub = deploy.add_subparsers(dest="deploy_command", metavar="COMMAND", required=True)

@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from client.silo_cli import DEFAULT_RUNTIME, RUNTIME_ENV, RUNTIMES
-from server.deploy.topology import NodeLayout, TopologyError, node_layout
+from silofl.client.silo_cli import DEFAULT_RUNTIME, RUNTIME_ENV, RUNTIMES
+from silofl.server.deploy.topology import NodeLayout, TopologyError, node_layout
 
 __all__ = [
     "CONNECTION",
@@ -410,7 +410,7 @@ def start_supernode(
     """
     from argparse import Namespace
 
-    from client.silo_cli import supernode_command
+    from silofl.client.silo_cli import supernode_command
 
     root = Path(dep.dir)
     port = port or free_port()
@@ -450,12 +450,12 @@ def wait_for_supernode(proc: ProcessInfo, timeout: float = STARTUP_TIMEOUT) -> N
 
 
 def _silo_folders(data: Path | None, silos: int, root: Path) -> list[Path]:
-    from client.data.silo_store import load_silo
-    from client.data.tabular import DataError
+    from silofl.client.data.silo_store import load_silo
+    from silofl.client.data.tabular import DataError
 
     if data is None:
-        from client.data.federate import load_federation
-        from client.data.silo_store import save_silo
+        from silofl.client.data.federate import load_federation
+        from silofl.client.data.silo_store import save_silo
 
         data = root / "data"
         if not all((data / f"silo_{k}" / "info.json").is_file() for k in range(silos)):
@@ -483,8 +483,8 @@ def _silo_folders(data: Path | None, silos: int, root: Path) -> list[Path]:
 def _party_folders(data: Path | None, layout: NodeLayout, root: Path) -> list[Path]:
     """The folders of `layout`'s parties (features_k, sensitive_c): `data`'s, checked, or (`data` None) the embedded
     synthetic dataset split as `silofl data split synthetic --silos N --topology T` does, into DIR/data."""
-    from client.data.party_store import load_party, read_party_info
-    from client.data.tabular import DataError
+    from silofl.client.data.party_store import load_party, read_party_info
+    from silofl.client.data.tabular import DataError
 
     def fits(folder: Path, role: str, party_id: int) -> str:
         """What is wrong with `folder` as `role` party `party_id` of `layout` (empty if nothing)."""
@@ -532,9 +532,9 @@ def _party_folders(data: Path | None, layout: NodeLayout, root: Path) -> list[Pa
 
 def _write_synthetic_parties(out: Path, layout: NodeLayout) -> None:
     """`silofl data split synthetic --silos N --topology T [--sensitive-parties S] --out OUT`, with its defaults."""
-    from client.data.loaders import load_dataset
-    from client.data.party_store import save_party
-    from client.data.topology import split_parties
+    from silofl.client.data.loaders import load_dataset
+    from silofl.client.data.party_store import save_party
+    from silofl.client.data.topology import split_parties
 
     ds = load_dataset("synthetic", seed=0)
     features, sensitive = split_parties(
@@ -572,7 +572,7 @@ def up(
 
     Returns once every SuperNode has joined. On any failure everything started so far is stopped again.
     """
-    from server.deploy.certs import CertError, CertPaths, ensure_certs, ensure_party_keys
+    from silofl.server.deploy.certs import CertError, CertPaths, ensure_certs, ensure_party_keys
 
     if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
         raise DeployError(f"--silos must be a positive integer, got {silos!r}")
@@ -589,7 +589,7 @@ def up(
         if any(_alive(p) for p in old.processes):
             raise DeployError(f"{root} already runs a federation; `silofl deploy down --dir {root}` first")
     if policy is not None:
-        from protocols.silo_policy import PolicyError, load_policy
+        from silofl.protocols.silo_policy import PolicyError, load_policy
 
         try:
             load_policy(policy)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.data.topology import TOPOLOGIES
+from silofl.client.data.topology import TOPOLOGIES
 
 __all__ = ["TOPOLOGIES", "NodeLayout", "TopologyError", "node_layout"]
 

@@ -32,15 +32,15 @@ curves and bars), `layout` (panels, colours, the legend), one module per figure 
 (`silofl plot`). This package re-exports what benchmarks/results*.py reach as `plots.NAME`.
 """
 
-from server.plots.fairness import fairness_figures
-from server.plots.fedsc import fedsc_figures
-from server.plots.figures import FIGURE_KINDS, PLOT_KINDS, build_figures
-from server.plots.files import save_figures, save_to
-from server.plots.grouping import _PANEL_KEYS as _PANEL_KEYS
-from server.plots.grouping import TRACE_KEYS
-from server.plots.grouping import _in_panel as _in_panel
-from server.plots.grouping import _sort_key as _sort_key
-from server.plots.labels import (
+from silofl.server.plots.fairness import fairness_figures
+from silofl.server.plots.fedsc import fedsc_figures
+from silofl.server.plots.figures import FIGURE_KINDS, PLOT_KINDS, build_figures
+from silofl.server.plots.files import save_figures, save_to
+from silofl.server.plots.grouping import _PANEL_KEYS as _PANEL_KEYS
+from silofl.server.plots.grouping import TRACE_KEYS
+from silofl.server.plots.grouping import _in_panel as _in_panel
+from silofl.server.plots.grouping import _sort_key as _sort_key
+from silofl.server.plots.labels import (
     DATASET_NAMES,
     FAIRNESS_METRIC,
     FAIRNESS_NAMES,
@@ -50,12 +50,12 @@ from server.plots.labels import (
     privacy_text,
     run_labels,
 )
-from server.plots.labels import _fmt as _fmt
-from server.plots.labels import _slug as _slug
-from server.plots.mu2 import mu2_figures
-from server.plots.privacy import privacy_figures
-from server.plots.rounds import run_figures
-from server.plots.runs import (
+from silofl.server.plots.labels import _fmt as _fmt
+from silofl.server.plots.labels import _slug as _slug
+from silofl.server.plots.mu2 import mu2_figures
+from silofl.server.plots.privacy import privacy_figures
+from silofl.server.plots.rounds import run_figures
+from silofl.server.plots.runs import (
     PlotError,
     RunRecord,
     config_defaults,
@@ -67,8 +67,8 @@ from server.plots.runs import (
     normalized_config,
     varied_keys,
 )
-from server.plots.runs import _float as _float
-from server.plots.runs import _has as _has
+from silofl.server.plots.runs import _float as _float
+from silofl.server.plots.runs import _has as _has
 
 __all__ = [
     "DATASET_NAMES",

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.plots.figures import PLOT_KINDS, build_figures
-from server.plots.files import _image_suffix, _runs_stem, _slice_suffix, save_to
-from server.plots.grouping import TRACE_KEYS
-from server.plots.labels import METRIC_LABELS, ROUND_METRICS
-from server.plots.runs import PlotError, filter_runs, load_runs
+from silofl.server.plots.figures import PLOT_KINDS, build_figures
+from silofl.server.plots.files import _image_suffix, _runs_stem, _slice_suffix, save_to
+from silofl.server.plots.grouping import TRACE_KEYS
+from silofl.server.plots.labels import METRIC_LABELS, ROUND_METRICS
+from silofl.server.plots.runs import PlotError, filter_runs, load_runs
 
 
 def add_plot_parser(subparsers: Any) -> None:
@@ -61,7 +61,7 @@ def add_plot_parser(subparsers: Any) -> None:
 
 
 def plot_command(args: Any) -> int:
-    from server.sweep import SweepError, canonical_key, parse_where
+    from silofl.server.sweep import SweepError, canonical_key, parse_where
 
     per_run = args.kind == "run"
     try:

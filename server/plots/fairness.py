@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from server.plots.grouping import (
+from silofl.server.plots.grouping import (
     _PANEL_KEYS,
     TRACE_KEYS,
     _by_dataset_and_notion,
@@ -19,7 +19,7 @@ from server.plots.grouping import (
     _split,
     _trace_key,
 )
-from server.plots.labels import (
+from silofl.server.plots.labels import (
     FAIRNESS_METRIC,
     METRIC_LABELS,
     _curve_label,
@@ -29,8 +29,8 @@ from server.plots.labels import (
     _seeds_text,
     _slug,
 )
-from server.plots.layout import _Colors, _legend, _new_figure
-from server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd, varied_keys
+from silofl.server.plots.layout import _Colors, _legend, _new_figure
+from silofl.server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd, varied_keys
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -9,8 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from server.plots.grouping import _group
-from server.plots.labels import (
+from silofl.server.plots.grouping import _group
+from silofl.server.plots.labels import (
     _PRIVACY_KEYS,
     METRIC_LABELS,
     _check_metric,
@@ -22,8 +22,8 @@ from server.plots.labels import (
     _slug,
     distinguishing_labels,
 )
-from server.plots.layout import _Colors, _legend, _new_figure
-from server.plots.runs import _IGNORED_KEYS, RunRecord, _has, in_plot, mean_sd
+from silofl.server.plots.layout import _Colors, _legend, _new_figure
+from silofl.server.plots.runs import _IGNORED_KEYS, RunRecord, _has, in_plot, mean_sd
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -7,13 +7,13 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from server.plots.fairness import fairness_figures
-from server.plots.fedsc import fedsc_figures
-from server.plots.grouping import TRACE_KEYS
-from server.plots.mu2 import mu2_figures
-from server.plots.privacy import privacy_figures
-from server.plots.rounds import run_figures
-from server.plots.runs import PlotError, RunRecord
+from silofl.server.plots.fairness import fairness_figures
+from silofl.server.plots.fedsc import fedsc_figures
+from silofl.server.plots.grouping import TRACE_KEYS
+from silofl.server.plots.mu2 import mu2_figures
+from silofl.server.plots.privacy import privacy_figures
+from silofl.server.plots.rounds import run_figures
+from silofl.server.plots.runs import PlotError, RunRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from server.plots.runs import RunRecord
+from silofl.server.plots.runs import RunRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

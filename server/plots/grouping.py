@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from server.plots.runs import RunRecord, _float
+from silofl.server.plots.runs import RunRecord, _float
 
 #: Keys that trace a method's fairness/utility trade-off (the points of one curve), in order of preference.
 TRACE_KEYS = ("lambda", "dual-lr")

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from server.plots.grouping import _group
-from server.plots.runs import _IGNORED_KEYS, PlotError, RunRecord, _float
+from silofl.server.plots.grouping import _group
+from silofl.server.plots.runs import _IGNORED_KEYS, PlotError, RunRecord, _float
 
 #: Keys that make a run's privacy level: labels show them as one part ("non-private", "eps 6", "rho 4").
 _PRIVACY_KEYS = frozenset({"epsilon", "rho", "delta", "accountant"})

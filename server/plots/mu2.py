@@ -8,10 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from server.plots.grouping import _group
-from server.plots.labels import METRIC_LABELS, _check_metric, _dataset_title, _fmt, _seeds_text, _slug
-from server.plots.layout import _Colors, _legend, _new_figure
-from server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd
+from silofl.server.plots.grouping import _group
+from silofl.server.plots.labels import METRIC_LABELS, _check_metric, _dataset_title, _fmt, _seeds_text, _slug
+from silofl.server.plots.layout import _Colors, _legend, _new_figure
+from silofl.server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -8,8 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from server.plots.grouping import _PANEL_KEYS, _by_dataset_and_notion, _curves, _group, _in_panel, _split
-from server.plots.labels import (
+from silofl.server.plots.grouping import _PANEL_KEYS, _by_dataset_and_notion, _curves, _group, _in_panel, _split
+from silofl.server.plots.labels import (
     FAIRNESS_NAMES,
     METRIC_LABELS,
     _check_metric,
@@ -20,8 +20,8 @@ from server.plots.labels import (
     _seeds_text,
     _slug,
 )
-from server.plots.layout import _Colors, _legend, _new_figure
-from server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd, varied_keys
+from silofl.server.plots.layout import _Colors, _legend, _new_figure
+from silofl.server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd, varied_keys
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -7,9 +7,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from server.plots.labels import ROUND_METRICS, _dataset_title, run_labels
-from server.plots.layout import _Colors, _legend, _new_figure
-from server.plots.runs import PlotError, RunRecord, in_plot
+from silofl.server.plots.labels import ROUND_METRICS, _dataset_title, run_labels
+from silofl.server.plots.layout import _Colors, _legend, _new_figure
+from silofl.server.plots.runs import PlotError, RunRecord, in_plot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -54,7 +54,7 @@ def _float(value: Any) -> float:
 
 def _spec(config: Mapping[str, Any]):
     """The registry entry of a run's algorithm, or None (an algorithm this process does not know)."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     try:
         return algorithms.get(str(config.get("algorithm", "")))
@@ -173,7 +173,7 @@ def filter_runs(runs: Sequence[RunRecord], where: Mapping[str, str]) -> list[Run
     """The runs in the slice `where` (`key=value`), as `silofl sweep --where`: a condition on a key some method varies
     applies to those methods only (FedAvg, which has no lambda, stays with `lambda=1`); a key no method varies is
     compared with every run's config."""
-    from server.sweep import matches
+    from silofl.server.sweep import matches
 
     varied = varied_keys(runs)
     varied_anywhere = {k for keys in varied.values() for k in keys}

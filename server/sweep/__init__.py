@@ -11,10 +11,10 @@ One module per job:
 The names callers use are importable from `server.sweep` itself.
 """
 
-from server.sweep.cli import add_sweep_parser, parse_where, sweep_command
-from server.sweep.grid import Sweep, SweepRun, expand, format_value, load_sweep, matches, select
-from server.sweep.runner import ERROR_FILE, RESULT_FILE, RUN_FILE, SweepReport, execute_run, run_state, run_sweep
-from server.sweep.spec import (
+from silofl.server.sweep.cli import add_sweep_parser, parse_where, sweep_command
+from silofl.server.sweep.grid import Sweep, SweepRun, expand, format_value, load_sweep, matches, select
+from silofl.server.sweep.runner import ERROR_FILE, RESULT_FILE, RUN_FILE, SweepReport, execute_run, run_state, run_sweep
+from silofl.server.sweep.spec import (
     RESERVED_KEYS,
     MethodSpec,
     Scalar,

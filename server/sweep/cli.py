@@ -14,9 +14,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from server.sweep.grid import load_sweep, select
-from server.sweep.runner import run_state, run_sweep
-from server.sweep.spec import SweepError
+from silofl.server.sweep.grid import load_sweep, select
+from silofl.server.sweep.runner import run_state, run_sweep
+from silofl.server.sweep.spec import SweepError
 
 
 def add_sweep_parser(subparsers: Any) -> None:

@@ -16,8 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocols.config import ConfigError, RunConfig
-from server.sweep.spec import MethodSpec, SweepError, SweepSpec, canonical_key, canonical_values, known_keys, load_spec
+from silofl.protocols.config import ConfigError, RunConfig
+from silofl.server.sweep.spec import (
+    MethodSpec,
+    SweepError,
+    SweepSpec,
+    canonical_key,
+    canonical_values,
+    known_keys,
+    load_spec,
+)
 
 #: Config keys that do not change what a run computes: ignored when checking that a finished run is this run.
 _LOCATION_KEYS = frozenset({"out-dir", "data-dir", "round-timeout"})
@@ -72,7 +80,7 @@ def comparable_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _algorithm_keys(algorithm: Any) -> set[str] | None:
     """The run-config keys of `algorithm`, or None when it is not a registered algorithm (RunConfig.parse says so)."""
-    from protocols import algorithms
+    from silofl.protocols import algorithms
 
     try:
         spec = algorithms.get(str(algorithm))

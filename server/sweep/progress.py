@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from server.sweep.grid import SweepRun
+from silofl.server.sweep.grid import SweepRun
 
 
 class SweepProgress:

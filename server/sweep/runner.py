@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocols.config import RunConfig
-from server.sweep.grid import Sweep, SweepRun, comparable_config
-from server.sweep.progress import SweepProgress
-from server.sweep.spec import SweepError
+from silofl.protocols.config import RunConfig
+from silofl.server.sweep.grid import Sweep, SweepRun, comparable_config
+from silofl.server.sweep.progress import SweepProgress
+from silofl.server.sweep.spec import SweepError
 
 #: Files of a run folder.
 RESULT_FILE, RUN_FILE, ERROR_FILE = "result.json", "run.json", "error.txt"
@@ -81,7 +81,7 @@ def execute_run(config_json: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     error_path.unlink(missing_ok=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        from server.engines import run_job
+        from silofl.server.engines import run_job
 
         result = run_job(RunConfig.parse(config_json), progress=False)
     except Exception as exc:  # a failing run is recorded and the sweep goes on

@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from protocols.config import all_keys
+from silofl.protocols.config import all_keys
 
 Scalar = str | int | float | bool
 #: Keys the sweep sets itself (each run's folder); a sweep file may not give them.
