@@ -9,11 +9,11 @@ It loads the data folder (written by `silofl data split`) once, so that a bad fo
 instead of at the first message of a run, prints the exact SuperNode command and replaces itself with it
 (`os.execve`): the SuperNode then owns the process id, its signals and its exit code.
 
-`--runtime` chooses the SuperNode (:data:`RUNTIMES`). ``long-lived`` (the default) is Flower's `flower-supernode`
-run by :mod:`client.supernode_runtime` (``python -m client.supernode_runtime supernode ...``, the same arguments, in
-Flower's ``--isolation process`` mode): short, backing-off polls instead of Flower's 3 s and 0.5 s sleeps, and one
-long-lived ClientApp process answering every message instead of a fresh process per message. ``per-message`` keeps
-the short polls but answers each message in a fresh process, as Flower does. ``flower`` is Flower's stock
+`--runtime` chooses the SuperNode (:data:`RUNTIMES`). ``long-lived`` (the default) is Flower's `flower-supernode` run by
+:mod:`silofl.client.supernode_runtime` (``python -m silofl.client.supernode_runtime supernode ...``, the same arguments,
+in Flower's ``--isolation process`` mode): short, backing-off polls instead of Flower's 3 s and 0.5 s sleeps, and one
+long-lived ClientApp process answering every message instead of a fresh process per message. ``per-message`` keeps the
+short polls but answers each message in a fresh process, as Flower does. ``flower`` is Flower's stock
 `flower-supernode`, untouched (a round then costs seconds; the fallback if the installed Flower is not one
 :mod:`client.supernode_runtime` was checked against, which that module refuses naming this option).
 
@@ -206,7 +206,7 @@ def choose_role(data: Path, requested: str | None) -> str:
 def supernode_command(args: argparse.Namespace) -> list[str]:
     """The SuperNode command line for a parsed `silofl silo start` (no side effects beyond file checks and creating
     the node's state folder): Flower's
-    `flower-supernode` arguments, run by `python -m client.supernode_runtime supernode --clientapp-process MODE`
+    `flower-supernode` arguments, run by `python -m silofl.client.supernode_runtime supernode --clientapp-process MODE`
     (runtime long-lived or per-message) or by `flower-supernode` itself (runtime flower)."""
     role = choose_role(args.data, getattr(args, "role", None))
     superlink = _check_address(str(args.superlink))

@@ -10,7 +10,7 @@ Why. A deployed round of Flower 1.39 costs seconds that no app can save (docs/DE
 * an object (an array) pulled before it has been uploaded is retried after 1 s, 2 s, 4 s ... (Flower's
   `pull_objects`), which fast polls hit on every message: a message's header travels before its arrays.
 
-What. Two entry points, both run as ``python -m client.supernode_runtime ...`` (`silofl silo start` builds the
+What. Two entry points, both run as ``python -m silofl.client.supernode_runtime ...`` (`silofl silo start` builds the
 command, :func:`client.silo_cli.supernode_command`):
 
 ``supernode [--clientapp-process long-lived|per-message] FLOWER-SUPERNODE-ARGS``
@@ -83,7 +83,7 @@ __all__ = [
 CHECKED_FLOWER_VERSIONS: tuple[str, ...] = ("1.39.0",)
 
 #: sha256 of the source of every Flower function whose behaviour this module relies on or mirrors, as of the
-#: versions above. `python -m client.supernode_runtime fingerprints` prints the installed Flower's.
+#: versions above. `python -m silofl.client.supernode_runtime fingerprints` prints the installed Flower's.
 _FINGERPRINTED: dict[str, str] = {
     # the SuperNode's main loop: `time.sleep(3)` after an empty pull, `_pull_and_store_message` returning None when
     # nothing came, `_push_messages` after a message; runtime_api_address and isolation passed by keyword
@@ -894,7 +894,7 @@ def run_single_task(runtime_api_address: str, token: str, root_certificates: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m client.supernode_runtime supernode|clientapp|fingerprints ...``"""
+    """``python -m silofl.client.supernode_runtime supernode|clientapp|fingerprints ...``"""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("supernode", "clientapp", "fingerprints"):
         print(__doc__, file=sys.stderr)

@@ -1,6 +1,6 @@
 """The engines that run a job: the in-process Grid (tests, sweeps) and Flower's Ray simulation.
 
-Both run the same ServerApp (:func:`server.app.make_server_app`) and the same ClientApp (`client.app:app`); a
+Both run the same ServerApp (:func:`server.app.make_server_app`) and the same ClientApp (`silofl.client.app:app`); a
 deployment runs them too, through `flwr run .` (see README). Same seed, same result on every engine: silos draw from
 (seed, silo, round) and the server sums replies in silo-id order.
 """

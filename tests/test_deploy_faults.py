@@ -266,7 +266,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Deplo
 
 
 def _silofl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """The documented command line (`silofl ...`, as `python -m server.cli`)."""
+    """The documented command line (`silofl ...`, as `python -m silofl.server.cli`)."""
     done = subprocess.run(
         [sys.executable, "-m", "silofl.server.cli", *args],
         cwd=PROJECT_ROOT,

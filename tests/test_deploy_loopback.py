@@ -464,7 +464,8 @@ def test_unregistered_supernode_is_refused(federation: local.Deployment, tmp_pat
 
 
 def _workers(dep: local.Deployment) -> dict[str, list[int]]:
-    """The long-lived ClientApp worker pids below each SuperNode (`python -m client.supernode_runtime clientapp`)."""
+    """The long-lived ClientApp worker pids below each SuperNode (`python -m silofl.client.supernode_runtime
+    clientapp`)."""
     found: dict[str, list[int]] = {}
     for proc in local.Deployment.load(Path(dep.dir)).processes[1:]:
         for pid in local._descendants([proc]):
@@ -488,7 +489,7 @@ def test_each_supernode_runs_one_long_lived_clientapp(federation: local.Deployme
     assert _workers(federation) == before
     for proc in federation.processes[1:]:
         first_line = Path(proc.log).read_text().splitlines()[0]
-        assert "-m client.supernode_runtime supernode --clientapp-process long-lived" in first_line
+        assert "-m silofl.client.supernode_runtime supernode --clientapp-process long-lived" in first_line
         assert "--isolation process" in first_line
 
 

@@ -22,7 +22,7 @@ from silofl.server.polling import WAITING_LOG_EVERY, PollingGrid, polling_grid
 def test_installed_flower_is_the_one_the_runtime_was_checked_against() -> None:
     """Fails loudly when Flower changes under client/supernode_runtime.py: a new version, or the source of a function
     it patches or mirrors. Re-check those functions against the new Flower, then update CHECKED_FLOWER_VERSIONS and
-    the fingerprints (`python -m client.supernode_runtime fingerprints`)."""
+    the fingerprints (`python -m silofl.client.supernode_runtime fingerprints`)."""
     from flwr.supercore.version import package_version
 
     assert package_version in rt.CHECKED_FLOWER_VERSIONS, (

@@ -369,7 +369,7 @@ def split_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point (`python -m client.data.split_cli data split ...`) until `silofl` wires it in."""
+    """Stand-alone entry point (`python -m silofl.client.data.split_cli data split ...`) until `silofl` wires it in."""
     parser = argparse.ArgumentParser(prog="silofl")
     add_data_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
