@@ -101,6 +101,7 @@ def test_calibrate_noise_validation_names_the_argument(kwargs: dict, name: str) 
         calibrate_noise(**arguments)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accountant", ACCOUNTANTS)
 def test_calibrate_noise_is_tight(accountant: str) -> None:
     target, q, steps = 2.0, 0.05, 60
@@ -125,6 +126,7 @@ def test_calibrate_noise_is_tight(accountant: str) -> None:
         assert result.accountant == accountant
 
 
+@pytest.mark.slow
 def test_best_calibration_is_the_smaller_multiplier() -> None:
     args = (3.0, DELTA, 0.02, 500)
     rdp, pld, best = (calibrate_noise(*args, accountant=name).noise_multiplier for name in ("rdp", "pld", "best"))
@@ -133,6 +135,7 @@ def test_best_calibration_is_the_smaller_multiplier() -> None:
     assert best <= rdp
 
 
+@pytest.mark.slow
 def test_calibration_is_monotone_in_sampling_rate_and_steps() -> None:
     def sigma(q: float, steps: int) -> float:
         return calibrate_noise(1.0, DELTA, q, steps, accountant="rdp").noise_multiplier
@@ -241,6 +244,7 @@ def test_pld_discretization_is_close_under_replace_one() -> None:
         assert fine <= ours <= fine * (1 + 1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accountant", ["pld", "best"])
 def test_calibrate_noise_under_replace_one_is_tight(accountant: str) -> None:
     target, q, steps = 2.0, 0.05, 60
@@ -328,6 +332,7 @@ def test_prior_release_under_add_remove_rdp_agrees_with_the_library() -> None:
     assert epsilon_spent(1.5, 0.02, 300, DELTA, accountant="rdp", prior=prior) == rdp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("relation", "accountant"), [("replace_one", "best"), ("add_remove", "best")])
 def test_calibration_with_a_prior_release_meets_the_target_for_the_composition(relation: str, accountant: str) -> None:
     target, q, steps, prior = 2.0, 0.05, 60, [PriorRelease(8.0)]

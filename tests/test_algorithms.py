@@ -26,6 +26,7 @@ def test_the_registry_holds_the_builtin_algorithms_with_their_aliases() -> None:
         algorithms.get("stefle")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILTIN)
 def test_every_algorithm_runs_from_the_silofl_command_with_the_progress_bar(name, tmp_path) -> None:
     """Nothing but a small round budget: the algorithm's own defaults (dataset included) make a sensible run."""
@@ -40,6 +41,7 @@ def test_every_algorithm_runs_from_the_silofl_command_with_the_progress_bar(name
     assert RunConfig.parse(result["config"]).to_json() == result["config"]  # the result reruns the job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc", "fedfdp"])
 def test_every_private_algorithm_spends_at_most_its_epsilon_from_the_command(name, tmp_path) -> None:
     out = tmp_path / name

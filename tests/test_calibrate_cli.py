@@ -30,6 +30,7 @@ def _run(command_line: str) -> tuple[int, str]:
     return code, buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_calibrate_prints_multiplier_and_both_epsilons() -> None:
     code, output = _run("privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60 --releases 2")
     expected = calibrate_noise(2.0, 1e-6, 0.05, 60, releases=2, accountant="best")
@@ -60,6 +61,7 @@ def test_invalid_value_is_reported_with_its_name() -> None:
     assert "delta must be in (0, 1)" in output
 
 
+@pytest.mark.slow
 def test_calibrate_under_replace_one_prints_the_relation_and_pld_only() -> None:
     code, output = _run(
         "privacy calibrate --epsilon 2 --delta 1e-6 --sampling-rate 0.05 --steps 60 --releases 2 --relation replace_one"
@@ -104,6 +106,7 @@ def test_parser_rejects_bad_command_lines(argv: str) -> None:
         _parser().parse_args(_words(argv))
 
 
+@pytest.mark.slow
 def test_calibrate_shuffled_epochs_accounts_one_unsampled_step_per_epoch_next_to_poisson() -> None:
     """--sampling shuffle: 100 rounds over 1000 records in batches of 64 are B = 16 batches per epoch and E = 7
     unsampled steps; the table also gives what Poisson sampling at q = 64/1000 would need for the 100 rounds."""
@@ -119,6 +122,7 @@ def test_calibrate_shuffled_epochs_accounts_one_unsampled_step_per_epoch_next_to
     assert re.search(r"epochs E = ceil\(T / B\), each q = 1 +│ +7 │", output)
 
 
+@pytest.mark.slow
 def test_calibrate_poisson_rate_from_records_and_batch_size() -> None:
     code, output = _run("privacy calibrate --epsilon 2 --delta 1e-6 --records 1000 --batch-size 50 --steps 60")
     assert code == 0 and f"{calibrate_noise(2.0, 1e-6, 0.05, 60).noise_multiplier:.6f}" in output

@@ -392,6 +392,7 @@ def test_an_empty_sample_releases_the_noise_alone() -> None:
     assert np.std(noised) > 0.2
 
 
+@pytest.mark.slow
 def test_subsampled_shares_are_accounted_as_poisson_sampled_gaussians() -> None:
     sigma, delta, shares, n, q = 0.05, 1e-2, 200, 1000, 0.05
     multiplier = sigma / (MU / (q * n))

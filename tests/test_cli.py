@@ -9,6 +9,7 @@ import pytest
 from silofl.server.cli import main
 
 
+@pytest.mark.slow
 def test_run_writes_result_and_prints_summary(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     code = main(

@@ -33,6 +33,7 @@ def _last_lines(out: str) -> str:
     return " ".join(out.split("result:", 1)[1].split())  # the console wraps lines at its width
 
 
+@pytest.mark.slow
 def test_the_last_lines_state_what_is_protected_and_what_is_not(tmp_path, capsys) -> None:
     assert main(["run", "steffle", "--rounds", "2", "--epsilon", "1", "--out", str(tmp_path / "s")]) == 0
     text = _last_lines(capsys.readouterr().out)

@@ -176,6 +176,7 @@ def test_fairness_gradients_agree_with_the_built_in_route() -> None:
 # -- through the real entry point ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_silofl_run_trains_a_user_model_with_dp_fedsgd(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     code = main(["run", "dp-fedsgd", "--model", TINY, "--epsilon", "2", "--lr", "1.0", "--out", str(out), *SMALL_RUN])
@@ -288,6 +289,7 @@ def test_a_deployed_silo_refuses_a_user_model_without_its_operators_consent(tmp_
     assert "lists model-modules = ['mypkg']" in ms.error_reason(_train(other, untrusted))
 
 
+@pytest.mark.slow
 def test_a_deployed_silo_whose_policy_lists_the_package_trains_the_user_model(tmp_path: Path) -> None:
     node = _deployed(tmp_path, 'model-modules = ["tests"]\n')
     reply = _train(node, TINY)

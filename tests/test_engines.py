@@ -60,6 +60,7 @@ def test_dp_fedsgd_inprocess_spends_at_most_its_budget(tmp_path) -> None:
     assert spent == sorted(spent)  # the ledger never goes backwards
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_and_other_seed_differs(tmp_path) -> None:
     a = run_job(_config("dp-fedsgd", tmp_path / "a", epsilon=2.0, rounds=5), progress=False)
     b = run_job(_config("dp-fedsgd", tmp_path / "b", epsilon=2.0, rounds=5), progress=False)

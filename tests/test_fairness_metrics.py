@@ -251,6 +251,7 @@ def test_group_report_empty_groups_and_thresholds() -> None:
         group_report(counts, group_names=["x"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("group_weight", "w_noise"), [("prior", "isotropic"), ("balanced", "per-group")])
 def test_result_json_reports_each_groups_support_and_the_min_support_violations(
     group_weight: str, w_noise: str

@@ -112,6 +112,7 @@ class CrashingSilo:
         return client_app(message, context)
 
 
+@pytest.mark.slow
 def test_a_crashing_silo_stops_the_run_and_resume_continues_it_bit_for_bit(tmp_path, uninterrupted) -> None:
     out, silos = tmp_path / "run", tmp_path / "silos"
     with pytest.raises(RoundError, match=r"silo 1 \(node 1001\) failed in round 3 \(train\).*lost power") as stop:
@@ -171,6 +172,7 @@ class StallingSilo:
         return client_app(message, context)
 
 
+@pytest.mark.slow
 def test_a_stalled_silo_stops_the_run_within_the_timeout_and_its_late_answer_is_not_paid_twice(
     tmp_path, uninterrupted
 ) -> None:
@@ -268,6 +270,7 @@ SERVER_RESTARTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(SERVER_RESTARTS))
 def test_server_restart_from_checkpoint_equals_the_uninterrupted_run(tmp_path, algorithm: str) -> None:
     """In simulation the server and its silos are one process: `silofl run --resume` restores both from the

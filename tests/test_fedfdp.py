@@ -227,6 +227,7 @@ def test_eps_352_allows_688_rounds_under_rdp_with_both_releases() -> None:
     assert eps(688) <= 3.52 < eps(689)
 
 
+@pytest.mark.slow
 def test_calibration_with_the_loss_release_and_the_ledger_admit_exactly_T_rounds() -> None:
     q, steps, delta = 0.05, 40, 1e-5
     cal = calibrate_noise(2.0, delta, q, steps, companion_ratio=fedfdp.LOSS_NOISE_RATIO)
@@ -302,6 +303,7 @@ def _train(context: Context, info: msg.SiloInfo, server_round: int, loss=None, *
     return _call(context, content, msg.TRAIN)
 
 
+@pytest.mark.slow
 def test_reply_holds_the_local_model_the_noised_loss_and_a_public_report() -> None:
     context = _context()
     info = _setup(context)
@@ -392,6 +394,7 @@ def test_the_instruction_is_validated() -> None:
 # -- through the real entry point ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_through_the_cli_reports_epsilon_within_the_target(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     code = main(

@@ -73,6 +73,7 @@ def test_schedule_helpers() -> None:
     assert cosine_lr(0.1, 11, 10) == pytest.approx(0.0)
 
 
+@pytest.mark.slow
 def test_each_silo_receives_the_others_aggregate_built_from_the_replies() -> None:
     result, grid = _run(  # every record shared each time (the closed form's case), alpha decaying
         _config(epsilon=6.0, delta=1e-2, alpha_start=1.0, alpha_end=0.2, calr_sampling_rate=1.0)
@@ -102,6 +103,7 @@ def test_each_silo_receives_the_others_aggregate_built_from_the_replies() -> Non
     assert "weights" in privacy["not_covered"]
 
 
+@pytest.mark.slow
 def test_correlation_replies_are_noised_in_the_silo() -> None:
     """Same run with and without DP: round 1's queries carry the same model and the silos use the same views, so the
     replies differ exactly by the silo's noise, whose spread is the one reported."""
@@ -121,6 +123,7 @@ def test_correlation_replies_are_noised_in_the_silo() -> None:
         assert clear_report.noise_std == 0.0 and math.isinf(clear_report.epsilon_spent)
 
 
+@pytest.mark.slow
 def test_partial_participation_reuses_stale_cache_entries() -> None:
     result, grid = _run(_config(rounds=3, participation=0.3, epsilon=6.0, delta=1e-2))
     shares = grid.exchanges(msg.CORRELATION)
@@ -159,6 +162,7 @@ def test_alpha_start_sets_the_schedule_from_the_first_share_and_reaches_the_silo
     assert sent == pytest.approx([0.1] * 10)
 
 
+@pytest.mark.slow
 def test_subsampled_calr_noise_one_step_rounds_and_fedadam_on_the_real_messages() -> None:
     """The CPU configuration's options end to end: silos take `local-steps` steps at a constant lr, share Poisson
     subsampled DP-CalR matrices noised in the silo (accounted as subsampled Gaussians), and the server takes an Adam
@@ -217,6 +221,7 @@ def test_fedsc_run_is_reproducible_and_the_probe_is_the_final_accuracy(tmp_path)
     assert 0.0 < first["final"]["knn_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_a_silo_refuses_to_share_past_the_announced_schedule() -> None:
     from flwr.app import ConfigRecord, Context, Message, RecordDict
 
@@ -255,6 +260,7 @@ def test_a_silo_refuses_to_share_past_the_announced_schedule() -> None:
     assert config.num_silos == 10
 
 
+@pytest.mark.slow
 def test_fedsc_on_cifar10_python_batches_with_the_resnet(tmp_path) -> None:
     """The CIFAR path end to end: a tiny file in the standard python-batch format, ResNet-20, RGB augmentations."""
     import pickle

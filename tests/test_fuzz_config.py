@@ -255,6 +255,7 @@ def _bad_values(base: dict[str, Any], data: st.DataObject) -> None:
     CASES["rejected"] += 1
 
 
+@pytest.mark.slow
 def test_wrong_types_ranges_nan_and_inf_are_rejected_naming_the_key() -> None:
     _ran(_bad_values, 600)
 
@@ -359,5 +360,6 @@ def _arbitrary_tables(values: dict[str, Any], base: dict[str, Any]) -> None:
         CASES["accepted"] += 1
 
 
+@pytest.mark.slow
 def test_arbitrary_tables_parse_or_raise_config_error() -> None:
     _ran(_arbitrary_tables, 400)

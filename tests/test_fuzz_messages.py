@@ -253,6 +253,7 @@ def _valid_configs_roundtrip(schema: type[BaseModel], data: st.DataObject, recor
     CASES["accepted"] += 1
 
 
+@pytest.mark.slow
 def test_valid_configs_are_accepted_and_roundtrip() -> None:
     _ran(_valid_configs_roundtrip, 400)
 
@@ -282,6 +283,7 @@ def _invalid_values_rejected(schema: type[BaseModel], data: st.DataObject) -> No
     CASES["rejected"] += 1
 
 
+@pytest.mark.slow
 def test_wrong_types_ranges_nan_and_inf_are_rejected_naming_the_field() -> None:
     _ran(_invalid_values_rejected, 700)
 
@@ -313,6 +315,7 @@ def _missing_and_unknown_keys_rejected(schema: type[BaseModel], data: st.DataObj
     CASES["rejected"] += 1
 
 
+@pytest.mark.slow
 def test_missing_and_unknown_keys_are_rejected_naming_each() -> None:
     _ran(_missing_and_unknown_keys_rejected, 300)
 
@@ -575,6 +578,7 @@ def _check_arrays_fuzz(spec_dtype, data: st.DataObject, mutation: str) -> None:
     CASES["rejected"] += 1
 
 
+@pytest.mark.slow
 def test_check_arrays_accepts_the_spec_and_rejects_every_mutation_naming_the_array() -> None:
     _ran(_check_arrays_fuzz, 900)
 

@@ -288,6 +288,7 @@ def _dp_fedsgd(data: st.DataObject) -> None:
     case("dp-fedsgd", base, d_prime, messages)
 
 
+@pytest.mark.slow
 def test_dp_fedsgd_behaves_the_same_on_neighbouring_silos() -> None:
     """DP-FedSGD (a record replaced): forged models, clip norms, learning rates and batch sizes."""
     _ran(_dp_fedsgd, EXAMPLES)
@@ -313,6 +314,7 @@ def _fedfdp(data: st.DataObject) -> None:
     case("fedfdp", base, d_prime, messages)
 
 
+@pytest.mark.slow
 def test_fedfdp_behaves_the_same_on_neighbouring_silos() -> None:
     """FedFDP (a record replaced): forged models, global losses, lambda, loss bounds, clip norms."""
     _ran(_fedfdp, EXAMPLES)
@@ -365,6 +367,7 @@ def _steffle_logreg(data: st.DataObject) -> None:
     _fairness_run(data, "steffle", "logreg")
 
 
+@pytest.mark.slow
 def test_steffle_logreg_behaves_the_same_on_neighbouring_silos() -> None:
     """SteFFLe, logistic regression (one attribute changed): forged models, W, priors, lambda, w-noise, weighting."""
     _ran(_steffle_logreg, EXAMPLES)
@@ -376,6 +379,7 @@ def _steffle_mlp(data: st.DataObject) -> None:
     _fairness_run(data, "steffle", "mlp")
 
 
+@pytest.mark.slow
 def test_steffle_mlp_behaves_the_same_on_neighbouring_silos() -> None:
     """SteFFLe, MLP (one attribute changed)."""
     _ran(_steffle_mlp, EXAMPLES)
@@ -387,6 +391,7 @@ def _tran(data: st.DataObject) -> None:
     _fairness_run(data, "tran", data.draw(st.sampled_from(("logreg", "mlp")), label="model"))
 
 
+@pytest.mark.slow
 def test_tran_behaves_the_same_on_neighbouring_silos() -> None:
     """Tran et al. (one attribute changed): forged models, signed multipliers, priors."""
     _ran(_tran, EXAMPLES)
@@ -440,6 +445,7 @@ def _mu2fl(data: st.DataObject) -> None:
     _single_pass_run(data, "mu2fl")
 
 
+@pytest.mark.slow
 def test_mu2fl_behaves_the_same_on_neighbouring_silos() -> None:
     """DP-mu2-FL, untrusted (a record replaced)."""
     _ran(_mu2fl, EXAMPLES)
@@ -451,6 +457,7 @@ def _noisy_sgd(data: st.DataObject) -> None:
     _single_pass_run(data, "noisy-sgd")
 
 
+@pytest.mark.slow
 def test_noisy_sgd_behaves_the_same_on_neighbouring_silos() -> None:
     """Single-pass noisy SGD, untrusted (a record replaced)."""
     _ran(_noisy_sgd, EXAMPLES)
@@ -524,6 +531,7 @@ def _fedsc(data: st.DataObject) -> None:
     case("fedsc", base, d_prime, messages)
 
 
+@pytest.mark.slow
 def test_fedsc_correlation_behaves_the_same_on_neighbouring_silos() -> None:
     """FedSC's DP-CalR share (a record replaced): forged SSL models, mu, views, sampling rate and relation."""
     _ran(_fedsc, EXAMPLES // 2)

@@ -459,6 +459,7 @@ def _train_replies(kind: str, fault: str, server_round: int, seed: int, data: st
     CASES["server-rejected"] += 1
 
 
+@pytest.mark.slow
 def test_strategies_refuse_forged_train_replies_and_keep_their_state() -> None:
     _ran(_train_replies, 450)
 
@@ -1138,6 +1139,7 @@ def _silo_messages(scenarios: dict[str, Scenario], name: str, fault: str, data: 
     CASES["silo-rejected"] += 1
 
 
+@pytest.mark.slow
 def test_silos_refuse_malformed_messages_without_charging_anything(scenarios: dict[str, Scenario]) -> None:
     before = CASES.total()
     _silo_messages(scenarios)

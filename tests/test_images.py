@@ -35,6 +35,7 @@ def mnist(data_dir: Path) -> TabularDataset:
     return load_mnist("mnist", data_dir=data_dir, download=False)
 
 
+@pytest.mark.slow
 def test_mnist_official_split_and_label_counts(mnist: TabularDataset) -> None:
     train, test = mnist.train.nonsensitive, mnist.test.nonsensitive
     assert train.features.shape == (60_000, 784) and test.features.shape == (10_000, 784)
@@ -175,6 +176,7 @@ def test_digits() -> None:
     assert not np.array_equal(other.test.nonsensitive.features, ds.test.nonsensitive.features)
 
 
+@pytest.mark.slow
 def test_mnist_label_skew_partition_into_ten_silos(mnist: TabularDataset) -> None:
     silos = partition_dataset(mnist, 10, method="classes", classes_per_silo=2, seed=0)
     assert sum(len(s.train) for s in silos) == 60_000 and sum(len(s.test) for s in silos) == 10_000

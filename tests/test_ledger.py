@@ -76,6 +76,7 @@ def test_double_charge_and_out_of_order_rounds_are_errors() -> None:
     assert ledger.rounds() == [1, 2, 5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accountant", ["rdp", "pld", "best"])
 def test_calibrated_run_charges_exactly_its_steps(accountant: str) -> None:
     target, q, steps = 2.0, 0.05, 40
@@ -160,6 +161,7 @@ def test_companion_releases_agree_with_the_library_and_round_trip() -> None:
     ].companion == (math.inf)  # a dict written before companions: none
 
 
+@pytest.mark.slow
 def test_single_entry_equals_epsilon_spent_bit_for_bit() -> None:
     for name in ("rdp", "pld"):
         ledger = PrivacyLedger(math.inf, DELTA, accountant=name)
@@ -323,6 +325,7 @@ def _count_pld_evaluations(monkeypatch: pytest.MonkeyPatch) -> list:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relation", ["replace_one", "add_remove"])
 def test_calibrated_run_after_a_histogram_charges_its_steps_cheaply(monkeypatch, relation: str) -> None:
     target, q, steps, histogram = 2.0, 0.05, 300, PriorRelease(8.0)
@@ -498,6 +501,7 @@ def test_copy_is_independent_of_its_original() -> None:
     assert clone.rounds() == [1, 2] and clone.spent() > ledger.spent()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relation", ["add_remove", "replace_one"])
 def test_figures_do_not_depend_on_the_module_caches(relation: str) -> None:
     """clear_caches() (benchmarks call it before each timed run) changes no figure: every cached PLD, prefix and

@@ -38,6 +38,7 @@ def _library_epsilon(parts: list[pld_lib.PrivacyLossDistribution]) -> float:
     return float(total.get_epsilon_for_delta(DELTA))
 
 
+@pytest.mark.slow
 def test_two_algorithms_compose_as_dp_accounting_composes_their_releases_by_hand(tmp_path: Path) -> None:
     """A DP-FedSGD job (Poisson-sampled Gaussians of clipped sums: REPLACE adjacency at its multiplier) and a
     DP-mu2-FL job (Gaussians whose sensitivity is the replacement distance itself) on one silo: the lifetime ledger's

@@ -37,6 +37,7 @@ def small_run() -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_round_times_come_from_the_run(small_run: dict) -> None:
     seconds = small_run["round_seconds"]
     assert small_run["status"]["completed"] is True
@@ -104,6 +105,7 @@ def test_tree_memory_counts_a_child_process() -> None:
         child.wait()
 
 
+@pytest.mark.slow
 def test_script_prints_tables_and_writes_the_doc(tmp_path: Path) -> None:
     out, raw = tmp_path / "LOAD.md", tmp_path / "load.json"
     done = subprocess.run(

@@ -156,6 +156,7 @@ def test_loader_argument_errors(data_dir: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_image_datasets_via_load_dataset(data_dir: Path) -> None:
     mnist = load_dataset("MNIST", data_dir=data_dir, download=False, seed=5)  # seed does not re-split MNIST
     assert (len(mnist.train), len(mnist.test)) == (60_000, 10_000)

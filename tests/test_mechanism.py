@@ -88,6 +88,7 @@ def test_the_event_is_the_accountants_run() -> None:
     assert _pld(f.dp_event(2.0), "add_remove", grid) == pytest.approx(want, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_calibration_is_the_accountants_for_the_same_run() -> None:
     s = _steffle()
     cal = s.calibrate(1.0, DELTA, "best")
@@ -104,6 +105,7 @@ def test_calibration_is_the_accountants_for_the_same_run() -> None:
     assert fixed.calibrate(1.0, DELTA, "rdp").epsilon == epsilon_spent(4.0, 1.0, 10, DELTA, accountant="rdp")
 
 
+@pytest.mark.slow
 def test_the_ledger_charges_the_same_event() -> None:
     """Charging `ledger_step` every round gives the accountant's epsilon of the whole run (the last round exact)."""
     for mechanism, relation in ((_dp_fedsgd(), "add_remove"), (_fedfdp(), "add_remove")):

@@ -224,6 +224,7 @@ def test_violations_agree_with_fairlearn(trained, test_rows, capsys, sensitive) 
 # --- ONNX ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_onnx_export_matches_torch(trained, test_rows, tmp_path, capsys) -> None:
     import onnx
     import onnxruntime as ort
@@ -248,6 +249,7 @@ def test_onnx_export_matches_torch(trained, test_rows, tmp_path, capsys) -> None
     assert "preprocessing" not in json.dumps(meta).replace("'preprocessing' says", "")  # statistics stay out
 
 
+@pytest.mark.slow
 def test_fedsc_run_exports_its_encoder(tmp_path, capsys) -> None:
     import onnxruntime as ort
     import torch

@@ -86,6 +86,7 @@ def test_rho_and_epsilon_are_exclusive_and_model_must_be_logreg() -> None:
         RunConfig.parse({"algorithm": "mu2fl", "rounds": 3, "model": "mlp"})
 
 
+@pytest.mark.slow
 def test_noisy_sgd_baseline_runs_with_one_charge_per_record_and_is_worse_than_mu2() -> None:
     common = {
         "dataset": "digits",

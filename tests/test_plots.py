@@ -166,6 +166,7 @@ def _texts(fig) -> list[str]:
     return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
 
 
+@pytest.mark.slow
 def test_fairness_figure_has_one_curve_per_method_traced_by_lambda_with_seed_means(tabular: Path) -> None:
     runs, incomplete = load_runs([tabular])
     assert (len(runs), incomplete) == (14, 0)
@@ -206,6 +207,7 @@ def test_fairness_figure_has_one_curve_per_method_traced_by_lambda_with_seed_mea
     _assert_legends_fit(fig)
 
 
+@pytest.mark.slow
 def test_privacy_figure_has_one_curve_per_method_and_lambda_and_lines_for_non_private_runs(tabular: Path) -> None:
     runs, _ = load_runs([tabular])
     ((stem, fig),) = build_figures("privacy", runs)
@@ -230,6 +232,7 @@ def test_privacy_figure_has_one_curve_per_method_and_lambda_and_lines_for_non_pr
     _assert_legends_fit(fig)
 
 
+@pytest.mark.slow
 def test_plot_command_writes_png_and_svg(tabular: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "figures"
     assert main(["plot", "fairness", str(tabular), "--out", str(out)]) == 0
@@ -246,6 +249,7 @@ def test_plot_command_writes_png_and_svg(tabular: Path, tmp_path: Path, capsys) 
     assert main(["plot", "fairness", str(tmp_path / "nothing")]) == 2
 
 
+@pytest.mark.slow
 def test_runs_without_a_sweep_get_the_papers_names_and_incomplete_runs_are_skipped(
     tabular: Path, tmp_path: Path
 ) -> None:
@@ -265,6 +269,7 @@ def test_runs_without_a_sweep_get_the_papers_names_and_incomplete_runs_are_skipp
     assert default_method({"algorithm": "steffle", "num-silos": 3, "epsilon": 1.0}) == "steffle"
 
 
+@pytest.mark.slow
 def test_a_run_folder_older_than_a_config_key_reads_as_that_keys_default(tabular: Path, tmp_path: Path) -> None:
     """A key added later (e.g. counts-share) is missing from older result.json files: it must not split a curve; a
     key of another algorithm that older versions stored (alpha-start, FedSC's) is dropped."""
@@ -305,6 +310,7 @@ def _figure_data(figures) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_result_files_with_every_algorithms_keys_plot_as_this_versions(tabular: Path, tmp_path: Path) -> None:
     """result.json files of older versions hold every key of every algorithm (FedAvg's a fairness notion, lambda and
     epsilon, SteFFLe's FedSC's alpha-start): they read as this version's configs (with the same method names, also
@@ -364,6 +370,7 @@ def test_one_silo_runs_appear_in_every_heterogeneity_row() -> None:
     assert "3 seeds" in fig.get_suptitle()
 
 
+@pytest.mark.slow
 def test_mu2_figure_groups_bars_by_rho_with_one_bar_per_number_of_silos(tmp_path_factory, tmp_path: Path) -> None:
     out = _sweep(tmp_path_factory, "mu2", MU2)
     runs, _ = load_runs([out])
@@ -386,6 +393,7 @@ def test_mu2_figure_groups_bars_by_rho_with_one_bar_per_number_of_silos(tmp_path
     _assert_legends_fit(fig)
 
 
+@pytest.mark.slow
 def test_fedsc_figure_has_one_bar_per_method_with_the_seed_spread(tmp_path_factory) -> None:
     out = _sweep(tmp_path_factory, "fedsc", FEDSC)
     runs, _ = load_runs([out])
@@ -546,6 +554,7 @@ def test_labels_name_only_what_differs_and_never_none() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_sliced_figure_never_replaces_the_unsliced_one(tabular: Path, tmp_path: Path, capsys) -> None:
     """`silofl plot privacy RUN_DIR` then `--where lambda=0` into the same default folder: two files; a rerun says
     it replaced its own file; `--out FILE` writes that file only."""
@@ -590,6 +599,7 @@ def _long_name_records() -> list[RunRecord]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fairness", "privacy", "mu2", "fedsc"])
 def test_long_legend_labels_are_wrapped_and_fit_the_figure(kind: str, tmp_path: Path) -> None:
     runs = _long_name_records()
@@ -620,6 +630,7 @@ def _finite(value) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+@pytest.mark.slow
 def test_plot_run_draws_each_runs_rounds_one_panel_per_metric(single_runs: Path, tmp_path: Path, capsys) -> None:
     fedavg, steffle = single_runs / "fedavg", single_runs / "steffle"
     out = tmp_path / "curves.png"

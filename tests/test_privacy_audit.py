@@ -177,6 +177,7 @@ def test_vectorized_releases_are_the_real_functions_releases(name: str) -> None:
             np.testing.assert_allclose(ours, real, rtol=1e-5, atol=1e-6 * float(mechanism.stds[world].max()))
 
 
+@pytest.mark.slow
 def test_claims_are_what_the_silos_report() -> None:
     mechanism = bench.mu2fl(2.0)
     origin = np.zeros_like(mechanism.means[0])
@@ -193,6 +194,7 @@ def test_claims_are_what_the_silos_report() -> None:
 TIGHT = ("dp-fedsgd", "fedsc-calr", "steffle-groups")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [1.0, 2.0, 4.0])
 @pytest.mark.parametrize("name", list(bench.MECHANISMS))
 def test_audit_stays_below_the_claim_and_flags_the_broken_mechanism(name: str, target: float) -> None:
@@ -207,6 +209,7 @@ def test_audit_stays_below_the_claim_and_flags_the_broken_mechanism(name: str, t
     assert broken.epsilon_lb > mechanism.claimed_epsilon
 
 
+@pytest.mark.slow
 def test_audit_through_the_real_function_agrees() -> None:
     mechanism = bench.dp_fedsgd(1.0)
     honest = bench.audit_real(mechanism, 1500, seed=1)
@@ -244,6 +247,7 @@ def test_dp_fedsgd_keeps_its_claim_whatever_the_other_records() -> None:
 ATTACK_ROWS = {**bench.ATTACKS, **bench.ATTACK_CONTROLS, **bench.PRE_FIX}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ATTACK_ROWS))
 def test_attack_rows_vectorized_releases_are_the_real_functions_releases(name: str) -> None:
     mechanism = ATTACK_ROWS[name](1.0)
@@ -295,6 +299,7 @@ def test_dp_fedsgd_record_whose_gradient_overflows_moves_nothing(target: float, 
 ANSWERED = [name for name in bench.ATTACKS if name != "dp-fedsgd-overflow"]  # that one moves nothing (above)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [1.0, 2.0, 4.0])
 @pytest.mark.parametrize("name", ANSWERED)
 def test_answered_attack_stays_below_the_claim_and_flags_the_broken_mechanism(name: str, target: float) -> None:
@@ -359,6 +364,7 @@ def test_calr_release_given_its_coins_is_dp_calrs_own() -> None:
         np.testing.assert_array_equal(full, given)
 
 
+@pytest.mark.slow
 def test_calr_pre_fix_divisor_is_flagged_and_the_fixed_one_is_not() -> None:
     # Before the fix the silo divided by q n_j (and scaled its noise by mu / (q n_j)), n_j its own count: an unsampled
     # canary still moved the release (0.23 noise stds at target 1), which voids the amplification by the canary's coin.

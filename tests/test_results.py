@@ -227,6 +227,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_document_from_a_real_sweep(real_sweep: Path):
     text, sweeps = _build(real_sweep, sweep_files=real_sweep / "sweep-files")
     result = sweeps[0]
@@ -272,6 +273,7 @@ def test_document_from_a_real_sweep(real_sweep: Path):
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_main_writes_the_document(real_sweep: Path, tmp_path: Path):
     out = tmp_path / "RESULTS.md"
     code = results.main(
@@ -399,6 +401,7 @@ def test_the_first_versions_topology_section_is_history_copied_as_it_stands(tmp_
     )
 
 
+@pytest.mark.slow
 def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tmp_path: Path):
     """The number-of-silos section (the SteFFLe paper's Figure 2 c, d) from known runs: one silo (h does not apply)
     and 3 silos at h 0 and 0.75, lambda 0 and 1, two seeds each; means in the table, the lowest violation per (h, N)

@@ -291,6 +291,7 @@ def _same(actual: Any, expected: Any, tol: float | None) -> bool:
     return got == want or (tol is not None and abs(got - want) <= tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_load_cases()))
 def test_same_numbers(name: str, tmp_path: Path) -> None:
     case = _load_cases()[name]

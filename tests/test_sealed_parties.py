@@ -111,6 +111,7 @@ def test_each_sensitive_party_runs_the_silos_amplified_mechanism_on_its_own_samp
     assert silo["epsilon_spent"] == pytest.approx(report["epsilon_spent"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_divided_and_central_sensitive_reach_the_silos_numbers() -> None:
     common = {"rounds": 12, "eval-every": 12, "batch-size": 64, "lambda": 2.0}
     silos = run_job(_config(topology="silos", **common), progress=False)["final"]
@@ -226,6 +227,7 @@ def test_a_sensitive_party_without_its_records_refuses_a_round() -> None:
         ("general", {"sensitive-parties": 3, "sensitive-by": "age"}, 3),  # one census office per age band
     ],
 )
+@pytest.mark.slow
 def test_every_topology_runs_sealed_with_each_sensitive_party_on_its_own_budget(topology, extra, sensitive) -> None:
     config = _config(topology=topology, **{"batch-size": 64}, **extra)
     result = run_job(config, progress=False)
@@ -239,6 +241,7 @@ def test_every_topology_runs_sealed_with_each_sensitive_party_on_its_own_budget(
     assert "sealed" in result["privacy"]["parties"] and "no record id" in result["privacy"]["parties"]
 
 
+@pytest.mark.slow
 def test_policies_hold_with_sealed_records(tmp_path) -> None:
     """The census capped below the run's epsilon calibrates to its cap; under a lifetime budget (noised
     evaluations) it answers every confusion query noised, charged first; a feature party whose policy answers

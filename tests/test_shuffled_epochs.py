@@ -46,6 +46,7 @@ def test_different_epochs_draw_different_permutations() -> None:
     assert se.batch_indices(n, m, 3, 11).tolist() == se.batch_indices(n, m, 3, 11).tolist()
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_batch_in_a_fresh_process() -> None:
     code = (
         "from protocols.shuffled_epochs import batch_indices; from client.randomness import epoch_seed, EPOCH_ORDER; "

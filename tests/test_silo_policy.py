@@ -136,6 +136,7 @@ def test_a_delta_above_the_policy_is_refused_before_anything_is_charged(tmp_path
     assert "max-delta = 1e-07" in ms.error_reason(_dp_fedsgd(explicit, 1, seed=0, delta=1e-6))
 
 
+@pytest.mark.slow
 def test_a_new_job_past_the_lifetime_budget_is_refused_before_it_releases_anything(tmp_path: Path) -> None:
     """A new seed used to get a fresh ledger: epsilon 1 spent again, and again."""
     # one such job costs 1.60 under replacing one record, two 2.30 (PLD at delta 1e-6)

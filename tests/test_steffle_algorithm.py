@@ -113,6 +113,7 @@ def test_balanced_w_gradient_is_the_whole_mean_gradient_from_the_sensitive_relea
     assert w_radius_of(prior) == pytest.approx(2 / (math.sqrt(k) * float(prior.block_probs().min())))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize(("notion", "l_"), [("dp", 2), ("eo", 2), ("eopp", 3)])
 def test_per_group_w_noise_scales_each_row_to_its_own_bound(notion, l_, balanced) -> None:

@@ -63,6 +63,7 @@ def _flip_one_record(folder, out) -> int:
     return int(groups[7])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fairness", ["dp", "eo"])
 def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_changes(tmp_path, fairness) -> None:
     _, silos = load_federation("synthetic", 2, seed=0)
@@ -114,6 +115,7 @@ def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_chang
         assert (record_name, "*") in NOISED or (record_name, key) in NOISED, (kind, record_name, key)
 
 
+@pytest.mark.slow
 def test_lambda_zero_releases_no_fairness_gradient_and_spends_nothing(tmp_path) -> None:
     from silofl.server.engines import run_job
 

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_benchmark_prints_its_four_parts(data_dir: Path) -> None:
     out = subprocess.run(
         [

@@ -100,6 +100,7 @@ def test_lambda_zero_expects_no_fairness_reply() -> None:
     assert not strategy.w.any()
 
 
+@pytest.mark.slow
 def test_lambda_lowers_the_demographic_parity_violation_on_three_silos() -> None:
     results = {}
     for lam in (0.0, 1.0):
@@ -121,6 +122,7 @@ def test_lambda_lowers_the_demographic_parity_violation_on_three_silos() -> None
         assert 0 < result["privacy"]["epsilon_spent"] <= 1.0
 
 
+@pytest.mark.slow
 def test_one_silo_is_dp_fermi() -> None:
     config = RunConfig.parse(
         {"algorithm": "steffle", "num-silos": 1, "rounds": 20, "batch-size": 64, "epsilon": 3.0, "fairness": "eo"}
@@ -131,6 +133,7 @@ def test_one_silo_is_dp_fermi() -> None:
     assert 0 < result["privacy"]["epsilon_spent"] <= 3.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fairness", "model"), [("dp", "mlp"), ("eo", "logreg"), ("eopp", "logreg")])
 def test_multiclass_joint_multivalued_attributes_from_a_csv(tmp_path, fairness: str, model: str) -> None:
     """Three labels, two sensitive columns (3 x 2 = 6 joint groups), any notion, logreg or MLP, end to end."""

@@ -60,6 +60,7 @@ def _arrays(record) -> dict[str, np.ndarray]:
     return {name: a.numpy() for name, a in record.items()} if isinstance(record, ArrayRecord) else {}
 
 
+@pytest.mark.slow
 def test_no_message_leaving_a_feature_party_carries_a_sensitive_value(monkeypatch) -> None:
     """Every feature-party reply has only the protocol's records, and the feature parties' setup, exchange counts,
     round-1 and first evaluation replies are bit-identical when every sensitive value is flipped: they depend on no
@@ -330,6 +331,7 @@ def test_a_feature_and_a_sensitive_party_sharing_a_state_dir_keep_apart_ledgers(
     assert names == ["features0", "features1", "features2", "sensitive0"]
 
 
+@pytest.mark.slow
 def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_and_charges_each(tmp_path) -> None:
     """Central-sensitive: the feature parties under no policy (their test predictions exact, as before), the census
     under a lifetime budget, whose default is to answer evaluations noised: every confusion query is answered with

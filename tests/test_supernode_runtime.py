@@ -556,6 +556,7 @@ def test_bounded_object_pulls_give_up_on_objects_that_never_come() -> None:
         inflatable_utils.pull_objects(["abc"], pull_object_fn=never)
 
 
+@pytest.mark.slow
 def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on() -> None:
     """How a failed deployment test (tests/test_deploy_faults.py `_logs`) or an operator sees where a node waits."""
     import os

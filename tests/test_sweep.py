@@ -216,6 +216,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory):
     return sweep, report
 
 
+@pytest.mark.slow
 def test_smoke_sweep_completes_every_run_in_its_own_folder(smoke) -> None:
     sweep, report = smoke
     assert report.ok, report.failed
@@ -234,6 +235,7 @@ def test_smoke_sweep_completes_every_run_in_its_own_folder(smoke) -> None:
     assert by_name["steffle__lambda=0_seed=0"]["model"] != by_name["steffle__lambda=2_seed=0"]["model"]
 
 
+@pytest.mark.slow
 def test_a_second_sweep_skips_finished_runs_and_reruns_only_missing_ones(smoke) -> None:
     sweep, _ = smoke
     stamps = {run.name: (run.folder / "result.json").stat().st_mtime_ns for run in sweep.runs}
@@ -252,6 +254,7 @@ def test_a_second_sweep_skips_finished_runs_and_reruns_only_missing_ones(smoke) 
     assert all((run.folder / "result.json").stat().st_mtime_ns == stamps[run.name] for run in sweep.runs[1:])
 
 
+@pytest.mark.slow
 def test_a_changed_sweep_file_does_not_reuse_results_of_another_config(smoke, tmp_path: Path) -> None:
     sweep, _ = smoke
     changed = _write(tmp_path, (SWEEPS / "smoke.toml").read_text().replace("rounds = 30", "rounds = 31"))
@@ -293,6 +296,7 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path: Path, capsys)
     assert "0 completed, 1 skipped, 1 failed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_dry_run_lists_every_run_with_its_state(smoke, capsys) -> None:
     sweep, _ = smoke
     assert main(["sweep", str(SWEEPS / "smoke.toml"), "--out", str(sweep.out), "--dry-run"]) == 0
@@ -346,6 +350,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads child processes from /proc (Linux)")
 def test_kill_stops_the_workers_too(tmp_path: Path) -> None:
     """`kill` (SIGTERM) of `silofl sweep` stops its worker processes, as Ctrl-C does, and keeps no half run as

@@ -15,6 +15,7 @@ def adult_dir(data_dir) -> str:
     return str(data_dir)
 
 
+@pytest.mark.slow
 def test_fedavg_on_adult_reaches_084(adult_dir: str) -> None:
     config = RunConfig.parse(
         {
@@ -31,6 +32,7 @@ def test_fedavg_on_adult_reaches_084(adult_dir: str) -> None:
     assert result["final"]["accuracy"] >= 0.84
 
 
+@pytest.mark.slow
 def test_dp_fedsgd_on_adult_at_epsilon_1_reaches_080(adult_dir: str) -> None:
     config = RunConfig.parse(
         {
@@ -51,6 +53,7 @@ def test_dp_fedsgd_on_adult_at_epsilon_1_reaches_080(adult_dir: str) -> None:
     assert result["final"]["accuracy"] >= 0.80
 
 
+@pytest.mark.slow
 def test_steffle_on_adult_halves_demographic_parity_at_epsilon_1(adult_dir: str) -> None:
     """Issue 3's target: 3 IID silos, batch 256, epsilon = 1 by the accountant, delta = 1/n^2, demographic parity:
     lambda = 2 gives at most half the violation of lambda = 0, for at most 2 more points of test error."""

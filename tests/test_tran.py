@@ -187,6 +187,7 @@ def _run(**overrides):
     return run_job(RunConfig.parse({**values, **overrides}), progress=False)
 
 
+@pytest.mark.slow
 def test_a_larger_dual_step_makes_the_model_fairer_at_the_same_seed() -> None:
     plain = _run(**{"lambda": 0.0, "dual-lr": 0.0})
     fair = _run(**{"lambda": 0.0, "dual-lr": 0.5})
@@ -200,6 +201,7 @@ def test_a_larger_dual_step_makes_the_model_fairer_at_the_same_seed() -> None:
         assert privacy["relation"].startswith("replace_one") and "constraint term" in privacy["mechanism"]
 
 
+@pytest.mark.slow
 def test_the_ledger_composes_both_releases_of_every_round_after_the_histogram() -> None:
     """The noise each silo used is the accountant's for (eps, delta, q, T) with TWO releases per step, composed with
     the histogram before them; accounting one release per step would understate what the silo spent."""
@@ -218,6 +220,7 @@ def test_the_ledger_composes_both_releases_of_every_round_after_the_histogram() 
     assert silo["epsilon_spent"] == pytest.approx(two, rel=0.06)
 
 
+@pytest.mark.slow
 def test_the_silo_noises_both_releases_at_its_multiplier_times_their_radius() -> None:
     """h gets N(0, (sigma C)^2) and the group mass N(0, sigma^2) on the sum (before the division by q n_j); with all
     multipliers 0, h is exactly 0 (a constant needs no noise) and only the group mass is noised."""
@@ -256,6 +259,7 @@ def test_the_silo_noises_both_releases_at_its_multiplier_times_their_radius() ->
     assert float(h.abs().max()) == 0.0 and float((mass - release(0.0, 0)[1]).abs().max()) > 0
 
 
+@pytest.mark.slow
 def test_dp_fermi_and_fermi_are_steffle_on_one_silo() -> None:
     """The issue's DP-FERMI (steffle, one silo) and FERMI (the same, epsilon inf) configurations run."""
     for epsilon in (1.0, "inf"):
