@@ -11,6 +11,9 @@ silo's seeded CPU generator, and the release leaves the silo as CPU numpy, as be
 draws, also on the CPU. So the noise a silo adds is the same draw on every device (a function of the run's seed and
 the silo's round alone), and on the CPU nothing moves: `cpu` gives bit for bit the numbers silofl gave before the
 option existed. On a GPU the sums differ from the CPU's by float rounding (other kernels, other summation orders).
+FedSC's augmented views are the exception: kornia draws them from the generator of the device the images are on
+(seeded per round, so a GPU run is reproducible), and CUDA's generator gives other draws than the CPU's from the same
+seed, so its model differs from the CPU run's by more than rounding (benchmarks/README.md, "GPU runs").
 
 `auto` is resolved where the model runs: at each silo (a deployed silo on its own hardware), by
 :func:`resolve_device`. The command line refuses `cuda` on a machine without a GPU before anything runs

@@ -1,7 +1,7 @@
 """`--device auto|cpu|cuda` for the algorithms that train a torch model (`protocols.devices`), tested on a machine
 without a GPU: `auto` resolves to the CPU and changes no number, `cuda` is refused at the command line before
 anything runs and by a silo that has no GPU, the device reaches the silos' instructions, and the Ray engine's GPU
-share follows from the device (a pure function). docs: benchmarks/README.md says how to record a GPU run.
+share follows from the device (a pure function). benchmarks/README.md records a GPU run (benchmarks/device_compare.py).
 """
 
 from __future__ import annotations
@@ -149,3 +149,35 @@ def test_the_ray_engine_asks_for_the_share_of_the_runs_device(monkeypatch) -> No
     assert client_resources(parties) == {"num_cpus": 1, "num_gpus": 0.25}  # 3 feature + 1 sensitive party
     fedsc = RunConfig.parse({"algorithm": "fedsc", "rounds": 1, "num-silos": 2, "device": "cuda"})
     assert client_resources(fedsc)["num_gpus"] == 0.5
+
+
+def test_the_device_comparison_benchmark_compares_only_numeric_metrics() -> None:
+    from tests.benchmark_scripts import load_script
+
+    compare = load_script("device_compare.py", "device_compare_under_test")
+    cpu = {"accuracy": 0.8, "loss": 0.5, "knn_accuracy": None}
+    cuda = {"accuracy": 0.8, "loss": 0.5000001, "knn_accuracy": None}
+    assert compare.max_metric_gap(cpu, cuda) == pytest.approx(1e-7)
+    assert np.isnan(compare.max_metric_gap({"loss": None}, {"loss": None}))
+    for arguments in compare.CASES.values():  # every case is a command line `silofl run` accepts
+        RunConfig.parse({"algorithm": arguments.split()[0], "rounds": 1})
+
+
+@pytest.mark.slow
+def test_the_device_comparison_benchmark_runs_a_case_on_the_cpu(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_compare.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--devices", "cpu", "--cases", "fedsc cnn", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| fedsc cnn | " in done.stdout
+    import json
+
+    run = json.loads((tmp_path / "summary.json").read_text())["runs"]["fedsc cnn"]["cpu"]
+    assert "error" not in run and run["rounds"] == 5 and run["seconds_per_round"] > 0

@@ -148,11 +148,13 @@ def correlation_reply(
     views_seed = randomness.round_seed(
         context, seed=instr.seed, silo_id=silo.silo_id, server_round=t, stream=AUGMENT_STREAM + 100
     )
-    with torch.random.fork_rng(devices=[]):  # kornia draws from torch's global RNG: seed it, leave it as it was
+    device = _device(instr, what)
+    # kornia draws from torch's global RNG (the device's own generator for CUDA images): seed it, leave it as it was.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(views_seed)
         correlation = dp_calr(
             lambda x: normalize_rows(model(x), instr.mu),
-            silo_images(silo).to(_device(instr, what)),
+            silo_images(silo).to(device),
             _augmentation(shape),
             views=instr.views,
             mu=instr.mu,
