@@ -45,7 +45,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from silofl.server.deploy import local  # noqa: E402
+from silofl.server.deploy import flower_setup, local, processes  # noqa: E402
 
 FLOOR_PYPROJECT = """\
 [build-system]
@@ -136,7 +136,7 @@ print(json.dumps({"flwr": t1 - t0, "torch": t2 - t1, "silofl_import": t3 - t2, "
 
 def _flwr_run(dep: local.Deployment, app: Path, run_config: str) -> float:
     env = local.flower_env(Path(dep.flwr_home))
-    command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
+    command = [str(flower_setup.bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
     t0 = time.perf_counter()
     done = subprocess.run(command, cwd=app, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -208,7 +208,7 @@ def idle_cpu(dep: local.Deployment, seconds: float, settle: float = 10.0) -> dic
     with no run, after `settle` seconds; also the share of the busiest process."""
     time.sleep(settle)
     roots = local.Deployment.load(Path(dep.dir)).processes
-    pids = [p.pid for p in roots] + local._descendants(roots)
+    pids = [p.pid for p in roots] + processes.descendants(roots)
     before = {pid: _cpu_ticks(pid) for pid in pids}
     t0 = time.monotonic()
     time.sleep(seconds)

@@ -26,11 +26,11 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from silofl.server.deploy import local  # noqa: E402
+from silofl.server.deploy import flower_setup, local  # noqa: E402
 
 
 def _split(dataset: str, topology: str, out: Path) -> Path:
-    command = [str(local._bin_dir() / "silofl"), "data", "split", dataset, "--silos", "3", "--out", str(out)]
+    command = [str(flower_setup.bin_dir() / "silofl"), "data", "split", dataset, "--silos", "3", "--out", str(out)]
     if topology != "silos":
         command += ["--topology", topology]
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=900)
@@ -39,7 +39,7 @@ def _split(dataset: str, topology: str, out: Path) -> Path:
 
 def _run(dep: local.Deployment, run_config: str) -> dict:
     env = local.flower_env(Path(dep.flwr_home))
-    command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
+    command = [str(flower_setup.bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
     done = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"flwr run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

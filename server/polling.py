@@ -25,7 +25,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log as flower_log
 
-from silofl.client.supernode_runtime import Backoff  # the SuperNode's backing-off poll; stdlib-only at import
+from silofl.client.supernode.backoff import Backoff  # the SuperNode's backing-off poll; stdlib-only at import
 
 __all__ = ["REPLY_POLL", "WAITING_LOG_EVERY", "PollingGrid", "bounded_object_pulls", "polling_grid"]
 
@@ -158,15 +158,17 @@ def polling_grid(grid: Grid) -> Grid:
     """`grid` wrapped in a :class:`PollingGrid` if it is Flower's deployment Grid (whose `send_and_receive`
     sleeps 3 s between pulls); any other Grid unchanged.
 
-    With a Flower version that :mod:`client.supernode_runtime` was checked against, this process's object pulls
-    also retry within milliseconds (:func:`client.supernode_runtime.shorten_object_pulls`: a reply seen before its
-    arrays were uploaded otherwise costs 1 s); with another version the pulls stay Flower's, and a warning says so.
+    With a Flower version that the SuperNode runtime was checked against (:mod:`client.supernode.flower_check`),
+    this process's object pulls also retry within milliseconds
+    (:func:`client.supernode.flower_patches.shorten_object_pulls`: a reply seen before its arrays were uploaded
+    otherwise costs 1 s); with another version the pulls stay Flower's, and a warning says so.
     """
     from flwr.superlink.grid.http_grid import HttpGrid
 
     if not (isinstance(grid, HttpGrid) and type(grid).send_and_receive is HttpGrid.send_and_receive):
         return grid
-    from silofl.client.supernode_runtime import FlowerChangedError, check_flower, shorten_object_pulls
+    from silofl.client.supernode.flower_check import FlowerChangedError, check_flower
+    from silofl.client.supernode.flower_patches import shorten_object_pulls
 
     try:
         check_flower()

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from silofl.client import lifetime_ledger, privacy_state
-from silofl.server.deploy import local
+from silofl.server.deploy import flower_setup, launch, local, processes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SILOS = 2
@@ -71,10 +71,10 @@ def test_deploy_up_gives_every_node_a_state_dir_and_the_superlink_a_database(
         started.append(proc)
         return proc
 
-    monkeypatch.setattr(local, "_spawn", spawn)
-    monkeypatch.setattr(local, "_wait_for_superlink", lambda *args: None)
+    monkeypatch.setattr(launch, "spawn", spawn)
+    monkeypatch.setattr(launch, "wait_for_superlink", lambda *args: None)
     monkeypatch.setattr(local, "register_supernodes", lambda keys, *args: [None] * len(keys))
-    monkeypatch.setattr(local, "wait_for_supernode", lambda *args: None)
+    monkeypatch.setattr(launch, "wait_for_supernode", lambda *args: None)
     monkeypatch.delenv(local.SUPEREXEC_POLL_ENV, raising=False)  # `up` sets it for the SuperLink unless it is set
     root = tmp_path / "fed"
     dep = local.up(root, 2, topology=topology)
@@ -109,10 +109,10 @@ def _recorded_spawns(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[st
         started.append((name, list(command)))
         return local.ProcessInfo(name, 0, 0, str(log), port, list(command), str(cwd), dict(env or {}))
 
-    monkeypatch.setattr(local, "_spawn", spawn)
-    monkeypatch.setattr(local, "_wait_for_superlink", lambda *args: None)
+    monkeypatch.setattr(launch, "spawn", spawn)
+    monkeypatch.setattr(launch, "wait_for_superlink", lambda *args: None)
     monkeypatch.setattr(local, "register_supernodes", lambda keys, *args: [None] * len(keys))
-    monkeypatch.setattr(local, "wait_for_supernode", lambda *args: None)
+    monkeypatch.setattr(launch, "wait_for_supernode", lambda *args: None)
     return started
 
 
@@ -151,7 +151,7 @@ def test_deploy_up_policy_reaches_every_node_and_a_bad_one_starts_nothing(tmp_pa
 def _fake_supernode(dep: local.Deployment, name: str, node_id: int) -> local.ProcessInfo:
     """A process that logs like a SuperNode that joined and then idles: what `restart` waits for."""
     command = ["sh", "-c", f"sleep 0.3; printf 'SuperNode %s: {node_id}\\n' ID; exec sleep 120"]  # not on its $ line
-    return local._spawn(name, command, cwd=Path(dep.dir) / name, log=Path(dep.dir) / "logs" / f"{name}.log")
+    return launch.spawn(name, command, cwd=Path(dep.dir) / name, log=Path(dep.dir) / "logs" / f"{name}.log")
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def fake_deployment(tmp_path: Path) -> Iterator[local.Deployment]:
     dep.processes = [_fake_supernode(dep, f"silo_{k}", k) for k in range(2)]
     dep.save()
     for proc in dep.processes:
-        local.wait_for_supernode(proc, timeout=30)
+        launch.wait_for_supernode(proc, timeout=30)
     try:
         yield dep
     finally:
@@ -185,7 +185,7 @@ def test_restart_starts_again_exactly_what_died(fake_deployment: local.Deploymen
     assert "restarted silo_0" in out and "silo_1" not in out
     now = local.Deployment.load(root)
     again = now.process("silo_0")
-    assert again.pid != first.pid and local._alive(again)
+    assert again.pid != first.pid and processes.alive(again)
     assert (again.command, again.cwd, again.log) == (first.command, first.cwd, first.log)
     assert again.log_start > first.log_start  # the restart's lines follow the first process's in the same log
     assert Path(again.log).read_text().count("SuperNode ID: 0") == 2
@@ -193,7 +193,7 @@ def test_restart_starts_again_exactly_what_died(fake_deployment: local.Deploymen
     assert main(["deploy", "restart", "--dir", str(root)]) == 0
     assert "every process of" in capsys.readouterr().out
     assert main(["deploy", "restart", "--dir", str(root), "--node", "silo_1"]) == 0
-    assert local.Deployment.load(root).process("silo_1").pid != second.pid and not local._alive(second)
+    assert local.Deployment.load(root).process("silo_1").pid != second.pid and not processes.alive(second)
     assert main(["deploy", "restart", "--dir", str(root), "--node", "silo_9"]) == 1
     assert "has no process named 'silo_9'; its processes: silo_0, silo_1" in capsys.readouterr().err
     assert main(["deploy", "status", "--dir", str(root)]) == 0
@@ -206,15 +206,15 @@ def test_a_restarted_superlink_without_database_restarts_the_supernodes_too(
     """A SuperLink with a database still knows the SuperNodes after a restart: they reconnect, only it is started
     again. One without has forgotten them (they would be refused): `restart` starts them again as well."""
     root = Path(fake_deployment.dir)
-    link = local._spawn("superlink", ["sleep", "120"], cwd=root / "superlink", log=root / "logs" / "superlink.log")
+    link = launch.spawn("superlink", ["sleep", "120"], cwd=root / "superlink", log=root / "logs" / "superlink.log")
     fake_deployment.processes.insert(0, link)
     fake_deployment.database = database
     fake_deployment.save()
-    monkeypatch.setattr(local, "_wait_for_superlink", lambda *args: None)  # a stand-in: no ports to wait for
+    monkeypatch.setattr(launch, "wait_for_superlink", lambda *args: None)  # a stand-in: no ports to wait for
     _kill_group(link)
     restarted = [p.name for p in local.restart(root, grace=2)]
     assert restarted == (["superlink"] if database else ["superlink", "silo_0", "silo_1"])
-    assert all(local._alive(p) for p in local.Deployment.load(root).processes)
+    assert all(processes.alive(p) for p in local.Deployment.load(root).processes)
 
 
 def test_restart_refuses_a_deployment_that_did_not_record_its_commands(tmp_path: Path) -> None:
@@ -237,7 +237,9 @@ def test_register_supernodes_accepts_keys_the_database_already_holds(tmp_path: P
         ]
     )
     monkeypatch.setattr(
-        local.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=next(replies), stderr="")
+        flower_setup.subprocess,
+        "run",
+        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=next(replies), stderr=""),
     )
     assert local.register_supernodes([tmp_path / "a.pub", tmp_path / "b.pub"], tmp_path) == [7, None]
     with pytest.raises(local.DeployError, match=r"registering .*c\.pub failed.*something else"):
@@ -260,9 +262,9 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Deplo
     finally:
         current = local.Deployment.load(root)
         local.down(root, grace=5)
-        left = [p.name for p in current.processes if local._alive(p)]
+        left = [p.name for p in current.processes if processes.alive(p)]
         assert not left, f"still running after down: {left}"
-        assert not local._descendants(current.processes)
+        assert not processes.descendants(current.processes)
 
 
 def _silofl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -291,7 +293,8 @@ class Submitted:
     """`flwr run . silofl-local --stream --run-config ...` in the background, its output collected."""
 
     def __init__(self, dep: local.Deployment, run_config: str) -> None:
-        command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
+        flwr = str(flower_setup.bin_dir() / "flwr")
+        command = [flwr, "run", ".", dep.connection, "--stream", "--run-config", run_config]
         self.process = subprocess.Popen(
             command,
             cwd=PROJECT_ROOT,
@@ -372,7 +375,7 @@ def _wait_while_answering(proc: local.ProcessInfo, offset: int, first_round: int
         marker = f", ROUND {at}]"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            log = local._log_since(proc)[offset:]
+            log = processes.log_since(proc)[offset:]
             answering = log[log.find(marker) :] if marker in log else ""
             if "Sending: train message" in answering:
                 break  # too late for this round: the next one
@@ -380,7 +383,7 @@ def _wait_while_answering(proc: local.ProcessInfo, offset: int, first_round: int
                 return at
             assert run.process.poll() is None, f"the run ended:\n{run.output[-3000:]}"
             time.sleep(0.005)
-    raise AssertionError(f"{proc.name} was never caught answering a round:\n{local._log_since(proc)[-3000:]}")
+    raise AssertionError(f"{proc.name} was never caught answering a round:\n{processes.log_since(proc)[-3000:]}")
 
 
 def _known_jobs(dep: local.Deployment) -> set[Path]:
@@ -392,14 +395,14 @@ def _logs(dep: local.Deployment, chars: int = 2000) -> str:
     SuperNode and ClientApp worker has printed its threads' stacks there (SIGUSR1: `dump_stacks_on_signal`)."""
     now = local.Deployment.load(Path(dep.dir))
     nodes = [p for p in now.processes if p.name != "superlink"]
-    for pid in [p.pid for p in nodes if local._alive(p)] + local._descendants(nodes):
+    for pid in [p.pid for p in nodes if processes.alive(p)] + processes.descendants(nodes):
         with contextlib.suppress(OSError):  # only silofl's runtime processes handle the signal (others would die)
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"silofl.client.supernode_runtime" in command and b"--single-task" not in command:
                 os.kill(pid, signal.SIGUSR1)
     time.sleep(1.0)
     return "".join(
-        f"\n--- {p.name} (alive: {local._alive(p)}):\n{local._log_since(p)[-chars * 3 :]}" for p in now.processes
+        f"\n--- {p.name} (alive: {processes.alive(p)}):\n{processes.log_since(p)[-chars * 3 :]}" for p in now.processes
     )
 
 
@@ -446,7 +449,7 @@ def _resume_and_check(dep: local.Deployment, out: Path, seed: int, known: set[Pa
 def _all_running(dep: local.Deployment) -> None:
     """Every process of the federation runs (a test that failed half-way may have left one dead)."""
     local.restart(dep.dir)
-    assert all(local._alive(p) for p in local.Deployment.load(Path(dep.dir)).processes)
+    assert all(processes.alive(p) for p in local.Deployment.load(Path(dep.dir)).processes)
 
 
 def _kill_group(proc: local.ProcessInfo) -> None:
@@ -454,10 +457,10 @@ def _kill_group(proc: local.ProcessInfo) -> None:
     goes down), and collect it."""
     os.killpg(proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while local._alive(proc) and time.monotonic() < deadline:
-        local._reap([proc.pid])
+    while processes.alive(proc) and time.monotonic() < deadline:
+        processes.reap([proc.pid])
         time.sleep(0.05)
-    assert not local._alive(proc)
+    assert not processes.alive(proc)
 
 
 @pytest.mark.slow
@@ -471,7 +474,7 @@ def test_a_supernode_killed_mid_run_is_restarted_and_the_run_resumed(
     _all_running(dep)
     known = _known_jobs(dep)
     victim = local.Deployment.load(Path(dep.dir)).process("silo_1")
-    log_before = len(local._log_since(victim))
+    log_before = len(processes.log_since(victim))
     run = Submitted(dep, _run_config(out, seed))
     _wait_for_round(out, 3, run)
     at = _wait_while_answering(victim, log_before, first_round=4, run=run)
@@ -522,8 +525,8 @@ def test_a_superlink_killed_mid_run_is_restarted_and_the_run_resumed(
     _resume_and_check(dep, out, seed, known)
     assert "--database" in link.command
     for proc in now.processes[1:]:
-        assert local._alive(proc), f"{proc.name} stopped:\n{local._log_since(proc)[-3000:]}"
-        log = local._log_since(proc)
+        assert processes.alive(proc), f"{proc.name} stopped:\n{processes.log_since(proc)[-3000:]}"
+        log = processes.log_since(proc)
         assert f"silofl SuperNode: lost the SuperLink at {dep.fleet_address}" in log, log[-3000:]
         assert f"silofl SuperNode: reconnected to the SuperLink at {dep.fleet_address} after" in log, log[-3000:]
         assert "terminated gracefully" not in log
@@ -541,18 +544,18 @@ def test_a_superlink_that_lost_its_database_is_repaired_by_restart(
     _all_running(dep)
     link = local.Deployment.load(root).process("superlink")
     os.kill(link.pid, signal.SIGKILL)
-    local._reap([link.pid])
+    processes.reap([link.pid])
     for path in Path(dep.state).glob(local.DATABASE_FILE + "*"):  # the database and its -wal / -shm files
         path.unlink()
     _silofl("deploy", "restart", "--dir", dep.dir)
     nodes = local.Deployment.load(root).processes[1:]
     deadline = time.monotonic() + 90
-    while any(local._alive(p) for p in nodes) and time.monotonic() < deadline:
-        local._reap([p.pid for p in nodes])
+    while any(processes.alive(p) for p in nodes) and time.monotonic() < deadline:
+        processes.reap([p.pid for p in nodes])
         time.sleep(0.5)
     for proc in nodes:
-        log = local._log_since(proc)
-        assert not local._alive(proc), f"{proc.name} still runs:\n{log[-2000:]}{_logs(dep)}"
+        log = processes.log_since(proc)
+        assert not processes.alive(proc), f"{proc.name} still runs:\n{log[-2000:]}{_logs(dep)}"
         assert (
             f"silofl SuperNode: the SuperLink at {dep.fleet_address} no longer knows this node's key (Invalid node ID)"
             in log

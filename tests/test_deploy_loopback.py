@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from silofl.client.silo_cli import SiloStartError, add_silo_parser, node_config_string, supernode_command
-from silofl.server.deploy import local
+from silofl.server.deploy import flower_setup, local, processes
 from silofl.server.deploy.certs import make_certs
 from silofl.server.deploy.topology import NodeLayout
 
@@ -170,10 +170,10 @@ def test_silo_start_validates_the_data_folder(tmp_path: Path, silo_dir: Path, ca
 @pytest.fixture(scope="module")
 def party_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`silofl data split synthetic --silos 3 --topology central-sensitive`: features_0..2 and sensitive_0."""
-    from silofl.server.deploy.local import _write_synthetic_parties
+    from silofl.server.deploy.node_folders import write_synthetic_parties
 
     root = tmp_path_factory.mktemp("parties with space")
-    _write_synthetic_parties(root, NodeLayout("central-sensitive", 3, 1))
+    write_synthetic_parties(root, NodeLayout("central-sensitive", 3, 1))
     return root
 
 
@@ -370,14 +370,14 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Deplo
     finally:
         current = local.Deployment.load(root)  # tests may have added processes
         local.down(root, grace=5)
-        left = [p.name for p in current.processes if local._alive(p)]
+        left = [p.name for p in current.processes if processes.alive(p)]
         assert not left, f"still running after down: {left}"
-        assert not local._descendants(current.processes)
+        assert not processes.descendants(current.processes)
 
 
 def _flwr_run(dep: local.Deployment, run_config: str, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess[str]:
     env = local.flower_env(Path(dep.flwr_home))
-    command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
+    command = [str(flower_setup.bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
     return subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -401,7 +401,7 @@ def test_federation_is_up_with_tls_and_authentication(federation: local.Deployme
         first_line = Path(proc.log).read_text().splitlines()[0]
         assert f"state-dir='{Path(federation.dir) / 'state' / proc.name}'" in first_line
     done = subprocess.run(
-        [str(local._bin_dir() / "flwr"), "supernode", "ls", federation.connection, "--format", "json"],
+        [str(flower_setup.bin_dir() / "flwr"), "supernode", "ls", federation.connection, "--format", "json"],
         env=local.flower_env(Path(federation.flwr_home)),
         capture_output=True,
         text=True,
@@ -448,11 +448,11 @@ def test_unregistered_supernode_is_refused(federation: local.Deployment, tmp_pat
     current.processes.append(proc)  # so that teardown stops it whatever happens
     current.save()
     deadline = time.monotonic() + 60
-    while local._alive(proc) and time.monotonic() < deadline:
-        local._reap([proc.pid])
+    while processes.alive(proc) and time.monotonic() < deadline:
+        processes.reap([proc.pid])
         time.sleep(0.2)
     log = Path(proc.log).read_text()
-    assert not local._alive(proc), f"the unregistered SuperNode is still running:\n{log[-2000:]}"
+    assert not processes.alive(proc), f"the unregistered SuperNode is still running:\n{log[-2000:]}"
     assert "SuperNode ID:" not in log
     assert "Failed to activate SuperNode" in log
     link_log = Path(federation.processes[0].log).read_text()
@@ -468,7 +468,7 @@ def _workers(dep: local.Deployment) -> dict[str, list[int]]:
     clientapp`)."""
     found: dict[str, list[int]] = {}
     for proc in local.Deployment.load(Path(dep.dir)).processes[1:]:
-        for pid in local._descendants([proc]):
+        for pid in processes.descendants([proc]):
             with contextlib.suppress(OSError):
                 if b"clientapp" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
                     found.setdefault(proc.name, []).append(pid)
@@ -559,7 +559,7 @@ def test_another_app_runs_in_a_fresh_clientapp_process(federation: local.Deploym
     before = _workers(federation)
     env = local.flower_env(Path(federation.flwr_home))
     out = tmp_path / "other.json"
-    command = [str(local._bin_dir() / "flwr"), "run", ".", federation.connection, "--stream", "--run-config"]
+    command = [str(flower_setup.bin_dir() / "flwr"), "run", ".", federation.connection, "--stream", "--run-config"]
     done = subprocess.run(
         [*command, f'out="{out}"'], cwd=app, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
     )

@@ -545,7 +545,7 @@ def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path,
     import subprocess
 
     import silofl.client.silo_cli as silo_cli
-    from silofl.server.deploy import local
+    from silofl.server.deploy import flower_setup, local
 
     states = tmp_path / "states"
     plain = silo_cli.node_config_string
@@ -562,7 +562,8 @@ def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path,
             "checkpoint-every=1 "
             f'round-timeout={timeout} num-silos={silos} out-dir="{out}"'
         )
-        command = [str(local._bin_dir() / "flwr"), "run", ".", dep.connection, "--stream", "--run-config", run_config]
+        flwr = str(flower_setup.bin_dir() / "flwr")
+        command = [flwr, "run", ".", dep.connection, "--stream", "--run-config", run_config]
         project = Path(__file__).resolve().parents[1]
         env = local.flower_env(Path(dep.flwr_home))
         lines: list[str] = []

@@ -1,19 +1,33 @@
-"""silofl's SuperNode runtime (client/supernode_runtime.py) and the ServerApp's polling Grid (server/polling.py),
-without processes: the Flower version pin and fingerprints (this file fails, naming what changed, when Flower changes
-under the runtime), the backing-off polls, the patches of Flower's SuperNode loop and object pulls, and the polling
-`send_and_receive`. The processes themselves (SuperNodes, long-lived ClientApp workers) run in
-tests/test_deploy_loopback.py, tests/test_faults.py and tests/test_docker_compose.py.
+"""silofl's SuperNode runtime (client/supernode/, its command line client/supernode_runtime.py) and the ServerApp's
+polling Grid (server/polling.py), without processes: the Flower version pin and fingerprints (this file fails, naming
+what changed, when Flower changes under the runtime), the backing-off polls, the patches of Flower's SuperNode loop
+and object pulls, and the polling `send_and_receive`. The processes themselves (SuperNodes, long-lived ClientApp
+workers) run in tests/test_deploy_loopback.py, tests/test_faults.py and tests/test_docker_compose.py.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
+import logging
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from silofl.client import supernode_runtime as rt
+from silofl.client.supernode import (
+    backoff,
+    exit_status,
+    flower_check,
+    flower_log,
+    flower_patches,
+    link_watch,
+    node,
+    worker,
+)
 from silofl.server.polling import WAITING_LOG_EVERY, PollingGrid, polling_grid
 
 # --- the Flower this module was checked against -------------------------------------------------------------------
@@ -25,47 +39,50 @@ def test_installed_flower_is_the_one_the_runtime_was_checked_against() -> None:
     the fingerprints (`python -m silofl.client.supernode_runtime fingerprints`)."""
     from flwr.supercore.version import package_version
 
-    assert package_version in rt.CHECKED_FLOWER_VERSIONS, (
+    assert package_version in flower_check.CHECKED_FLOWER_VERSIONS, (
         f"flwr {package_version} is installed, client/supernode_runtime.py was checked against "
-        f"{rt.CHECKED_FLOWER_VERSIONS}: re-check the functions in its _FINGERPRINTED against this Flower"
+        f"{flower_check.CHECKED_FLOWER_VERSIONS}: re-check the functions in its FINGERPRINTED "
+        "(client/supernode/flower_check.py) against this Flower"
     )
-    changed = {ref: digest for ref, digest in rt.fingerprints().items() if digest != rt._FINGERPRINTED[ref]}
+    changed = {
+        ref: digest for ref, digest in flower_check.fingerprints().items() if digest != flower_check.FINGERPRINTED[ref]
+    }
     assert not changed, f"Flower's source changed under client/supernode_runtime.py: {sorted(changed)}"
-    rt.check_flower()
+    flower_check.check_flower()
     # what the patches rely on, beyond the fingerprints: the sleeps are the module's, the pull defaults are keywords
     sci = importlib.import_module("flwr.supernode.start_client_internal")
-    assert sci.time.sleep is not None and "time.sleep(3)" in rt.inspect.getsource(sci.start_client_internal)
+    assert sci.time.sleep is not None and "time.sleep(3)" in inspect.getsource(sci.start_client_internal)
     utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
     for function in (utils.pull_objects, utils.pull_and_inflate_object_from_tree):
-        assert set(rt.OBJECT_PULL_RETRY) <= set(function.__kwdefaults__)
+        assert set(flower_patches.OBJECT_PULL_RETRY) <= set(function.__kwdefaults__)
 
 
 def test_check_flower_refuses_another_version_or_changed_source_naming_the_fix(monkeypatch) -> None:
     import flwr.supercore.version as version
 
     monkeypatch.setattr(version, "package_version", "1.40.0")
-    with pytest.raises(rt.FlowerChangedError, match=r"flwr 1\.40\.0 is installed.*--runtime flower"):
-        rt.check_flower()
+    with pytest.raises(flower_check.FlowerChangedError, match=r"flwr 1\.40\.0 is installed.*--runtime flower"):
+        flower_check.check_flower()
     monkeypatch.undo()
     ref = "flwr.supernode.start_client_internal:_push_messages"
-    monkeypatch.setitem(rt._FINGERPRINTED, ref, "0" * 64)
-    with pytest.raises(rt.FlowerChangedError, match=rf"the source of {ref} differs.*--runtime flower"):
-        rt.check_flower()
+    monkeypatch.setitem(flower_check.FINGERPRINTED, ref, "0" * 64)
+    with pytest.raises(flower_check.FlowerChangedError, match=rf"the source of {ref} differs.*--runtime flower"):
+        flower_check.check_flower()
 
 
 # --- backing-off polls ----------------------------------------------------------------------------------------------
 
 
 def test_backoff_is_a_share_of_the_wait_between_floor_and_cap() -> None:
-    poll = rt.Backoff(floor=0.01, cap=1.0, ratio=0.1)
+    poll = backoff.Backoff(floor=0.01, cap=1.0, ratio=0.1)
     assert poll.step(0.0) == 0.01 and poll.step(0.05) == 0.01
     assert poll.step(2.0) == pytest.approx(0.2)
     assert poll.step(3600.0) == 1.0
     with pytest.raises(ValueError, match="floor <= cap"):
-        rt.Backoff(floor=2.0, cap=1.0)
+        backoff.Backoff(floor=2.0, cap=1.0)
     # the production settings: fast while messages flow, never slower than Flower's own steps when idle
-    assert rt.IDLE_PULL.cap <= rt.FLOWER_IDLE_SLEEP and rt.REPLY_WAIT.cap <= rt.FLOWER_REPLY_SLEEP
-    assert max(rt.IDLE_PULL.floor, rt.REPLY_WAIT.floor, rt.TASK_POLL.floor) <= 0.01
+    assert backoff.IDLE_PULL.cap <= backoff.FLOWER_IDLE_SLEEP and backoff.REPLY_WAIT.cap <= backoff.FLOWER_REPLY_SLEEP
+    assert max(backoff.IDLE_PULL.floor, backoff.REPLY_WAIT.floor, backoff.TASK_POLL.floor) <= 0.01
 
 
 def _fake_time():
@@ -76,7 +93,7 @@ def _fake_time():
 
 def test_poll_clock_replaces_flowers_two_sleeps_and_nothing_else() -> None:
     now, slept, clock, sleep = _fake_time()
-    poll = rt.PollClock(rt.Backoff(0.01, 1.0), rt.Backoff(0.002, 0.5), sleep=sleep, clock=clock)
+    poll = flower_patches.PollClock(backoff.Backoff(0.01, 1.0), backoff.Backoff(0.002, 0.5), sleep=sleep, clock=clock)
     poll.message_handled()
     poll.sleep(3)  # Flower's idle sleep right after a message: the floor
     now[0] += 5.0
@@ -89,7 +106,7 @@ def test_poll_clock_replaces_flowers_two_sleeps_and_nothing_else() -> None:
     poll.sleep(0.5)
     poll.sleep(0.2)  # any other sleep is passed through
     assert slept == [0.01, pytest.approx(0.5), 1.0, 0.002, pytest.approx(0.1), 0.2]
-    assert poll.monotonic is rt.time.monotonic  # the rest of the `time` module is the real one
+    assert poll.monotonic is time.monotonic  # the rest of the `time` module is the real one
 
 
 def test_poll_patches_hook_flowers_supernode_loop(monkeypatch) -> None:
@@ -98,24 +115,24 @@ def test_poll_patches_hook_flowers_supernode_loop(monkeypatch) -> None:
     calls: list[str] = []
     monkeypatch.setattr(sci, "_pull_and_store_message", lambda **kw: next(replies))
     monkeypatch.setattr(sci, "_push_messages", lambda **kw: calls.append("push"))
-    monkeypatch.setattr(sci, "time", rt.time)  # restored after the test: the patch replaces the module's `time`
+    monkeypatch.setattr(sci, "time", time)  # restored after the test: the patch replaces the module's `time`
     monkeypatch.setattr(sci, "pull_objects", sci.pull_objects)  # and its `pull_objects` (dropped stopped runs)
     now, slept, clock, sleep = _fake_time()
-    poll = rt.PollClock(sleep=sleep, clock=clock)
+    poll = flower_patches.PollClock(sleep=sleep, clock=clock)
     first: list[int] = []
-    rt.install_poll_patches(poll, on_first_pull=lambda: first.append(1))
+    flower_patches.install_poll_patches(poll, on_first_pull=lambda: first.append(1))
     assert sci.time is poll
     now[0] += 50.0
     assert sci._pull_and_store_message() is None  # nothing came: the clock still counts from its start
     sci.time.sleep(3)
-    assert slept[-1] == rt.IDLE_PULL.cap
+    assert slept[-1] == backoff.IDLE_PULL.cap
     assert sci._pull_and_store_message() == 7  # a message: poll fast again
     sci.time.sleep(3)
-    assert slept[-1] == rt.IDLE_PULL.floor
+    assert slept[-1] == backoff.IDLE_PULL.floor
     now[0] += 30.0
     sci._push_messages()  # the reply left: fast again (the next round's message), however long the ClientApp took
     sci.time.sleep(3)
-    assert slept[-1] == rt.IDLE_PULL.floor and calls == ["push"] and first == [1]  # the callback ran once
+    assert slept[-1] == backoff.IDLE_PULL.floor and calls == ["push"] and first == [1]  # the callback ran once
 
 
 def _receive_one_message(pull_and_store, *, stops_at: str) -> tuple[int | None, list[str]]:
@@ -169,8 +186,8 @@ def test_a_message_whose_run_stopped_while_it_arrived_leaves_no_task_behind(monk
     flowers = sci._pull_and_store_message
     assert _receive_one_message(flowers, stops_at=stops_at) == (None, ["pending"])  # Flower's own: the leak
 
-    patched = rt.drop_messages_of_stopped_runs(flowers)
-    rt.drop_messages_of_stopped_runs(flowers)  # installing twice wraps Flower's pull once
+    patched = flower_patches.drop_messages_of_stopped_runs(flowers)
+    flower_patches.drop_messages_of_stopped_runs(flowers)  # installing twice wraps Flower's pull once
     utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
     assert sci._silofl_pull_objects is utils.pull_objects
     assert _receive_one_message(patched, stops_at=stops_at) == (None, ["finished"])
@@ -182,22 +199,22 @@ def test_object_pulls_retry_within_milliseconds(monkeypatch) -> None:
     for function in (utils.pull_objects, utils.pull_and_inflate_object_from_tree):
         monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))  # restored afterwards
     assert utils.pull_objects.__kwdefaults__["initial_backoff"] == 1  # Flower's: a pull that comes early waits 1 s
-    rt.shorten_object_pulls()
-    rt.shorten_object_pulls()  # idempotent
+    flower_patches.shorten_object_pulls()
+    flower_patches.shorten_object_pulls()  # idempotent
     for function in (utils.pull_objects, utils.pull_and_inflate_object_from_tree):
         assert function.__kwdefaults__["initial_backoff"] == 0.005 and function.__kwdefaults__["backoff_cap"] == 0.5
         assert function.__kwdefaults__["max_time"] == 7200  # Flower's patience is kept
     attempts: list[float] = []
 
     def pull(object_id: str) -> bytes:
-        attempts.append(rt.time.monotonic())
+        attempts.append(time.monotonic())
         if len(attempts) < 4:
             raise utils.ObjectUnavailableError(object_id)
         return b"content"
 
-    t0 = rt.time.monotonic()
+    t0 = time.monotonic()
     assert utils.pull_objects(["a"], pull) == {"a": b"content"}
-    assert rt.time.monotonic() - t0 < 0.5  # three misses: about 35 ms instead of Flower's 7 s
+    assert time.monotonic() - t0 < 0.5  # three misses: about 35 ms instead of Flower's 7 s
 
 
 # --- what the SuperNode says about its SuperLink -------------------------------------------------------------------
@@ -222,13 +239,13 @@ class _RpcError(Exception):
 def test_link_watch_says_once_that_the_superlink_is_lost_and_when_it_is_back() -> None:
     now, _, clock, _ = _fake_time()
     said: list[tuple[int, str]] = []
-    watch = rt.LinkWatch(
+    watch = link_watch.LinkWatch(
         "link.example:9092", log=lambda level, text, *args: said.append((level, text % args)), clock=clock
     )
     down = _RpcError("UNAVAILABLE", "failed to connect to all addresses")
     watch.failed(down)  # before any success: not reachable yet
     watch.succeeded()
-    assert [level for level, _ in said] == [rt.logging.WARNING, rt.logging.INFO]
+    assert [level for level, _ in said] == [logging.WARNING, logging.INFO]
     assert said[0][1].startswith(
         "silofl SuperNode: cannot reach the SuperLink at link.example:9092 (StatusCode.UNAVAILABLE"
     )
@@ -245,23 +262,23 @@ def test_link_watch_says_once_that_the_superlink_is_lost_and_when_it_is_back() -
     )
     assert "silofl deploy restart --dir DIR" in said[0][1]
     assert said[1] == (
-        rt.logging.INFO,
+        logging.INFO,
         "silofl SuperNode: reconnected to the SuperLink at link.example:9092 after 12.5 s",
     )
 
 
 def test_link_watch_names_the_fix_when_the_superlink_forgets_the_node() -> None:
     said: list[tuple[int, str]] = []
-    watch = rt.LinkWatch("127.0.0.1:9092", log=lambda level, text, *args: said.append((level, text % args)))
+    watch = link_watch.LinkWatch("127.0.0.1:9092", log=lambda level, text, *args: said.append((level, text % args)))
     watch.refused(_RpcError("UNAVAILABLE", "down"))  # retried, not refused: nothing said
     watch.refused(_RpcError("UNAUTHENTICATED", "Invalid node ID"))
     watch.refused(_RpcError("UNAUTHENTICATED", "Invalid node ID"))  # a heartbeat refused while Flower stops: said once
-    assert [level for level, _ in said] == [rt.logging.ERROR]
+    assert [level for level, _ in said] == [logging.ERROR]
     assert said[0][1].startswith(
         "silofl SuperNode: the SuperLink at 127.0.0.1:9092 no longer knows this node's key (Invalid node ID)"
     )
     assert "`flwr supernode register NODE.pub CONNECTION`" in said[0][1] and "same command and state-dir" in said[0][1]
-    other = rt.LinkWatch("127.0.0.1:9092", log=lambda level, text, *args: said.append((level, text % args)))
+    other = link_watch.LinkWatch("127.0.0.1:9092", log=lambda level, text, *args: said.append((level, text % args)))
     other.refused(_RpcError("UNAUTHENTICATED", "Invalid timestamp"))
     assert said[1][1].startswith("silofl SuperNode: the SuperLink at 127.0.0.1:9092 refuses this node (UNAUTHENTICATED")
 
@@ -274,9 +291,9 @@ def test_link_watch_hooks_the_fleet_connections_retry_invoker_and_keeps_flowers_
     monkeypatch.setattr(sci, "_make_fleet_connection_retry_invoker", flowers)  # restored after the test
     monkeypatch.setattr(sci, "_silofl_make_invoker", flowers, raising=False)
     said: list[str] = []
-    monkeypatch.setattr(rt, "_log", lambda level, text, *args: said.append(text % args))
-    rt.install_link_watch("127.0.0.1:9092")
-    rt.install_link_watch("127.0.0.1:9092")  # installing twice does not chain two watches
+    monkeypatch.setattr(flower_log, "log", lambda level, text, *args: said.append(text % args))
+    link_watch.install_link_watch("127.0.0.1:9092")
+    link_watch.install_link_watch("127.0.0.1:9092")  # installing twice does not chain two watches
     invoker = sci._make_fleet_connection_retry_invoker(max_retries=3)
     invoker.wait_function = lambda seconds: None
     calls = iter([_RpcError("UNAVAILABLE", "down"), _RpcError("UNAVAILABLE", "down"), None])
@@ -299,15 +316,25 @@ def test_link_watch_hooks_the_fleet_connections_retry_invoker_and_keeps_flowers_
 # --- the supernode command ----------------------------------------------------------------------------------------
 
 
+def test_the_command_line_names_its_commands_and_prints_the_fingerprints(capsys) -> None:
+    """`python -m silofl.client.supernode_runtime` (the entry of client/supernode/): without a known command it
+    prints its docstring and exits 2; `fingerprints` prints the installed Flower's, one `DIGEST  REF` a line."""
+    assert rt.main([]) == 2 and rt.main(["--help"]) == 2
+    assert "supernode [--clientapp-process long-lived|per-message]" in capsys.readouterr().err
+    assert rt.main(["fingerprints"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"{digest}  {ref}" for ref, digest in flower_check.fingerprints().items()]
+
+
 def test_supernode_main_refuses_what_its_clientapp_worker_cannot_do() -> None:
     with pytest.raises(SystemExit, match="--isolation subprocess: silofl's ClientApp worker"):
-        rt.supernode_main(["--insecure", "--isolation", "subprocess"], "long-lived")
+        node.supernode_main(["--insecure", "--isolation", "subprocess"], "long-lived")
     with pytest.raises(SystemExit, match="--allow-runtime-dependency-installation"):
-        rt.supernode_main(["--insecure", "--allow-runtime-dependency-installation"], "long-lived")
+        node.supernode_main(["--insecure", "--allow-runtime-dependency-installation"], "long-lived")
     with pytest.raises(SystemExit, match="choose one of long-lived, per-message"):
-        rt.supernode_main(["--insecure"], "warm")
-    assert rt._flag_value(["--port", "9", "--isolation=process"], "--isolation") == "process"
-    assert rt._flag_value(["--port", "9"], "--isolation") is None
+        node.supernode_main(["--insecure"], "warm")
+    assert node.flag_value(["--port", "9", "--isolation=process"], "--isolation") == "process"
+    assert node.flag_value(["--port", "9"], "--isolation") is None
 
 
 def test_exit_code_is_the_unwinding_exits_when_flowers_cleanup_raises_again() -> None:
@@ -326,13 +353,13 @@ def test_exit_code_is_the_unwinding_exits_when_flowers_cleanup_raises_again() ->
         finally:
             raise RuntimeError("Heartbeat sender is not running.")
 
-    assert rt.exit_code(None) == 0 and rt.exit_code(2) == 2
-    assert rt.exit_code(SystemExit(0)) == 0 and rt.exit_code(SystemExit(3)) == 3
-    assert rt.exit_code(SystemExit("--flag: bad")) == 1
-    assert rt.exit_code(raised(lambda: cleanup_fails_during(0))) == 0
-    assert rt.exit_code(raised(lambda: cleanup_fails_during(1))) == 1
-    assert rt.exit_code(RuntimeError("a bug")) == 1
-    assert rt.exit_code(KeyboardInterrupt()) == 130
+    assert exit_status.exit_code(None) == 0 and exit_status.exit_code(2) == 2
+    assert exit_status.exit_code(SystemExit(0)) == 0 and exit_status.exit_code(SystemExit(3)) == 3
+    assert exit_status.exit_code(SystemExit("--flag: bad")) == 1
+    assert exit_status.exit_code(raised(lambda: cleanup_fails_during(0))) == 0
+    assert exit_status.exit_code(raised(lambda: cleanup_fails_during(1))) == 1
+    assert exit_status.exit_code(RuntimeError("a bug")) == 1
+    assert exit_status.exit_code(KeyboardInterrupt()) == 130
 
 
 def test_run_and_exit_ends_the_process_even_if_a_thread_would_hold_it(tmp_path) -> None:
@@ -346,7 +373,7 @@ def test_run_and_exit_ends_the_process_even_if_a_thread_would_hold_it(tmp_path) 
 
     def run(body: str) -> subprocess.CompletedProcess[str]:
         script = tmp_path / "main.py"
-        script.write_text("from client.supernode_runtime import run_and_exit\n" + body + "run_and_exit(main)\n")
+        script.write_text("from client.supernode.exit_status import run_and_exit\n" + body + "run_and_exit(main)\n")
         env = {"PYTHONPATH": str(root)}
         return subprocess.run(
             [sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60
@@ -368,12 +395,12 @@ def test_run_and_exit_ends_the_process_even_if_a_thread_would_hold_it(tmp_path) 
 
 
 def test_worker_command_follows_the_supernodes_runtime_api() -> None:
-    command = rt._worker_command({"runtime_api_address": "0.0.0.0:9094", "runtime_certificates": None})
+    command = node.worker_command({"runtime_api_address": "0.0.0.0:9094", "runtime_certificates": None})
     assert command[1:4] == ["-m", "silofl.client.supernode_runtime", "clientapp"] and "--per-message" not in command
-    assert "--per-message" in rt._worker_command({"runtime_api_address": "a:1"}, per_message=True)
+    assert "--per-message" in node.worker_command({"runtime_api_address": "a:1"}, per_message=True)
     assert command[command.index("--runtime-api-address") + 1] == "127.0.0.1:9094"  # as Flower's SuperExec dials
-    assert command[command.index("--parent-pid") + 1] == str(rt.os.getpid())  # `silofl deploy down` finds it
-    secure = rt._worker_command(
+    assert command[command.index("--parent-pid") + 1] == str(os.getpid())  # `silofl deploy down` finds it
+    secure = node.worker_command(
         {
             "runtime_api_address": "[::]:9",
             "runtime_certificates": (b"", b"", b""),
@@ -384,12 +411,12 @@ def test_worker_command_follows_the_supernodes_runtime_api() -> None:
 
 
 def test_worker_keeps_one_app_and_starts_fresh_for_another() -> None:
-    worker = rt._ClientAppWorker("127.0.0.1:1", None)
-    assert not worker.needs_fresh_process("abc")  # nothing loaded yet
-    worker.fab_hash = "abc"
-    assert not worker.needs_fresh_process("abc") and worker.needs_fresh_process("def")
-    worker.tainted = True  # an app failed to load half-way: its modules may be half-imported
-    assert worker.needs_fresh_process("abc")
+    app_worker = worker.ClientAppWorker("127.0.0.1:1", None)
+    assert not app_worker.needs_fresh_process("abc")  # nothing loaded yet
+    app_worker.fab_hash = "abc"
+    assert not app_worker.needs_fresh_process("abc") and app_worker.needs_fresh_process("def")
+    app_worker.tainted = True  # an app failed to load half-way: its modules may be half-imported
+    assert app_worker.needs_fresh_process("abc")
 
 
 # --- the ServerApp's polling Grid -----------------------------------------------------------------------------------
@@ -425,7 +452,7 @@ def test_polling_grid_pulls_fast_then_backs_off_and_keeps_flowers_result() -> No
         now[0] += seconds
 
     fake = _FakeGrid(now, {"m1": 100.02, "m2": 100.05, "m3": 112.0})
-    grid = PollingGrid(fake, rt.Backoff(floor=0.005, cap=1.0, ratio=0.1), sleep=sleep, clock=clock)
+    grid = PollingGrid(fake, backoff.Backoff(floor=0.005, cap=1.0, ratio=0.1), sleep=sleep, clock=clock)
     sent = _messages(1, 2, 3)
     replies = grid.send_and_receive(sent, timeout=None)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m1", "m2", "m3"]
@@ -499,8 +526,8 @@ def test_fast_reconnect_gives_the_fleet_channel_short_reconnection_pauses(monkey
 
     monkeypatch.setattr(grpc, "insecure_channel", recording(grpc.insecure_channel))
     monkeypatch.setattr(grpc, "secure_channel", recording(grpc.secure_channel))
-    rt.install_fast_reconnect()
-    rt.install_fast_reconnect()
+    link_watch.install_fast_reconnect()
+    link_watch.install_fast_reconnect()
     assert flower_grpc.grpc._module is grpc
     for insecure, certificates in ((True, None), (False, None)):
         channel = flower_grpc.create_channel("127.0.0.1:9092", insecure=insecure, root_certificates=certificates)
@@ -567,7 +594,7 @@ def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on() -> None:
     from pathlib import Path
 
     root = Path(rt.__file__).resolve().parents[1]
-    code = "from client.supernode_runtime import dump_stacks_on_signal as d\nd()\nimport time\ntime.sleep(4)\n"
+    code = "from client.supernode.stack_dumps import dump_stacks_on_signal as d\nd()\nimport time\ntime.sleep(4)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stderr=subprocess.PIPE, text=True)
     time.sleep(2)
     os.kill(proc.pid, signal.SIGUSR1)
