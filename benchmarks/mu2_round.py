@@ -8,7 +8,7 @@ on the same MNIST data, seed and rho:
 * silofl: `silofl run mu2fl` through the real ServerApp, strategy and ClientApp on the in-process engine (the round
   loop's wall time divided by the rounds, `timing.seconds_per_round` of result.json; data loading, setup and the
   final evaluation excluded);
-* reference: `protocols.mu2.run_mu2_reference`, the same iteration in a numpy loop with no messages, checks,
+* reference: `protocols.mu2fl.run_mu2_reference`, the same iteration in a numpy loop with no messages, checks,
   ledger or Flower (the floor of the arithmetic itself).
 
 The ratio is the cost of running DP-mu2-FL as a federated system (messages, checks, serialisation, ledger) per round.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from silofl.client.data.loaders import load_dataset
-from silofl.protocols import mu2
+from silofl.protocols import mu2fl
 from silofl.protocols.config import RunConfig
 from silofl.server.engines import run_job
 
@@ -65,7 +65,7 @@ def main() -> None:
     reference_ms = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        mu2.run_mu2_reference(
+        mu2fl.run_mu2_reference(
             features, labels, args.silos, args.rounds, args.rho, args.trust == "trusted", 0, num_classes=10
         )
         reference_ms.append(1000 * (time.perf_counter() - t0) / args.rounds)

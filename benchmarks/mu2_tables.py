@@ -137,7 +137,7 @@ def _cell_text(found: list[dict], paper: tuple[float, float] | None, show_eps: b
 
 
 def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: float) -> str:
-    from silofl.protocols import mu2
+    from silofl.protocols import mu2fl
 
     seeds = ", ".join(str(s) for s in args.seeds)
     lines = [
@@ -151,7 +151,7 @@ def render(cells: list[dict], args: argparse.Namespace, command: str, minutes: f
         "paper's cell and the gap (loss, accuracy points). The noisy-SGD rows are the spec's baseline "
         "(single-pass noisy projected SGD with averaged iterates, same rho, same data; not in the paper). "
         "rho is the paper's ((alpha, alpha rho^2/2)-RDP); at delta = 1e-5 it is epsilon = "
-        + ", ".join(f"{mu2.rho_to_epsilon(r, 1e-5):.0f} (rho {r:g})" for r in args.rhos)
+        + ", ".join(f"{mu2fl.rho_to_epsilon(r, 1e-5):.0f} (rho {r:g})" for r in args.rhos)
         + ". `eps` is the largest epsilon the silos' ledgers (untrusted) report, by dp-accounting's RDP/PLD for "
         "the mechanism that ran.",
         "",

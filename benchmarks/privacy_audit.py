@@ -17,7 +17,7 @@ The mechanisms, each built from silofl's own functions (module `Mechanism` docst
 * ``steffle-fairness``: `client.algorithms.steffle.fairness_gradients` (clipped theta part and the attribute-dependent
   W part, both noised, replace-one of a sensitive attribute, 2 releases accounted as one mechanism), rate 1.
 * ``mu2fl``: the untrusted DP-mu2-FL silo's first query, through `client.rounds.mu2fl.train_round` (replace one record
-  of the round's batch; noise from `protocols.mu2.calibrate`).
+  of the round's batch; noise from `protocols.mu2fl.calibrate`).
 * ``fedsc-calr``: `protocols.privacy.calr.dp_calr` (one share; replace one representation by an orthogonal one).
 * ``steffle-groups``: SteFFLe's setup histogram of (group, label) counts (`client.rounds.steffle.group_counts`;
   replace one record's group), calibrated by the silo's noise plan.
@@ -86,7 +86,7 @@ from silofl.client.rounds import mu2fl as mu2_round
 from silofl.client.rounds import steffle as steffle_round
 from silofl.client.sealed_records import SealedRecords
 from silofl.protocols import messages as msg
-from silofl.protocols import mu2
+from silofl.protocols import mu2fl as mu2fl_math
 from silofl.protocols import parties as pm
 from silofl.protocols.ermi import GroupPrior
 from silofl.protocols.models import (
@@ -575,11 +575,11 @@ def _mu2_message(x_t: np.ndarray, x_prev: np.ndarray, spec: list[tuple[str, tupl
     return _Received(content)  # type: ignore[return-value]
 
 
-def _mu2_calibration(silo: SiloData, target: float, rounds: int, batch: int) -> mu2.Mu2Calibration:
+def _mu2_calibration(silo: SiloData, target: float, rounds: int, batch: int) -> mu2fl_math.Mu2Calibration:
     """What `train_round` computes: rho from (epsilon, delta), then the untrusted silo's sigma (Theorem 5.2)."""
     constants = mu2_round.constants_for(silo, 0.1)  # the default --domain-diameter
-    rho = mu2.resolve_rho(0.0, target, DELTA)
-    return mu2.calibrate(
+    rho = mu2fl_math.resolve_rho(0.0, target, DELTA)
+    return mu2fl_math.calibrate(
         constants, num_rounds=rounds, num_silos=1, rho=rho, trusted=False, batch_size=batch, delta=DELTA
     )
 
@@ -618,18 +618,18 @@ def mu2fl(target: float, *, batch: int = 10) -> Mechanism:
     """
     silos = mu2fl_silos(batch)
     calibration = _mu2_calibration(silos[0], target, 1, batch)
-    dim = mu2.logreg_dim(4, 2)
+    dim = mu2fl_math.logreg_dim(4, 2)
     origin = np.zeros(dim)
 
     def mean(silo: SiloData) -> np.ndarray:
-        g = mu2.logreg_grad(
+        g = mu2fl_math.logreg_grad(
             origin, silo.train.nonsensitive.features.astype(np.float64), silo.train.nonsensitive.labels, 2
         )
-        return mu2.silo_step(None, g, None, 1)[1]
+        return mu2fl_math.silo_step(None, g, None, 1)[1]
 
     def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
         if noise_scale != 1.0:
-            raise ValueError("train_round takes its noise from protocols.mu2.calibrate; it cannot be scaled")
+            raise ValueError("train_round takes its noise from protocols.mu2fl.calibrate; it cannot be scaled")
         return _mu2_release(silos[world], target, seed, [(origin, origin)], "untrusted")[0]
 
     def noise_seed(seed: int) -> int:
@@ -665,7 +665,7 @@ def mu2fl_deviating_server(target: float, *, rounds: int = 60, seed: int = 0, re
     features = rng.random((rounds, 4)).astype(np.float32)
     labels = rng.integers(0, 2, rounds).astype(np.int64)
     silo = _silo(features, labels, np.zeros(rounds, dtype=np.int64))
-    dim = mu2.logreg_dim(4, 2)
+    dim = mu2fl_math.logreg_dim(4, 2)
     v = np.r_[np.full(4, reach / 4.0), 0.0]
     points = [(np.zeros(dim), np.zeros(dim))] * (rounds - 1) + [(v, -v)]
     return _mu2_release(silo, target, seed, points, "untrusted")

@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from silofl.client.app import DATA_SPEC_KEY
 from silofl.client.app import app as client_app
-from silofl.protocols import algorithms, mu2
+from silofl.protocols import algorithms, mu2fl
 from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
 from silofl.protocols.models import build_model, get_parameters
@@ -163,8 +163,8 @@ def make_strategy(kind: str, lr: float = 0.5):
     if kind == "mu2fl":
         from silofl.strategies.mu2fl import Mu2flStrategy
 
-        constants = mu2.Mu2Constants.for_logreg(3, 2, D=0.1)
-        calibration = mu2.calibrate(
+        constants = mu2fl.Mu2Constants.for_logreg(3, 2, D=0.1)
+        calibration = mu2fl.calibrate(
             constants, num_rounds=5, num_silos=3, rho=4.0, trusted=False, batch_size=1, delta=1e-6
         )
         return Mu2flStrategy(

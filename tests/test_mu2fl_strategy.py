@@ -11,7 +11,7 @@ from flwr.app import Context, RecordDict
 from silofl.client import randomness
 from silofl.client.data.federate import load_federation
 from silofl.client.rounds.mu2fl import _order
-from silofl.protocols import mu2
+from silofl.protocols import mu2fl
 from silofl.protocols.config import RunConfig
 from silofl.server.engines import run_job
 
@@ -50,7 +50,7 @@ def test_flower_run_matches_the_reference_implementation(trust: str, rho: float)
         values["rho"] = rho
     result = run_job(RunConfig.parse(values), progress=False)
     xs, ys, classes = _streams(seed, silos)
-    reference = mu2.run_mu2_reference(
+    reference = mu2fl.run_mu2_reference(
         xs, ys, silos, rounds, rho, trust == "trusted", seed, num_classes=classes, batch_size=batch, delta=1e-5
     )
     ours = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in result["model"].values()])
@@ -72,7 +72,7 @@ def test_untrusted_silos_spend_at_most_the_closed_form_epsilon() -> None:
         }
     )
     result = run_job(config, progress=False)
-    closed = mu2.rho_to_epsilon(4.0, 1e-5)
+    closed = mu2fl.rho_to_epsilon(4.0, 1e-5)
     assert 0 < result["privacy"]["epsilon_spent"] <= closed
     assert result["federation"]["rounds"] == min(s["n_train"] for s in result["federation"]["silos"]) // 4
 
@@ -100,7 +100,7 @@ def test_noisy_sgd_baseline_runs_with_one_charge_per_record_and_is_worse_than_mu
     sgd = run_job(RunConfig.parse({"algorithm": "noisy-sgd", **common}), progress=False)
     mu = run_job(RunConfig.parse({"algorithm": "mu2fl", **common}), progress=False)
     # parallel composition: one Gaussian release per record, so the ledger's epsilon is one mechanism's
-    assert 0 < sgd["privacy"]["epsilon_spent"] <= mu2.rho_to_epsilon(1.0, 1e-5)
+    assert 0 < sgd["privacy"]["epsilon_spent"] <= mu2fl.rho_to_epsilon(1.0, 1e-5)
     assert sgd["final"]["loss"] > mu["final"]["loss"]
 
 
@@ -154,5 +154,7 @@ def test_trusted_run_reports_the_servers_privacy() -> None:
     )
     privacy = run_job(config, progress=False)["privacy"]
     assert privacy["rho"] == 4.0 and "trusted server" in privacy["trust"]
-    assert 0 < privacy["epsilon_spent"] <= privacy["epsilon_closed_form"] == pytest.approx(mu2.rho_to_epsilon(4, 1e-5))
+    assert (
+        0 < privacy["epsilon_spent"] <= privacy["epsilon_closed_form"] == pytest.approx(mu2fl.rho_to_epsilon(4, 1e-5))
+    )
     assert all(s["epsilon_spent"] == "inf" for s in privacy["per_silo"].values())  # the silos' messages: not private

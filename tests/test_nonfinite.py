@@ -26,7 +26,7 @@ from silofl.client.algorithms import dp_fedsgd, steffle
 from silofl.client.algorithms import fedfdp as fedfdp_algo
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from silofl.client.gradients import clip_rows, clipped_gradient_sum, weighted_clipped_gradient_sum
-from silofl.protocols import ermi, fedfdp, fedsc, models, mu2, tran
+from silofl.protocols import ermi, fedfdp, fedsc, models, mu2fl, tran
 from silofl.protocols.models import build_model, clip_factors, head_clipped_sum, linear_stack_clipped_sum
 from silofl.protocols.privacy.gaussian import GaussianMechanism
 from tests.generic_module import NotTabular
@@ -438,11 +438,11 @@ def test_logreg_grad_is_finite_and_right_at_extreme_query_points(classes: int) -
     rng = np.random.default_rng(0)
     features = rng.random((16, 5))
     labels = rng.integers(0, classes, 16)
-    dim = mu2.logreg_dim(5, classes)
+    dim = mu2fl.logreg_dim(5, classes)
     cases = [rng.standard_normal(dim) for _ in range(3)] + [np.ones(dim)]  # the last: logits tie, or z = +inf
     for scale, direction in zip((1e300, 1e308, 1.7e308, 1.7e308), cases, strict=True):
         params = direction * (scale / np.abs(direction).max())
-        g = mu2.logreg_grad(params, features, labels, classes)
+        g = mu2fl.logreg_grad(params, features, labels, classes)
         assert np.all(np.isfinite(g))
         # the limit: softmax of logits that differ by >= 1e280 is one-hot at the largest (uniform over ties)
         rows = 1 if classes == 2 else classes
@@ -455,12 +455,12 @@ def test_logreg_grad_is_finite_and_right_at_extreme_query_points(classes: int) -
         r = r[:, 1:] if classes == 2 else r
         expected = np.concatenate([(r.T @ features).ravel(), r.sum(axis=0)]) / 16
         np.testing.assert_allclose(g, expected, atol=1e-12)
-        assert not math.isnan(mu2.logreg_loss(params, features, labels, classes))  # inf at most: the true loss
-        assert 0.0 <= mu2.logreg_accuracy(params, features, labels, classes) <= 1.0
+        assert not math.isnan(mu2fl.logreg_loss(params, features, labels, classes))  # inf at most: the true loss
+        assert 0.0 <= mu2fl.logreg_accuracy(params, features, labels, classes) <= 1.0
     with np.errstate(all="ignore"):
         # a query point of norm 1e300 (the check of `client.rounds.mu2fl` bounds steps, not points)
         params = np.full(dim, 1e300 / math.sqrt(dim))
-        assert np.all(np.isfinite(mu2.logreg_grad(params, features, labels, classes)))
+        assert np.all(np.isfinite(mu2fl.logreg_grad(params, features, labels, classes)))
 
 
 def test_logreg_grad_leaves_out_a_record_with_non_finite_features() -> None:
@@ -470,11 +470,11 @@ def test_logreg_grad_leaves_out_a_record_with_non_finite_features() -> None:
     params = rng.standard_normal(5)
     bad = features.copy()
     bad[3, 2] = np.inf
-    g = mu2.logreg_grad(params, bad, labels, 2)
+    g = mu2fl.logreg_grad(params, bad, labels, 2)
     assert np.all(np.isfinite(g))
     keep = np.arange(8) != 3
     # the others' gradients, still divided by the batch size 8 (the bad record contributes 0)
-    expected = mu2.logreg_grad(params, features[keep], labels[keep], 2) * 7 / 8
+    expected = mu2fl.logreg_grad(params, features[keep], labels[keep], 2) * 7 / 8
     np.testing.assert_allclose(g, expected, rtol=1e-12, atol=1e-15)
 
 

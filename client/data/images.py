@@ -3,7 +3,7 @@
 These are the datasets of DP-mu2-FL's experiments (paper Section 5.3): multinomial
 logistic regression on raw pixels. Each image becomes one record with its pixels, row-major, as features scaled to
 [0, 1] (float32, pixel / 255 for MNIST, pixel / 16 for digits). The features are NOT z-scored and no constant bias
-column is appended: the paper's constants (G = sqrt(2 * 785), L = 785 / 2, see `protocols.mu2.Mu2Constants`) assume
+column is appended: the paper's constants (G = sqrt(2 * 785), L = 785 / 2, see `protocols.mu2fl.Mu2Constants`) assume
 pixels in [0, 1], and the model's own bias plays the role of the paper's bias feature
 (`build_model("logreg", 784, 10)` has 10 x 784 weights + 10 biases = 7,850 parameters, the paper's d).
 

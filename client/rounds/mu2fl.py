@@ -1,4 +1,4 @@
-"""DP-mu2-FL round on a silo (the paper's Algorithms 1 and 2, "Actions of Machine i"; `protocols.mu2` has the math).
+"""DP-mu2-FL round on a silo (the paper's Algorithms 1 and 2, "Actions of Machine i"; `protocols.mu2fl` has the math).
 
 Each round the server sends the query points x_t and x_{t-1}. The silo takes its next b records of a single pass
 over its data (a fixed random order: every record is used once, in one round), evaluates the gradients at both points
@@ -7,8 +7,8 @@ leaves the silo) and releases q_t = t d_t: with its own Gaussian noise when the 
 is when the server is trusted (Algorithm 2; the server adds one noise draw to the average). A deployed silo sends an
 un-noised q_t only if its operator allows it in the node config (`allow-trusted-server = true`).
 
-Computation in numpy float64 through `protocols.mu2` (closed-form logistic-regression gradients), so the run matches
-`protocols.mu2.run_mu2_reference` exactly.
+Computation in numpy float64 through `protocols.mu2fl` (closed-form logistic-regression gradients), so the run matches
+`protocols.mu2fl.run_mu2_reference` exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from silofl.client.round_privacy import RoundPrivacy
 from silofl.client.rounds import RoundResult, with_records
 from silofl.client.silo_data import is_deployed
 from silofl.protocols import messages as msg
-from silofl.protocols import mu2
+from silofl.protocols import mu2fl
 from silofl.protocols.models import build_model, flatten_parameters, parameter_spec, unflatten_parameters
 from silofl.protocols.privacy.mechanism import Mechanism, Release
 
@@ -35,8 +35,8 @@ ROUND_KEY = "silofl.mu2.round"
 ORDER_KEY = "silofl.mu2.order"
 
 
-def constants_for(silo: SiloData, diameter: float) -> mu2.Mu2Constants:
-    return mu2.Mu2Constants.for_logreg(silo.info.num_features, silo.info.num_labels, D=diameter)
+def constants_for(silo: SiloData, diameter: float) -> mu2fl.Mu2Constants:
+    return mu2fl.Mu2Constants.for_logreg(silo.info.num_features, silo.info.num_labels, D=diameter)
 
 
 @functools.lru_cache(maxsize=8)
@@ -115,8 +115,8 @@ def _single_pass_round(
     check_in_domain(x_t, x_prev, instr.domain_diameter, what)
     if not sgd and t > 1:
         check_query_step(x_t, x_prev, t, instr.domain_diameter, what)
-    rho = mu2.resolve_rho(instr.rho, instr.epsilon, instr.delta)
-    calibrate = mu2.calibrate_noisy_sgd if sgd else mu2.calibrate
+    rho = mu2fl.resolve_rho(instr.rho, instr.epsilon, instr.delta)
+    calibrate = mu2fl.calibrate_noisy_sgd if sgd else mu2fl.calibrate
     cal = calibrate(
         constants, num_rounds=instr.total_rounds, num_silos=1, rho=rho, trusted=False, batch_size=b, delta=instr.delta
     )
@@ -124,7 +124,7 @@ def _single_pass_round(
     multiplier = cal.noise_multiplier
     spent = math.inf
     if not trusted:
-        epsilon = math.inf if math.isinf(rho) else mu2.rho_to_epsilon(rho, instr.delta)
+        epsilon = math.inf if math.isinf(rho) else mu2fl.rho_to_epsilon(rho, instr.delta)
         privacy = RoundPrivacy(
             context,
             instr,
@@ -140,7 +140,7 @@ def _single_pass_round(
     features = silo.train.nonsensitive.features[rows].astype(np.float64)
     labels = silo.train.nonsensitive.labels[rows]
     classes = silo.info.num_labels
-    g = mu2.logreg_grad(x_t, features, labels, classes)
+    g = mu2fl.logreg_grad(x_t, features, labels, classes)
     if sgd:
         q = g
         context.state[ROUND_KEY] = ConfigRecord({"round": t, "batch": b})
@@ -153,8 +153,8 @@ def _single_pass_round(
         if D_KEY not in context.state:
             raise msg.MessageError(f"{what}: round {t} but this silo holds no momentum from round {t - 1}")
         d_prev = context.state[D_KEY]["d"].numpy()
-        g_prev = mu2.logreg_grad(x_prev, features, labels, classes)
-    d, q = mu2.silo_step(d_prev, g, g_prev, t)
+        g_prev = mu2fl.logreg_grad(x_prev, features, labels, classes)
+    d, q = mu2fl.silo_step(d_prev, g, g_prev, t)
     context.state[D_KEY] = ArrayRecord({"d": Array(d)})
     context.state[ROUND_KEY] = ConfigRecord({"round": t, "batch": b})
     if sigma > 0:
@@ -162,7 +162,7 @@ def _single_pass_round(
     return {msg.UPDATE: unflatten_parameters(q, spec)}, _report(silo, t, spent, 0.0 if trusted else multiplier)
 
 
-def mechanism(instr: msg.TrainInstruction, cal: mu2.Mu2Calibration, *, sgd: bool) -> Mechanism:
+def mechanism(instr: msg.TrainInstruction, cal: mu2fl.Mu2Calibration, *, sgd: bool) -> Mechanism:
     """An untrusted silo's run: DP-mu2-FL's T releases of q_t = t d_t (every q_t depends on every earlier record, so
     they compose), or noisy SGD's one release per record (each record is used in one round only: parallel
     composition, charged once), each a Gaussian of sensitivity 2 S / b (2 G / b) to replacing one record at the
@@ -182,7 +182,7 @@ def mechanism(instr: msg.TrainInstruction, cal: mu2.Mu2Calibration, *, sgd: bool
 
 
 def check_in_domain(x_t: np.ndarray, x_prev: np.ndarray, diameter: float, what: str) -> None:
-    """Refuse query points outside the domain K, the ball of radius D / 2 around 0 (`protocols.mu2`): the server's
+    """Refuse query points outside the domain K, the ball of radius D / 2 around 0 (`protocols.mu2fl`): the server's
     points are anytime averages of points of K, and the silo's bounds (G, L, S = G + 2 L D) and its arithmetic are
     for points of K. A relative slack of 1e-9 absorbs float64 rounding of the server's projection. Depends on the
     message only: the same refusal whatever the silo's data."""
@@ -198,7 +198,7 @@ def check_in_domain(x_t: np.ndarray, x_prev: np.ndarray, diameter: float, what: 
 
 
 def check_query_step(x_t: np.ndarray, x_prev: np.ndarray, t: int, diameter: float, what: str) -> None:
-    """Refuse query points that break Lemma 4.2's bound (t - 1) ||x_t - x_{t-1}|| <= 2D (`protocols.mu2`, eq. 18).
+    """Refuse query points that break Lemma 4.2's bound (t - 1) ||x_t - x_{t-1}|| <= 2D (`protocols.mu2fl`, eq. 18).
 
     The sensitivity S = G + 2LD the silo's noise is calibrated for holds only for query points an honest server
     produces (anytime averages of points of K). An untrusted server could otherwise send far-apart points and read the

@@ -1,6 +1,6 @@
 """DP-mu2-FL (private federated convex optimization with anytime averaging and corrected momentum), for an untrusted
 server (noise in each silo) or a trusted one (one draw at the server). One pass over each silo's records. Server:
-`strategies.mu2fl` (`Mu2flStrategy`; `protocols.mu2` has the math); silo: `client.rounds.mu2fl`."""
+`strategies.mu2fl` (`Mu2flStrategy`; `protocols.mu2fl` has the math); silo: `client.rounds.mu2fl`."""
 
 from __future__ import annotations
 
@@ -25,21 +25,21 @@ def single_pass_report(config: Any, history: Any, rounds: int, delta: float, *, 
     noise (the silos' messages are not private then; the released x_t are). `releases_per_record`: 0 = every round
     releases every record (DP-mu2-FL's momentum; T releases at noise multiplier sigma(rho, T)), 1 = one release per
     record at multiplier 1 / rho (single-pass noisy SGD)."""
-    from silofl.protocols import mu2
+    from silofl.protocols import mu2fl
 
     if not history.server_state:
         return {}
     rho = float(history.server_state["rho"])
     num = lambda v: "inf" if math.isinf(v) else v  # noqa: E731
-    out: dict[str, Any] = {"rho": num(rho), "epsilon_closed_form": num(mu2.rho_to_epsilon(rho, delta))}
+    out: dict[str, Any] = {"rho": num(rho), "epsilon_closed_form": num(mu2fl.rho_to_epsilon(rho, delta))}
     if config.trust == "trusted":
         out["trust"] = "trusted server: silos send un-noised messages; the released x_t are DP by the server's noise"
         if math.isfinite(rho):
             if releases_per_record:
                 multiplier, count = 1.0 / rho, releases_per_record
             else:
-                multiplier, count = mu2.noise_multiplier(rho, rounds), rounds
-            out["epsilon_spent"] = mu2.accountant_epsilon(multiplier, count, delta)
+                multiplier, count = mu2fl.noise_multiplier(rho, rounds), rounds
+            out["epsilon_spent"] = mu2fl.accountant_epsilon(multiplier, count, delta)
     return out
 
 
