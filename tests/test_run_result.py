@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from silofl.server.plots import PlotError, load_runs
 from silofl.server.result import write_result
 from silofl.server.run_result import FinalMetrics, RunResult, RunResultError, as_float
 
@@ -214,6 +215,25 @@ def test_not_json_not_an_object_and_no_file_are_refused_clearly(tmp_path: Path) 
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunResultError, match=r"empty holds no result.json"):
         RunResult.load(tmp_path / "empty")
+
+
+def test_load_runs_reports_a_broken_file_as_a_plot_error(tmp_path: Path) -> None:
+    _written({"config": {"algorithm": "fedavg"}, "final": {"error": "low"}}, tmp_path / "a" / "result.json")
+    with pytest.raises(PlotError, match=r"a/result.json: not a silofl run result: field `final.error`"):
+        load_runs([tmp_path])
+
+
+def test_load_runs_keeps_each_records_typed_result_without_its_bulk(tmp_path: Path) -> None:
+    """The model arrays are never kept, the per-round entries only `with_rounds` (a sweep's thousands of long runs)."""
+    old = _oldest_shape()
+    _written(old, tmp_path / "old" / "result.json")
+    (record,), incomplete = load_runs([tmp_path])
+    assert incomplete == 0 and record.result is not None and record.rounds == ()
+    assert record.result.to_json() == {k: v for k, v in old.items() if k not in ("rounds", "model")}
+    assert record.final == old["final"] and record.result.privacy.per_silo["0"].noise_multiplier == 1.5
+    (record,), _ = load_runs([tmp_path], with_rounds=True)
+    assert record.rounds == tuple(old["rounds"]) and record.result.model is None
+    assert [r.get("accuracy") for r in record.result.rounds] == [None, 0.75]
 
 
 def test_load_can_skip_blocks_but_never_config_or_final(tmp_path: Path) -> None:
