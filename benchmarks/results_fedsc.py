@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, records_files, rel
+from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, records_files, rel, result_of, seconds_per_round
 from benchmarks.results_text import fmt, mean_sd_text
 from silofl.server import plots
 
@@ -35,7 +37,7 @@ def fedsc_records(sweeps: Path, fallback: Path) -> tuple[list[plots.RunRecord], 
     for r in records:
         match = _FEDSC_FOLDER.match(r.folder.name)
         if match and r.get("algorithm") in ("fedsc", "fedavg-sc"):
-            out.append(plots.RunRecord(r.folder, match["method"], r.config, r.final))
+            out.append(dataclasses.replace(r, method=match["method"]))
     return out, fallback, False
 
 
@@ -119,13 +121,12 @@ def fedsc_section(
             runs = methods[method]
             acc_text = mean_sd_text([100 * r.final["accuracy"] for r in runs])
             acc = plots.mean_sd([100 * r.final["accuracy"] for r in runs])[0]
-            knn = [100 * r.final["knn_accuracy"] for r in runs if plots._has(r, "knn_accuracy")]
+            knn = [100 * r.final["knn_accuracy"] for r in runs if plots.has(r, "knn_accuracy")]
             knn_text = mean_sd_text(knn) if knn else "-"
-            privacy = [read_json(r.folder / "result.json").get("privacy") or {} for r in runs]
-            spent = [p.get("epsilon_spent") for p in privacy if isinstance(p.get("epsilon_spent"), int | float)]
+            privacy = [p for r in runs if (p := result_of(r).privacy) is not None]
+            spent = [p.spent for p in privacy if p.epsilon_spent is not None and math.isfinite(p.spent)]
             eps_text = f"{max(spent):.2f} (target {fmt(runs[0].get('epsilon'))})" if spent else "inf"
-            timings = [read_json(r.folder / "result.json").get("timing") or {} for r in runs]
-            per_round = [t["seconds_per_round"] for t in timings if "seconds_per_round" in t]
+            per_round = seconds_per_round(runs)
             gain = "" if base_acc is None or method == "fedavg-sc" else f"{acc - base_acc:+.1f}"
             lines.append(
                 f"| {_fedsc_label(key)} | {names.get(method, method)} | {len(runs)} | {acc_text} | {knn_text} | "

@@ -29,14 +29,13 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from benchmarks.results_runs import STEFFLE
+from benchmarks.results_runs import STEFFLE, result_of
 from benchmarks.results_steffle import SweepResult
 from benchmarks.results_text import fmt, pct
 from silofl.server import plots
 from silofl.server.analysis import Point, mean_points, pareto_front
+from silofl.server.run_result import RunResult
 
 #: The methods of the headline: SteFFLe and the two baselines of the paper's headline numbers.
 HEADLINE_METHODS = (STEFFLE, "tran", "fedfdp")
@@ -123,10 +122,7 @@ def panel_points(
     members = [
         r
         for r in records
-        if r.method in set(methods)
-        and plots._has(r, "error")
-        and plots._has(r, metric)
-        and plots._in_panel(r, h, epsilon)
+        if r.method in set(methods) and plots.has(r, "error") and plots.has(r, metric) and plots.in_panel(r, h, epsilon)
     ]
     return {m: [p.xy for p in pts] for m, pts in mean_points(members, metric).items()}
 
@@ -454,7 +450,7 @@ def noise_lines(records: Sequence[plots.RunRecord]) -> list[str]:
     for r in records:
         if r.method != STEFFLE or not math.isfinite(r.epsilon):
             continue
-        closed = _closed_form(r.folder)
+        closed = _closed_form(result_of(r))
         if closed:
             rows.setdefault(r.epsilon, []).extend(closed)
     if not rows:
@@ -480,14 +476,11 @@ def noise_lines(records: Sequence[plots.RunRecord]) -> list[str]:
     ]
 
 
-def _closed_form(folder: Path) -> list[tuple[float, float, float, float]]:
-    import json
-
-    try:
-        data: dict[str, Any] = json.loads((folder / "result.json").read_text())
-    except (OSError, ValueError):
-        return []
-    per = (data.get("privacy") or {}).get("closed_form", {}).get("per_silo", {})
+def _closed_form(result: RunResult) -> list[tuple[float, float, float, float]]:
+    """Per silo (silofl's sigma_theta, the paper's, silofl's sigma_w, the paper's) from the result's
+    `privacy.closed_form` (SteFFLe's privacy report); [] for a run without it."""
+    closed = result.privacy.get("closed_form") if result.privacy is not None else None
+    per = (closed or {}).get("per_silo", {})
     return [
         (v["silofl_sigma_theta"], v["papers_sigma_theta"], v["silofl_sigma_w"], v["papers_sigma_w"])
         for v in per.values()

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, records_files, rel
+from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, records_files, rel, result_of
 from benchmarks.results_text import fmt
 from silofl.server import plots
 
@@ -39,12 +39,12 @@ def mu2_cells_from_runs(records: Sequence[plots.RunRecord]) -> list[dict[str, An
     """Cells (as benchmarks/mu2_tables.py's) from the result.json files of the mu2_mnist sweep."""
     cells = []
     for r in records:
-        if not plots.in_plot(r, "mu2") or not plots._has(r, "accuracy"):
+        if not plots.in_plot(r, "mu2") or not plots.has(r, "accuracy"):
             continue
         if r.get("partition") not in (None, "iid") or int(r.get("batch-size") or 1) != 1:
             continue
-        rho = plots._float(r.get("rho") or 0.0)
-        privacy = read_json(r.folder / "result.json").get("privacy") or {}
+        rho = plots.as_float(r.get("rho") or 0.0)
+        privacy = result_of(r).privacy
         cells.append(
             {
                 "algorithm": r.get("algorithm"),
@@ -53,7 +53,7 @@ def mu2_cells_from_runs(records: Sequence[plots.RunRecord]) -> list[dict[str, An
                 "silos": int(r.get("num-silos")),
                 "loss": r.final.get("loss"),
                 "accuracy": r.final["accuracy"],
-                "epsilon": privacy.get("epsilon_spent", "inf"),
+                "epsilon": "inf" if privacy is None or privacy.epsilon_spent is None else privacy.epsilon_spent,
                 "seed": int(r.get("seed") or 0),
                 "partition": "iid",
                 "source": r.folder,

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, rel, sweep_state_text
+from benchmarks.results_text import fmt
 from silofl.server import plots
+from silofl.server.run_result import RESULT_FILE, SUMMARY_SKIP, RunResult, RunResultError, Timing
 
 RACE_HEADING = "## SteFFLe on a many-valued attribute"
 
@@ -114,21 +116,11 @@ def method_label(config: dict[str, Any]) -> str:
 
 
 def _fmt_any(value: Any) -> str:
-    return _fmt(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
-
-
-def _fmt(value: float) -> str:
-    return "inf" if math.isinf(value) else f"{value:g}"
-
-
-def mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) if len(values) > 1 else 0.0)
+    return fmt(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
 def _ms(values: Sequence[float]) -> str:
-    mean, sd = mean_sd(values)
+    mean, sd = plots.mean_sd(values)
     return f"{mean:.4f} ± {sd:.4f}"
 
 
@@ -136,33 +128,37 @@ def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
     """The completed runs under `folder` that report `fairness_groups`, and the number of folders skipped (not
     completed, or written before result.json had `fairness_groups`)."""
     runs, skipped = [], 0
-    for path in sorted(folder.glob("*/result.json")):
-        result = read_json(path)
-        groups = result.get("fairness_groups")
-        if not (result.get("status") or {}).get("completed", False) or not groups:
+    for path in sorted(folder.glob(f"*/{RESULT_FILE}")):
+        try:
+            result = RunResult.load(path, skip=SUMMARY_SKIP)
+        except RunResultError:  # not a run's result (a half-written file): skipped like an incomplete run
             skipped += 1
             continue
-        config = result.get("config") or {}
+        groups = result.fairness_groups
+        if result.status is None or not result.status.completed or groups is None or not groups.groups:
+            skipped += 1
+            continue
+        config = result.config
         meta = read_json(path.parent / "run.json")
         weight = config.get("group-weight", "prior")
         method = meta.get("method") or ("steffle-balanced" if weight == "balanced" else "steffle")
-        timing = result.get("timing") or {}
+        timing = result.timing or Timing()
         runs.append(
             RaceRun(
                 folder=path.parent,
                 method=str(method),
-                epsilon=plots._float(config.get("epsilon", math.inf)),
-                lam=plots._float(config.get("lambda", 0.0)),
+                epsilon=plots.as_float(config.get("epsilon", math.inf)),
+                lam=plots.as_float(config.get("lambda", 0.0)),
                 seed=int(config.get("seed", 0)),
-                error=float(result["final"]["error"]),
-                dp_all=float(groups["dp_violation"]),
-                dp_min=float(groups["dp_violation_min_support"]),
-                min_support=int(groups["min_support"]),
-                groups=list(groups["groups"]),
+                error=float(result.final.error),
+                dp_all=float(groups.dp_violation),
+                dp_min=float(groups.dp_violation_min_support),
+                min_support=int(groups.min_support),
+                groups=[g.to_json() for g in groups.groups],
                 label=method_label(config),
-                rho=min(prior) if (prior := (result.get("server_state") or {}).get("prior")) else None,
-                wall=timing.get("total_seconds"),
-                cpu=timing.get("cpu_seconds", meta.get("cpu_seconds")),
+                rho=min(prior) if (prior := (result.server_state or {}).get("prior")) else None,
+                wall=timing.total_seconds,
+                cpu=timing.extras.get("cpu_seconds", meta.get("cpu_seconds")),
             )
         )
     return runs, skipped
@@ -203,11 +199,11 @@ def _support_table(runs: Sequence[RaceRun], order: Order) -> list[str]:
     for method in sorted({m for _, m, _ in cells}, key=order):
         chosen = cells.get((epsilon, method, REFERENCE_LAMBDA), [])
         if chosen:
-            columns.append((f"{method}, lambda {_fmt(REFERENCE_LAMBDA)}", chosen))
+            columns.append((f"{method}, lambda {fmt(REFERENCE_LAMBDA)}", chosen))
     lines = [
         f"Each group's test support (records of the pooled test splits; seeds {', '.join(map(str, sorted(by_seed)))}), "
         f"its share of the test records, and its rate of positive predictions P[yhat = 1 | group] at epsilon "
-        f"{_fmt(epsilon)} (mean ± sd over seeds; a rate estimated from n records has a sampling sd of "
+        f"{fmt(epsilon)} (mean ± sd over seeds; a rate estimated from n records has a sampling sd of "
         f"sqrt(p (1 - p) / n), about 0.035 for p = 0.1 and n = 70). Groups under {first.min_support} test records are "
         "left out of the min-support violation.",
         "",
@@ -251,11 +247,11 @@ def _conclusion(summary: Summary, decided_by_small: tuple[int, int], order: Orde
             if 0.0 not in by_lam:
                 continue
             base = by_lam[0.0]
-            text = f"- epsilon {_fmt(epsilon)}, {method}:"
+            text = f"- epsilon {fmt(epsilon)}, {method}:"
             ref = by_lam.get(REFERENCE_LAMBDA)
             if ref is not None:
                 text += (
-                    f" lambda {_fmt(REFERENCE_LAMBDA)} takes the violation over all groups from {base[1]:.4f} to "
+                    f" lambda {fmt(REFERENCE_LAMBDA)} takes the violation over all groups from {base[1]:.4f} to "
                     f"{ref[1]:.4f} ({100 * (ref[1] / base[1] - 1):+.0f}%) and over the groups with min support from "
                     f"{base[2]:.4f} to {ref[2]:.4f} ({100 * (ref[2] / base[2] - 1):+.0f}%), error {base[0]:.4f} -> "
                     f"{ref[0]:.4f};"
@@ -263,16 +259,16 @@ def _conclusion(summary: Summary, decided_by_small: tuple[int, int], order: Orde
             best[method] = lam, err, _, vio_min = _best_within_budget(by_lam)
             text += (
                 f" within +{ERROR_BUDGET:g} error of lambda 0 its lowest min-support violation is {vio_min:.4f} "
-                f"({100 * (vio_min / base[2] - 1):+.0f}%; lambda {_fmt(lam)}, error {err:.4f})."
+                f"({100 * (vio_min / base[2] - 1):+.0f}%; lambda {fmt(lam)}, error {err:.4f})."
             )
             lines.append(text)
         if len(best) > 1:
             winner = min(best, key=lambda m: (best[m][3], order(m)))
             lines.append(
-                f"- epsilon {_fmt(epsilon)}: within that error budget the lowest min-support violation is "
-                f"{winner}'s ({best[winner][3]:.4f}, lambda {_fmt(best[winner][0])})"
+                f"- epsilon {fmt(epsilon)}: within that error budget the lowest min-support violation is "
+                f"{winner}'s ({best[winner][3]:.4f}, lambda {fmt(best[winner][0])})"
                 + "".join(
-                    f"; {m}: {v[3]:.4f} (lambda {_fmt(v[0])})"
+                    f"; {m}: {v[3]:.4f} (lambda {fmt(v[0])})"
                     for m, v in sorted(best.items(), key=lambda kv: order(kv[0]))
                     if m != winner
                 )
@@ -302,8 +298,8 @@ def race_figure(summary: Summary, labels: Mapping[str, str], order: Order, title
             points = sorted(summary[(epsilon, method)].items())
             ax.plot([v[0] for _, v in points], [v[2] for _, v in points], marker="o", label=labels.get(method, method))
             for lam, v in points:
-                ax.annotate(_fmt(lam), (v[0], v[2]), fontsize=6, xytext=(2, 2), textcoords="offset points")
-        ax.set_title(f"epsilon {_fmt(epsilon)}", fontsize=9)
+                ax.annotate(fmt(lam), (v[0], v[2]), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        ax.set_title(f"epsilon {fmt(epsilon)}", fontsize=9)
         ax.set_xlabel("test error")
         ax.set_ylabel("DP violation, groups with min support")
         ax.grid(alpha=0.3)
@@ -360,7 +356,7 @@ def across_lines(summaries: Mapping[str, Summary]) -> list[str]:
         f"+{ERROR_BUDGET:g} test error of lambda 0, against lambda 0's (its lambda in brackets; +0% at lambda 0: no "
         "lambda of the method helps within that budget).",
         "",
-        "| method | " + " | ".join(f"{title}, eps {_fmt(eps)}" for title, eps in columns) + " |",
+        "| method | " + " | ".join(f"{title}, eps {fmt(eps)}" for title, eps in columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
     for method in common:
@@ -371,7 +367,7 @@ def across_lines(summaries: Mapping[str, Summary]) -> list[str]:
                 cells.append("-")
                 continue
             lam, _, _, vio_min = _best_within_budget(by_lam)
-            cells.append(f"{100 * (vio_min / by_lam[0.0][2] - 1):+.0f}% (lambda {_fmt(lam)})")
+            cells.append(f"{100 * (vio_min / by_lam[0.0][2] - 1):+.0f}% (lambda {fmt(lam)})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -414,7 +410,7 @@ def sweep_subsection(
     summary: dict[tuple[float, str], dict[float, tuple[float, float, float]]] = defaultdict(dict)
     for epsilon in sorted({r.epsilon for r in runs}):
         lines += [
-            f"Epsilon {_fmt(epsilon)}: test error and demographic-parity violation over all groups and over the groups "
+            f"Epsilon {fmt(epsilon)}: test error and demographic-parity violation over all groups and over the groups "
             f"with at least {runs[0].min_support} test records (mean ± sd over seeds; lambda 0, without the fairness "
             "term, is one set of runs shared by every method):",
             "",
@@ -425,8 +421,8 @@ def sweep_subsection(
             if eps != epsilon:
                 continue
             errors, alls, mins = ([getattr(r, k) for r in chosen] for k in ("error", "dp_all", "dp_min"))
-            lines.append(f"| {method} | {_fmt(lam)} | {len(chosen)} | {_ms(errors)} | {_ms(alls)} | {_ms(mins)} |")
-            summary[(epsilon, method)][lam] = (mean_sd(errors)[0], mean_sd(alls)[0], mean_sd(mins)[0])
+            lines.append(f"| {method} | {fmt(lam)} | {len(chosen)} | {_ms(errors)} | {_ms(alls)} | {_ms(mins)} |")
+            summary[(epsilon, method)][lam] = (plots.mean_sd(errors)[0], plots.mean_sd(alls)[0], plots.mean_sd(mins)[0])
         lines.append("")
     lines += [*_support_table(runs, order), ""]
     decided = (sum(r.dp_all > r.dp_min + 1e-12 for r in runs), len(runs))

@@ -2,7 +2,7 @@
 folder's JSON files, and sentences on a sweep's runs (their state against the sweep file, their grid).
 
 Shared by the section modules `benchmarks/results_*.py`; the run folders themselves are read into records by
-`server.plots.runs`.
+`server.plots.runs` (each record holds its result.json as a typed `RunResult`, :func:`result_of`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from benchmarks.results_text import fmt
 from silofl.server import plots
+from silofl.server.run_result import SUMMARY_SKIP, RunResult, RunResultError
 
 #: The repository root (commands in the document name files relative to it).
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,29 +51,52 @@ class RunFiles:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; {} when it is missing or not JSON."""
+    """The JSON object in `path` (a sweep's run.json, a cached cell); {} when it is missing or not JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def run_times(folder: Path) -> tuple[float | None, float | None]:
-    """(wall seconds, CPU seconds) of a run folder: `result.json`'s timing.total_seconds, and the CPU seconds if a
-    file records them (`timing.cpu_seconds` in result.json or `cpu_seconds` in the sweep's run.json)."""
-    result = read_json(folder / "result.json")
-    timing = result.get("timing") or {}
-    cpu = timing.get("cpu_seconds")
+def result_of(record: plots.RunRecord) -> RunResult:
+    """The typed result.json of a record, without its per-round entries and model arrays: the one `plots.load_runs`
+    read, else its folder's (a RunResultError naming the file and the field when that is not a silofl result)."""
+    return record.result if record.result is not None else RunResult.load(record.folder, skip=SUMMARY_SKIP)
+
+
+def run_times(record: plots.RunRecord) -> tuple[float | None, float | None]:
+    """(wall seconds, CPU seconds) of a run: `result.json`'s timing.total_seconds, and the CPU seconds if a file
+    records them (`timing.cpu_seconds` in result.json or `cpu_seconds` in the sweep's run.json); None where the run
+    folder does not say."""
+    try:
+        timing = result_of(record).timing
+    except RunResultError:
+        timing = None
+    cpu = timing.get("cpu_seconds") if timing is not None else None
     if cpu is None:
-        cpu = read_json(folder / "run.json").get("cpu_seconds")
-    return timing.get("total_seconds"), cpu
+        cpu = read_json(record.folder / "run.json").get("cpu_seconds")
+    return (timing.total_seconds if timing is not None else None), cpu
+
+
+def seconds_per_round(records: Sequence[plots.RunRecord]) -> list[float]:
+    """Each run's `timing.seconds_per_round` (the runs whose result records it)."""
+    timings = [result_of(r).timing for r in records]
+    return [float(t.seconds_per_round) for t in timings if t is not None and t.seconds_per_round is not None]
+
+
+def sigma_text(record: plots.RunRecord) -> str:
+    """`sigma (q)` of a run's first silo in `privacy.per_silo` (its noise multiplier and sampling rate; the silos of
+    one run hold about n/N records each); "-" for a run that records none."""
+    privacy = result_of(record).privacy
+    per = list((privacy.per_silo or {}).values()) if privacy is not None else []
+    return f"{per[0].noise_multiplier:.3g} ({per[0].sampling_rate:.3g})" if per else "-"
 
 
 def records_files(records: Sequence[plots.RunRecord]) -> RunFiles:
     """The count and time of the runs of `records`."""
     files = RunFiles()
     for record in records:
-        files.add(*run_times(record.folder))
+        files.add(*run_times(record))
     return files
 
 
@@ -89,7 +113,7 @@ def section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plot
     """The completed runs of a one-sweep section (those with an error and `metric`), their files, and a sentence on
     their state against the sweep file (how many it has, how many finished)."""
     records, incomplete = plots.load_runs([folder])
-    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
+    records = [r for r in records if plots.has(r, "error") and plots.has(r, metric)]
     return records, records_files(records), sweep_state_text(folder, sweep_file, len(records), incomplete)
 
 
@@ -118,8 +142,8 @@ def grid_text(records: Sequence[plots.RunRecord]) -> str:
     for method, runs in sorted(by_method.items(), key=lambda kv: (kv[0] != STEFFLE, kv[0])):
         keys = [k for k in varied[method] if k not in ("seed",)]
         grid = "; ".join(
-            f"{k} {{{', '.join(fmt(v) for v in sorted({r.get(k) for r in runs}, key=plots._sort_key))}}}" for k in keys
+            f"{k} {{{', '.join(fmt(v) for v in sorted({r.get(k) for r in runs}, key=plots.sort_key))}}}" for k in keys
         )
-        seeds = sorted({r.get("seed") for r in runs}, key=plots._sort_key)
+        seeds = sorted({r.get("seed") for r in runs}, key=plots.sort_key)
         parts.append(f"{method}: {len(runs)} runs ({grid + '; ' if grid else ''}seeds {', '.join(map(str, seeds))})")
     return "; ".join(parts)

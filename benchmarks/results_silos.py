@@ -9,7 +9,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, read_json, rel, section_runs
+from benchmarks.results_runs import (
+    DATA_ENV,
+    ROOT,
+    RunFiles,
+    grid_text,
+    rel,
+    seconds_per_round,
+    section_runs,
+    sigma_text,
+)
 from benchmarks.results_text import fmt
 from silofl.server import plots
 
@@ -30,7 +39,7 @@ def silos_figure(records: Sequence[plots.RunRecord], metric: str) -> Any:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), constrained_layout=True)
-    hs = sorted({plots._float(r.get("heterogeneity")) for r in records if int(r.get("num-silos")) > 1})
+    hs = sorted({plots.as_float(r.get("heterogeneity")) for r in records if int(r.get("num-silos")) > 1})
     styles = {0.0: "-", 0.75: "--"}
     colors = dict(zip(SILOS_LAMBDAS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
     for h in hs:
@@ -38,7 +47,7 @@ def silos_figure(records: Sequence[plots.RunRecord], metric: str) -> Any:
             by_n: dict[int, list[plots.RunRecord]] = defaultdict(list)
             for r in records:
                 n = int(r.get("num-silos"))
-                if plots._float(r.get("lambda")) == lam and (n == 1 or plots._float(r.get("heterogeneity")) == h):
+                if plots.as_float(r.get("lambda")) == lam and (n == 1 or plots.as_float(r.get("heterogeneity")) == h):
                     by_n[n].append(r)
             ns = sorted(by_n)
             if not ns:
@@ -91,8 +100,8 @@ def silos_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path)
     lines += [f"Runs: {state}. Grid: {grid_text(records)}.", ""]
     if not records:
         return lines, files
-    drawn = [(f"silos-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
-    drawn.append((f"silos-against-n-{plots._slug(dataset, fairness)}", silos_figure(records, metric)))
+    drawn = [(f"silos-{plots.slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
+    drawn.append((f"silos-against-n-{plots.slug(dataset, fairness)}", silos_figure(records, metric)))
     for path in plots.save_figures(drawn, figures, ("png",)):
         lines += [f"![SteFFLe against the number of silos]({rel(path, doc_dir)})", ""]
     for _, fig in drawn:
@@ -108,20 +117,17 @@ def silos_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path)
     groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
     for r in records:
         n = int(r.get("num-silos"))
-        h = 0.0 if n == 1 else plots._float(r.get("heterogeneity"))
-        groups[(h, n, plots._float(r.get("lambda")))].append(r)
+        h = 0.0 if n == 1 else plots.as_float(r.get("heterogeneity"))
+        groups[(h, n, plots.as_float(r.get("lambda")))].append(r)
     summary: dict[tuple[float, int], dict[float, tuple[float, float]]] = defaultdict(dict)
     spreads: list[float] = []
     for (h, n, lam), runs in sorted(groups.items()):
         error = plots.mean_sd([r.final["error"] for r in runs])
         violation = plots.mean_sd([r.final[metric] for r in runs])
-        results = [read_json(r.folder / "result.json") for r in runs]
-        per = list(((results[0].get("privacy") or {}).get("per_silo") or {}).values())
-        sigma = f"{per[0]['noise_multiplier']:.3g} ({per[0]['sampling_rate']:.3g})" if per else "-"
-        seconds = plots.mean_sd([float(res["timing"]["seconds_per_round"]) for res in results])
+        seconds = plots.mean_sd(seconds_per_round(runs))
         lines.append(
             f"| {fmt(h) if n > 1 else '-'} | {n} | {fmt(lam)} | {len(runs)} | {error[0]:.4f} ± {error[1]:.4f} | "
-            f"{violation[0]:.4f} ± {violation[1]:.4f} | {sigma} | {seconds[0]:.4f} |"
+            f"{violation[0]:.4f} ± {violation[1]:.4f} | {sigma_text(runs[0])} | {seconds[0]:.4f} |"
         )
         summary[(h, n)][lam] = (error[0], violation[0])
         spreads.append(violation[1])

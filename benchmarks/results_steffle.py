@@ -161,16 +161,16 @@ def panels_of(records: Sequence[plots.RunRecord], fairness: str) -> list[Panel]:
     """One panel per (h, epsilon) of the multi-silo private runs, as in `silofl plot fairness` (a one-silo run belongs
     to every h, a non-private run to every epsilon), with SteFFLe's reduction against each baseline."""
     metric = plots.FAIRNESS_METRIC[fairness]
-    records = [r for r in records if plots._has(r, "error") and plots._has(r, metric)]
+    records = [r for r in records if plots.has(r, "error") and plots.has(r, metric)]
     multi = [r for r in records if int(r.get("num-silos") or 1) > 1]
-    hs = sorted({plots._float(r.get("heterogeneity")) for r in multi}) or sorted(
-        {plots._float(r.get("heterogeneity")) for r in records}
+    hs = sorted({plots.as_float(r.get("heterogeneity")) for r in multi}) or sorted(
+        {plots.as_float(r.get("heterogeneity")) for r in records}
     )
     eps = sorted({r.epsilon for r in records if math.isfinite(r.epsilon)}) or [math.inf]
     panels = []
     for h in hs:
         for e in eps:
-            members = [r for r in records if plots._in_panel(r, h, e)]
+            members = [r for r in records if plots.in_panel(r, h, e)]
             points = mean_points(members, metric)
             steffle = [p.xy for p in points.get(STEFFLE, [])]
             reductions = {
@@ -214,7 +214,7 @@ def load_steffle_sweep(
         return result
     result.files = records_files(result.records)
     result.panels = panels_of(result.records, fairness)
-    drawn = plots.fairness_figures([r for r in result.records if plots._has(r, metric)])
+    drawn = plots.fairness_figures([r for r in result.records if plots.has(r, metric)])
     result.figures = plots.save_figures(drawn, figures, ("png",))
     for _, fig in drawn:
         fig.clear()

@@ -15,7 +15,7 @@ def hours(seconds: float) -> str:
 
 def fmt(value: object) -> str:
     """A config value as the figures label it (`server.plots`: `1`, `0.5`, `inf`)."""
-    return plots._fmt(value)
+    return plots.fmt(value)
 
 
 def pct(value: float | None) -> str:

@@ -10,10 +10,21 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, read_json, rel, section_runs
+from benchmarks.results_runs import (
+    DATA_ENV,
+    ROOT,
+    RunFiles,
+    grid_text,
+    rel,
+    result_of,
+    seconds_per_round,
+    section_runs,
+    sigma_text,
+)
 from benchmarks.results_text import fmt, section_lines
 from silofl.server import plots
 from silofl.server.analysis import Point, matched_error_reduction
+from silofl.server.run_result import RunResult, as_float
 
 #: The first version's topology comparison (issue 18): frozen history, never regenerated (:func:`topology_history`).
 #: Its runs sent rows (id, y, F(x_i), J_F(x_i)) through the server (options `share-rows` and `keep-rate`, removed in
@@ -46,26 +57,27 @@ SEALED_INTRO = (
 )
 
 
-def noise_on_h(folder: Path) -> float | None:
+def noise_on_h(result: RunResult) -> float | None:
     """The std per coordinate of the noise on the server's h_theta in one round (the fairness gradient that enters
     theta's step as lambda h), from a run's result.json: silos: sqrt(sum_j (w_j sigma_j C / (q_j n_j))^2), w_j = n_j/n
     (each silo's noised sum over its own sample divided by q_j n_j, averaged with weights w_j); separate parties:
     sqrt(sum_c sigma_c^2) C / (q n), each sensitive party's noised sum over its own sample at the silos' rate q
     divided by q n (its mean weighted n_c / n), n the feature parties' records. None for a non-private run or one
     without the fairness term."""
-    result = read_json(folder / "result.json")
-    config, privacy = result.get("config") or {}, result.get("privacy") or {}
-    per = list((privacy.get("per_silo") or {}).values())
-    if not per or float(config.get("lambda", 0)) == 0 or not math.isfinite(float(privacy.get("epsilon_target", 0))):
+    config, privacy = result.config, result.privacy
+    per = list((privacy.per_silo or {}).values()) if privacy is not None else []
+    target = privacy.epsilon_target if privacy is not None and privacy.epsilon_target is not None else 0
+    if not per or float(config.get("lambda", 0)) == 0 or not math.isfinite(as_float(target)):
         return None
     clip = float(config.get("clip", 1.0))
     if str(config.get("topology", "silos")) == "silos":
-        n = sum(p["n_train"] for p in per)
+        n = sum(p.n_train for p in per)
         return clip * math.sqrt(
-            sum((p["n_train"] / n * p["noise_multiplier"] / (p["sampling_rate"] * p["n_train"])) ** 2 for p in per)
+            sum((p.n_train / n * p.noise_multiplier / (p.sampling_rate * p.n_train)) ** 2 for p in per)
         )
-    n = sum(f["n_train"] for f in (result.get("federation") or {}).get("silos") or [])
-    return clip * math.sqrt(sum(p["noise_multiplier"] ** 2 for p in per)) / (per[0]["sampling_rate"] * n)
+    feature_parties = result.federation.silos if result.federation is not None else None
+    n = sum(f.n_train for f in feature_parties or [])
+    return clip * math.sqrt(sum(p.noise_multiplier**2 for p in per)) / (per[0].sampling_rate * n)
 
 
 def topology_history(document: str) -> list[str]:
@@ -100,7 +112,7 @@ def sealed_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path
     lines += [f"Runs: {state}. Grid: {grid_text(records)}.", ""]
     if not records:
         return lines, files
-    drawn = [(f"sealed-{plots._slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
+    drawn = [(f"sealed-{plots.slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
     for path in plots.save_figures(drawn, figures, ("png",)):
         lines += [f"![SteFFLe topologies: fairness violation vs test error]({rel(path, doc_dir)})", ""]
     for _, fig in drawn:
@@ -117,17 +129,15 @@ def sealed_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path
     ]
     groups: dict[tuple, list[plots.RunRecord]] = defaultdict(list)
     for r in records:
-        groups[(r.epsilon, r.method, plots._float(r.get("lambda")))].append(r)
+        groups[(r.epsilon, r.method, plots.as_float(r.get("lambda")))].append(r)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
     curves: dict[tuple, list[tuple[Point, float | None]]] = defaultdict(list)  # (eps, method, topology, batch)
     for (eps, method, lam), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2])):
         error = plots.mean_sd([r.final["error"] for r in runs])
         violation = plots.mean_sd([r.final[metric] for r in runs])
-        noise = [v for r in runs if (v := noise_on_h(r.folder)) is not None]
-        results = [read_json(r.folder / "result.json") for r in runs]
-        per = list(((results[0].get("privacy") or {}).get("per_silo") or {}).values())
-        sigma = f"{per[0]['noise_multiplier']:.3g} ({per[0]['sampling_rate']:.3g})" if per and lam > 0 else "-"
-        seconds = plots.mean_sd([float(res["timing"]["seconds_per_round"]) for res in results])
+        noise = [v for r in runs if (v := noise_on_h(result_of(r))) is not None]
+        sigma = sigma_text(runs[0]) if lam > 0 else "-"
+        seconds = plots.mean_sd(seconds_per_round(runs))
         batch = fmt(runs[0].get("batch-size"))
         noise_text = f"{statistics.mean(noise):.4f}" if noise else "-"
         lines.append(

@@ -16,18 +16,17 @@ closed form, are worth.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from benchmarks.results_headline import GapRow, cross_noise_lines, gap_conclusion, gap_row, noise_lines, panel_points
-from benchmarks.results_runs import DATA_ENV, STEFFLE
+from benchmarks.results_runs import DATA_ENV, STEFFLE, result_of
 from benchmarks.results_text import fmt
 from silofl.server import plots
 from silofl.server.analysis import Point
+from silofl.server.run_result import RunResult
 
 FACTORS_HEADING = "### The gap to Tran et al.: one factor at a time (Adult, demographic parity, h 0)"
 GAP_SWEEP = "steffle_adult_tran_gap"
@@ -129,7 +128,7 @@ def factor_rows(
             r
             for r in records
             if r.method == method
-            and (lams is None or plots._float(r.get("lambda")) in set(lams))
+            and (lams is None or plots.as_float(r.get("lambda")) in set(lams))
             and (seed is None or int(r.get("seed") or 0) == seed)
         ]
         return panel_points(mine, 0.0, at, metric, [method]).get(method, [])
@@ -150,7 +149,7 @@ def factor_rows(
     return out, own
 
 
-def noise_readings(result: dict[str, Any]) -> dict[str, float] | None:
+def noise_readings(result: RunResult) -> dict[str, float] | None:
     """Three readings of one run's noise at its epsilon, each as a noise multiplier (std / the ball radius R of a
     record's contribution, silofl's unit under replace-one) with what silofl's accountant says it is worth:
 
@@ -170,16 +169,16 @@ def noise_readings(result: dict[str, Any]) -> dict[str, float] | None:
     from silofl.protocols.privacy.accountant import epsilon_spent
     from silofl.protocols.privacy.closed_form import steffle_closed_form
 
-    config, privacy = result.get("config") or {}, result.get("privacy") or {}
-    per_silo = privacy.get("per_silo") or {}
-    prior = (result.get("server_state") or {}).get("prior")
-    eps = plots._float(config.get("epsilon", math.inf))
-    if not per_silo or not prior or not math.isfinite(eps):
+    config, privacy = result.config, result.privacy
+    per_silo = (privacy.per_silo if privacy is not None else None) or {}
+    prior = (result.server_state or {}).get("prior")
+    eps = plots.as_float(config.get("epsilon", math.inf))
+    if privacy is None or privacy.delta is None or not per_silo or not prior or not math.isfinite(eps):
         return None
-    n = min(int(s["n_train"]) for s in per_silo.values())
-    q = max(float(s["sampling_rate"]) for s in per_silo.values())
-    rounds = int((result.get("federation") or {}).get("rounds", 0))
-    delta = float(privacy["delta"])
+    n = min(int(s.n_train) for s in per_silo.values())
+    q = max(float(s.sampling_rate) for s in per_silo.values())
+    rounds = int(result.federation.rounds or 0) if result.federation is not None else 0
+    delta = float(privacy.delta)
     rho = float(min(prior)) if not isinstance(prior[0], list) else float(min(min(p) for p in prior))
     clip, radius = float(config.get("clip", 1.0)), float(config.get("w-radius", 2.0))
     closed = 2.0 * float(
@@ -189,7 +188,7 @@ def noise_readings(result: dict[str, Any]) -> dict[str, float] | None:
     authors = std_theta / clip
     return {
         "epsilon": eps,
-        "silofl": max(float(s["noise_multiplier"]) for s in per_silo.values() if "noise_multiplier" in s),
+        "silofl": max(float(s.noise_multiplier) for s in per_silo.values() if s.noise_multiplier is not None),
         "closed_form": closed,
         "closed_form_epsilon": epsilon_spent(closed, q, rounds, delta, 2, "pld", relation="replace_one"),
         "std_theta": std_theta,
@@ -204,14 +203,14 @@ def _noise_readings_lines(records: Sequence[plots.RunRecord]) -> list[str]:
     rows = []
     for eps in (1.0, 3.0):
         run = next(
-            (r for r in records if r.method == STEFFLE and r.epsilon == eps and plots._float(r.get("lambda")) > 0),
+            (r for r in records if r.method == STEFFLE and r.epsilon == eps and plots.as_float(r.get("lambda")) > 0),
             None,
         )
         if run is None:
             continue
         try:
-            got = noise_readings(json.loads((run.folder / "result.json").read_text()))
-        except (OSError, ValueError, KeyError):
+            got = noise_readings(result_of(run))
+        except (ValueError, TypeError):  # not a result, or a per-silo entry without its n_train or rate
             continue
         if got is None:
             continue

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from silofl.server.plots.grouping import _PANEL_KEYS
-from silofl.server.plots.labels import _fmt
+from silofl.server.plots.grouping import PANEL_KEYS
+from silofl.server.plots.labels import fmt
 from silofl.server.plots.runs import RunRecord, mean_sd, varied_keys
 
 Point = tuple[float, float]  # (test error, fairness violation), each the mean over seeds
@@ -198,8 +198,8 @@ def mean_points(records: Sequence[RunRecord], metric: str) -> dict[str, list[Mea
         groups[(record.method, key)].append(record)
     out: dict[str, list[MeanPoint]] = defaultdict(list)
     for (method, _), runs in groups.items():
-        keys = [k for k in varied[method] if k not in _PANEL_KEYS]
-        label = ", ".join(f"{k} {_fmt(runs[0].get(k))}" for k in keys) or "-"
+        keys = [k for k in varied[method] if k not in PANEL_KEYS]
+        label = ", ".join(f"{k} {fmt(runs[0].get(k))}" for k in keys) or "-"
         out[method].append(
             MeanPoint(
                 method,

@@ -25,6 +25,7 @@ from benchmarks import (
     results_topologies,
 )
 from silofl.server.analysis import matched_error_reduction
+from silofl.server.run_result import RunResult
 
 # -- documents from synthetic run folders with known numbers ----------------------------------------------------------
 
@@ -341,16 +342,17 @@ def test_one_section_is_replaced_in_place_or_inserted_before_the_next_heading():
     assert inserted == "# t\n\n## A\n\na\n\n## B\n\nb\n"
 
 
-def _topology_result(folder: Path, config: dict, per_silo: dict, feature_parties: int) -> Path:
+def _topology_result(folder: Path, config: dict, per_silo: dict, feature_parties: int) -> RunResult:
     folder.mkdir(parents=True)
     silos = [{"n_train": 1000} for _ in range(feature_parties)]
     result = {
         "config": {"lambda": 1.0, "clip": 2.0, "batch-size": 100, **config},
-        "privacy": {"epsilon_target": 1.0, "per_silo": per_silo},
         "federation": {"silos": silos},
+        "final": {},
+        "privacy": {"epsilon_target": 1.0, "per_silo": per_silo},
     }
     (folder / "result.json").write_text(json.dumps(result))
-    return folder
+    return RunResult.load(folder)
 
 
 def test_noise_on_h_is_the_noise_std_on_the_servers_fairness_gradient(tmp_path: Path):

@@ -12,6 +12,7 @@ import pytest
 from benchmarks import results, results_steffle, results_topologies
 from benchmarks import results_tran_gap as gap
 from silofl.server import plots
+from silofl.server.run_result import RunResult
 
 
 def _record(tmp_path: Path, method: str, eps: float, lam: float, error: float, violation: float, seed: int = 0):
@@ -59,10 +60,11 @@ def test_noise_readings_the_closed_form_and_the_authors_code_by_the_accountant()
     result = {
         "config": {"epsilon": 1.0, "clip": 1.0, "w-radius": 2.0},
         "federation": {"rounds": 1767},
+        "final": {},
         "privacy": {"delta": 8.7e-10, "per_silo": per_silo},
         "server_state": {"prior": [0.3237, 0.6763]},
     }
-    got = gap.noise_readings(result)
+    got = gap.noise_readings(RunResult.from_json(result))
     q = 256 / 11305
     assert got["silofl"] == 14.86
     assert got["closed_form"] == pytest.approx(2 * q * math.sqrt(2 * 1767 * math.log(1 / 8.7e-10)), rel=1e-3)
@@ -70,7 +72,7 @@ def test_noise_readings_the_closed_form_and_the_authors_code_by_the_accountant()
     expected = math.sqrt(16 * 4 * math.log(1 / 8.7e-10) * 1767 / (11305**2 * 0.3237))
     assert got["std_theta"] == pytest.approx(expected) and got["authors"] == pytest.approx(expected)
     assert 0.2 < got["authors"] < 0.3 and got["authors_epsilon"] > 100  # about 500 for a nominal 1
-    assert gap.noise_readings({**result, "config": {"epsilon": "inf"}}) is None
+    assert gap.noise_readings(RunResult.from_json({**result, "config": {"epsilon": "inf"}})) is None
 
 
 def test_only_tran_gap_replaces_its_section_and_nothing_else(tmp_path: Path) -> None:

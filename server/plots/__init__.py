@@ -25,21 +25,20 @@ Legends are placed below the panels and sized to fit the figure (labels wrapped,
 saved with ``bbox_inches="tight"``. `silofl plot` puts a `--where` slice in the file names (or writes the `--out`
 file given), so a sliced figure never replaces the unsliced one, and says which files it replaced.
 
-The modules, by job: `runs` (reading run folders into `RunRecord`s, slicing, mean and sd: what the benchmarks'
-tables reuse), `grouping` (which runs go into which figure, panel and curve), `labels` (names and the labels of
-curves and bars), `layout` (panels, colours, the legend), one module per figure kind (`fairness`, `privacy`, `mu2`,
-`fedsc`, `rounds`), `figures` (the kinds and `build_figures`), `files` (writing figures, their file names), and `cli`
-(`silofl plot`). This package re-exports what benchmarks/results*.py reach as `plots.NAME`.
+The modules, by job: `runs` (reading run folders, as `server.run_result.RunResult`s, into `RunRecord`s, slicing,
+mean and sd: what the benchmarks' tables reuse), `grouping` (which runs go into which figure, panel and curve),
+`labels` (names and the labels of curves and bars), `layout` (panels, colours, the legend), one module per figure
+kind (`fairness`, `privacy`, `mu2`, `fedsc`, `rounds`), `figures` (the kinds and `build_figures`), `files` (writing
+figures, their file names), and `cli` (`silofl plot`). This package re-exports what benchmarks/results*.py reach as
+`plots.NAME`: public names only (`fmt`, `slug`, `has`, `in_panel`, `sort_key`, `PANEL_KEYS`; `as_float` and
+`RunResult` from `server.run_result`).
 """
 
 from silofl.server.plots.fairness import fairness_figures
 from silofl.server.plots.fedsc import fedsc_figures
 from silofl.server.plots.figures import FIGURE_KINDS, PLOT_KINDS, build_figures
 from silofl.server.plots.files import save_figures, save_to
-from silofl.server.plots.grouping import _PANEL_KEYS as _PANEL_KEYS
-from silofl.server.plots.grouping import TRACE_KEYS
-from silofl.server.plots.grouping import _in_panel as _in_panel
-from silofl.server.plots.grouping import _sort_key as _sort_key
+from silofl.server.plots.grouping import PANEL_KEYS, TRACE_KEYS, in_panel, sort_key
 from silofl.server.plots.labels import (
     DATASET_NAMES,
     FAIRNESS_METRIC,
@@ -47,11 +46,11 @@ from silofl.server.plots.labels import (
     METRIC_LABELS,
     ROUND_METRICS,
     distinguishing_labels,
+    fmt,
     privacy_text,
     run_labels,
+    slug,
 )
-from silofl.server.plots.labels import _fmt as _fmt
-from silofl.server.plots.labels import _slug as _slug
 from silofl.server.plots.mu2 import mu2_figures
 from silofl.server.plots.privacy import privacy_figures
 from silofl.server.plots.rounds import run_figures
@@ -61,14 +60,15 @@ from silofl.server.plots.runs import (
     config_defaults,
     default_method,
     filter_runs,
+    has,
     in_plot,
     load_runs,
     mean_sd,
     normalized_config,
+    run_record,
     varied_keys,
 )
-from silofl.server.plots.runs import _float as _float
-from silofl.server.plots.runs import _has as _has
+from silofl.server.run_result import RunResult, RunResultError, as_float
 
 __all__ = [
     "DATASET_NAMES",
@@ -76,11 +76,15 @@ __all__ = [
     "FAIRNESS_NAMES",
     "FIGURE_KINDS",
     "METRIC_LABELS",
+    "PANEL_KEYS",
     "PLOT_KINDS",
     "ROUND_METRICS",
     "TRACE_KEYS",
     "PlotError",
     "RunRecord",
+    "RunResult",
+    "RunResultError",
+    "as_float",
     "build_figures",
     "config_defaults",
     "default_method",
@@ -88,6 +92,9 @@ __all__ = [
     "fairness_figures",
     "fedsc_figures",
     "filter_runs",
+    "fmt",
+    "has",
+    "in_panel",
     "in_plot",
     "load_runs",
     "mean_sd",
@@ -97,7 +104,10 @@ __all__ = [
     "privacy_text",
     "run_figures",
     "run_labels",
+    "run_record",
     "save_figures",
     "save_to",
+    "slug",
+    "sort_key",
     "varied_keys",
 ]

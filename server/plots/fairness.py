@@ -9,28 +9,29 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from silofl.server.plots.grouping import (
-    _PANEL_KEYS,
+    PANEL_KEYS,
     TRACE_KEYS,
     _by_dataset_and_notion,
     _curves,
     _group,
-    _in_panel,
-    _sort_key,
     _split,
     _trace_key,
+    in_panel,
+    sort_key,
 )
 from silofl.server.plots.labels import (
     FAIRNESS_METRIC,
     METRIC_LABELS,
     _curve_label,
     _dataset_title,
-    _fmt,
     _mixed_privacy,
     _seeds_text,
-    _slug,
+    fmt,
+    slug,
 )
 from silofl.server.plots.layout import _Colors, _legend, _new_figure
-from silofl.server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd, varied_keys
+from silofl.server.plots.runs import RunRecord, has, in_plot, mean_sd, varied_keys
+from silofl.server.run_result import as_float
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,33 +42,33 @@ def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_
     fairness), panels rows = heterogeneity, columns = epsilon."""
     from matplotlib.ticker import MaxNLocator
 
-    runs = [r for r in runs if in_plot(r, "fairness") and _has(r, "error")]
+    runs = [r for r in runs if in_plot(r, "fairness") and has(r, "error")]
     varied = varied_keys(runs)
     figures = []
     for (dataset, fairness), group in sorted(_by_dataset_and_notion(runs).items()):
         metric = FAIRNESS_METRIC.get(str(fairness), "dp_violation")
-        group = [r for r in group if _has(r, metric)]
+        group = [r for r in group if has(r, metric)]
         if not group:
             continue
-        hs = sorted({_float(r.get("heterogeneity")) for r in group if int(r.get("num-silos")) > 1}) or [
-            _float(group[0].get("heterogeneity"))
+        hs = sorted({as_float(r.get("heterogeneity")) for r in group if int(r.get("num-silos")) > 1}) or [
+            as_float(group[0].get("heterogeneity"))
         ]
         eps = sorted({r.epsilon for r in group if math.isfinite(r.epsilon)}) or [math.inf]
         fig, axes = _new_figure(len(hs), len(eps))
         mixed = _mixed_privacy(group)
         label_of = {
-            id(r): _curve_label(r, _split(varied[r.method], _PANEL_KEYS, trace), r.method in mixed) for r in group
+            id(r): _curve_label(r, _split(varied[r.method], PANEL_KEYS, trace), r.method in mixed) for r in group
         }
         colors = _Colors(label_of.values())
         counts = []
         for i, h in enumerate(hs):
             for j, e in enumerate(eps):
                 ax = axes[i][j]
-                members = [r for r in group if _in_panel(r, h, e)]
+                members = [r for r in group if in_panel(r, h, e)]
                 for label, curve in _curves(members, label_of):
                     key = _trace_key(varied[curve[0].method], trace)
                     points = sorted(
-                        _group(curve, lambda r, k=key: r.get(k) if k else None).items(), key=lambda kv: _sort_key(kv[0])
+                        _group(curve, lambda r, k=key: r.get(k) if k else None).items(), key=lambda kv: sort_key(kv[0])
                     )
                     xs, ys = [], []
                     for _, point in points:
@@ -90,7 +91,7 @@ def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_
                     if key and len(points) > 1:
                         for (value, _), (x, _), (y, _) in ((points[0], xs[0], ys[0]), (points[-1], xs[-1], ys[-1])):
                             ax.annotate(
-                                f"{'λ' if key == 'lambda' else key} {_fmt(value)}",
+                                f"{'λ' if key == 'lambda' else key} {fmt(value)}",
                                 (x, y),
                                 textcoords="offset points",
                                 xytext=(3, 3),
@@ -100,7 +101,7 @@ def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_
                 ax.set_xlabel("test error")
                 ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # a narrow range's 6-digit ticks overlapped
                 ax.set_ylabel(METRIC_LABELS[metric])
-                ax.set_title(f"epsilon = {_fmt(e)}, h = {_fmt(h)}", fontsize=10)
+                ax.set_title(f"epsilon = {fmt(e)}, h = {fmt(h)}", fontsize=10)
                 ax.grid(alpha=0.3)
         _legend(fig, axes)
         traced = sorted({k for r in group if (k := _trace_key(varied[r.method], trace))})
@@ -109,5 +110,5 @@ def fairness_figures(runs: Sequence[RunRecord], *, trace: Sequence[str] = TRACE_
             + (f"; points traced by {' / '.join(traced)}" if traced else ""),
             fontsize=11,
         )
-        figures.append((f"fairness-{_slug(dataset, fairness)}", fig))
+        figures.append((f"fairness-{slug(dataset, fairness)}", fig))
     return figures

@@ -15,15 +15,15 @@ from silofl.server.plots.labels import (
     METRIC_LABELS,
     _check_metric,
     _dataset_title,
-    _fmt,
     _ordered_keys,
     _privacy_order,
     _seeds_text,
-    _slug,
     distinguishing_labels,
+    fmt,
+    slug,
 )
 from silofl.server.plots.layout import _Colors, _legend, _new_figure
-from silofl.server.plots.runs import _IGNORED_KEYS, RunRecord, _has, in_plot, mean_sd
+from silofl.server.plots.runs import _IGNORED_KEYS, RunRecord, has, in_plot, mean_sd
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -63,7 +63,7 @@ def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> lis
     along x by the other keys a method varies (e.g. rounds and local epochs; ticks `key value`). A run without such a
     key (FedAvg+SC has no alpha-start) stands in every x group that matches its other values, as a baseline."""
     _check_metric(metric)
-    runs = [r for r in runs if in_plot(r, "fedsc") and _has(r, metric)]
+    runs = [r for r in runs if in_plot(r, "fedsc") and has(r, metric)]
     percent = metric in ("accuracy", "knn_accuracy")
     figures = []
     for dataset, group in sorted(_group(runs, lambda r: str(r.get("dataset"))).items()):
@@ -122,7 +122,7 @@ def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> lis
             container = ax.bar(xs, means, width, yerr=error, capsize=3, color=colors.style[label][0], label=label)
             ax.bar_label(container, fmt="%.1f" if percent else "%.3f", fontsize=7, padding=2)
         ticks = [
-            "\n".join(f"{k} {_fmt(v)}" for k, v in zip(x_keys, target, strict=True) if v is not None)
+            "\n".join(f"{k} {fmt(v)}" for k, v in zip(x_keys, target, strict=True) if v is not None)
             for target in xgroups
         ]
         ax.set_xticks(range(len(xgroups)), ticks, fontsize=8)
@@ -134,5 +134,5 @@ def fedsc_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> lis
         ax.grid(axis="y", alpha=0.3)
         _legend(fig, axes)
         fig.suptitle(f"{_dataset_title(group[0].config)}: FedSC, {name}\n{_seeds_text(counts)}", fontsize=11)
-        figures.append((f"fedsc-{_slug(dataset, metric)}", fig))
+        figures.append((f"fedsc-{slug(dataset, metric)}", fig))
     return figures

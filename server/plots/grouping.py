@@ -9,12 +9,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from silofl.server.plots.runs import RunRecord, _float
+from silofl.server.plots.runs import RunRecord
+from silofl.server.run_result import as_float
 
 #: Keys that trace a method's fairness/utility trade-off (the points of one curve), in order of preference.
 TRACE_KEYS = ("lambda", "dual-lr")
 #: Keys that place a run in a figure or panel (or average it, the seed): they never split a method into curves.
-_PANEL_KEYS = frozenset({"dataset", "fairness", "heterogeneity", "epsilon", "seed"})
+PANEL_KEYS = frozenset({"dataset", "fairness", "heterogeneity", "epsilon", "seed"})
 
 
 def _group(runs: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
@@ -53,16 +54,16 @@ def _trace_key(varied: Sequence[str], trace: Sequence[str]) -> str | None:
     return next((k for k in trace if k in varied), None)
 
 
-def _in_panel(run: RunRecord, h: float, eps: float | None) -> bool:
+def in_panel(run: RunRecord, h: float, eps: float | None) -> bool:
     """A one-silo run belongs to every heterogeneity row, a non-private run to every epsilon column."""
-    if int(run.get("num-silos")) > 1 and _float(run.get("heterogeneity")) != h:
+    if int(run.get("num-silos")) > 1 and as_float(run.get("heterogeneity")) != h:
         return False
     return eps is None or not math.isfinite(run.epsilon) or run.epsilon == eps
 
 
-def _sort_key(value: Any) -> tuple[int, float, str]:
+def sort_key(value: Any) -> tuple[int, float, str]:
     """Sort key of a trace value: numbers (and "inf") numerically, then anything else as text."""
     try:
-        return (0, _float(value), "")
+        return (0, as_float(value), "")
     except (TypeError, ValueError):
         return (1, 0.0, str(value))

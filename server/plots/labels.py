@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from silofl.server.plots.grouping import _group
-from silofl.server.plots.runs import _IGNORED_KEYS, PlotError, RunRecord, _float
+from silofl.server.plots.runs import _IGNORED_KEYS, PlotError, RunRecord
+from silofl.server.run_result import as_float
 
 #: Keys that make a run's privacy level: labels show them as one part ("non-private", "eps 6", "rho 4").
 _PRIVACY_KEYS = frozenset({"epsilon", "rho", "delta", "accountant"})
@@ -55,22 +56,22 @@ def _check_metric(metric: str) -> None:
         raise PlotError(f"--metric {metric!r}: choose one of {', '.join(METRIC_LABELS)}")
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
     """A config value as text: numbers short (`0.1`, `1e-05`, `inf`), anything else as it is."""
     if isinstance(value, float | int) and not isinstance(value, bool):
         return "inf" if math.isinf(value) else f"{value:g}"
     return str(value)
 
 
-def _slug(*parts: Any) -> str:
+def slug(*parts: Any) -> str:
     """`parts` as a file-name stem: each reduced to letters, digits, '.' and '+', joined by '-'."""
-    return "-".join(re.sub(r"[^A-Za-z0-9.+]+", "", _fmt(p)) or "x" for p in parts)
+    return "-".join(re.sub(r"[^A-Za-z0-9.+]+", "", fmt(p)) or "x" for p in parts)
 
 
 def _curve_label(run: RunRecord, split: Sequence[str], mixed_privacy: bool = False) -> str:
     """`method (key value, ...)` for the keys in `split` the run has (a key it lacks is left out, never "None");
     `mixed_privacy` (its method has private and non-private runs) adds "non-private" to the non-private ones."""
-    extra = [f"{k} {_fmt(run.get(k))}" for k in split if run.get(k) is not None]
+    extra = [f"{k} {fmt(run.get(k))}" for k in split if run.get(k) is not None]
     if mixed_privacy and not run.private and "non-private" not in run.method:
         extra.append("non-private")
     return _compose(run.method, extra)
@@ -92,11 +93,11 @@ def _mixed_privacy(runs: Iterable[RunRecord]) -> set[str]:
 def privacy_text(config: Mapping[str, Any]) -> str:
     """A run's privacy level in words: "rho 4" (DP-mu2-FL), "eps 6", or "non-private" (no epsilon, or inf)."""
     rho = config.get("rho")
-    if rho is not None and _float(rho) > 0:
-        return f"rho {_fmt(_float(rho))}"
+    if rho is not None and as_float(rho) > 0:
+        return f"rho {fmt(as_float(rho))}"
     epsilon = config.get("epsilon")
-    epsilon = math.inf if epsilon is None else _float(epsilon)
-    return f"eps {_fmt(epsilon)}" if math.isfinite(epsilon) else "non-private"
+    epsilon = math.inf if epsilon is None else as_float(epsilon)
+    return f"eps {fmt(epsilon)}" if math.isfinite(epsilon) else "non-private"
 
 
 def _privacy_order(config: Mapping[str, Any]) -> tuple[int, float]:
@@ -132,7 +133,7 @@ def distinguishing_labels(
             present = [i for i in indices if configs[i].get(key) is not None]
             if len({json.dumps(configs[i][key]) for i in present}) > 1:
                 for i in present:
-                    parts[i].append(f"{key} {_fmt(configs[i][key])}")
+                    parts[i].append(f"{key} {fmt(configs[i][key])}")
     labels = [_compose(methods[i], parts[i]) for i in range(n)]
     for indices in _group(range(n), lambda i: labels[i]).values():
         if len(indices) < 2:
@@ -142,7 +143,7 @@ def distinguishing_labels(
                 continue
             for i in indices:
                 value = configs[i].get(key)
-                parts[i].append(f"{key} {_fmt(value)}" if value is not None else f"no {key}")
+                parts[i].append(f"{key} {fmt(value)}" if value is not None else f"no {key}")
         for i in indices:
             labels[i] = _compose(methods[i], parts[i])
     return labels

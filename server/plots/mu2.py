@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from silofl.server.plots.grouping import _group
-from silofl.server.plots.labels import METRIC_LABELS, _check_metric, _dataset_title, _fmt, _seeds_text, _slug
+from silofl.server.plots.labels import METRIC_LABELS, _check_metric, _dataset_title, _seeds_text, fmt, slug
 from silofl.server.plots.layout import _Colors, _legend, _new_figure
-from silofl.server.plots.runs import RunRecord, _float, _has, in_plot, mean_sd
+from silofl.server.plots.runs import RunRecord, has, in_plot, mean_sd
+from silofl.server.run_result import as_float
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -21,7 +22,7 @@ def mu2_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[
     """DP-mu2-FL's tables as grouped bars: groups = privacy level (rho, or epsilon), bars = (method, M), one panel per
     trust model; one figure per (dataset, partition)."""
     _check_metric(metric)
-    runs = [r for r in runs if in_plot(r, "mu2") and _has(r, metric)]
+    runs = [r for r in runs if in_plot(r, "mu2") and has(r, metric)]
     if not runs:
         return []
     percent = metric in ("accuracy", "knn_accuracy")
@@ -71,15 +72,15 @@ def mu2_figures(runs: Sequence[RunRecord], *, metric: str = "accuracy") -> list[
             f"{_seeds_text(counts)}",
             fontsize=11,
         )
-        figures.append((f"mu2-{_slug(dataset, partition)}", fig))
+        figures.append((f"mu2-{slug(dataset, partition)}", fig))
     return figures
 
 
 def _level(run: RunRecord) -> tuple[int, float, str]:
     """The privacy level of a mu2 run: (order, value, label): rho, else epsilon, else non-private (last)."""
-    rho = _float(run.get("rho") or 0.0)
+    rho = as_float(run.get("rho") or 0.0)
     if rho > 0:
-        return (0, rho, f"rho {_fmt(rho)}")
+        return (0, rho, f"rho {fmt(rho)}")
     if math.isfinite(run.epsilon):
-        return (1, run.epsilon, f"eps {_fmt(run.epsilon)}")
+        return (1, run.epsilon, f"eps {fmt(run.epsilon)}")
     return (2, math.inf, "non-private")

@@ -1,6 +1,7 @@
 """The run records that figures and the benchmarks' tables are made of: `load_runs` reads every `result.json` under
-run folders into `RunRecord`s (config as this version writes it, the sweep's method name), `filter_runs` slices them
-as `silofl sweep --where` does, `varied_keys` says what each method varies, and `mean_sd` averages over seeds."""
+run folders (as `RunResult`s, `server.run_result`) into `RunRecord`s (config as this version writes it, the sweep's
+method name, the whole result), `filter_runs` slices them as `silofl sweep --where` does, `varied_keys` says what each
+method varies, and `mean_sd` averages over seeds."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from silofl.server.run_result import RESULT_FILE, SUMMARY_SKIP, RunResult, RunResultError, as_float
 
 #: Config keys that never distinguish runs (where they ran, how long the server waits).
 _IGNORED_KEYS = frozenset({"out-dir", "data-dir", "round-timeout"})
@@ -32,24 +35,20 @@ class RunRecord:
     rounds: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
     #: False for a run that stopped before its last round (kept by `load_runs(..., keep_incomplete=True)`).
     completed: bool = True
+    #: The run's result.json, typed, without the model arrays and (unless read `with_rounds`) the per-round entries:
+    #: the bulk of a long run's file (None for a record not read from a run folder, e.g. a cached table cell).
+    result: RunResult | None = field(default=None, repr=False, compare=False)
 
     def get(self, key: str) -> Any:
         return self.config.get(key)
 
     @property
     def epsilon(self) -> float:
-        return _float(self.config.get("epsilon", math.inf))
+        return as_float(self.config.get("epsilon", math.inf))
 
     @property
     def private(self) -> bool:
-        return math.isfinite(self.epsilon) or _float(self.config.get("rho", 0.0)) > 0
-
-
-def _float(value: Any) -> float:
-    """A config value as a float; "inf" / "infinity" (as result.json stores an infinite epsilon) is math.inf."""
-    if isinstance(value, str):
-        return math.inf if value.strip().lower() in {"inf", "infinity"} else float(value)
-    return float(value)
+        return math.isfinite(self.epsilon) or as_float(self.config.get("rho", 0.0)) > 0
 
 
 def _spec(config: Mapping[str, Any]):
@@ -111,48 +110,49 @@ def load_runs(
     paths: Iterable[str | Path], *, with_rounds: bool = False, keep_incomplete: bool = False
 ) -> tuple[list[RunRecord], int]:
     """The completed runs under `paths` (run folders or folders of run folders) and the number of incomplete ones;
-    `with_rounds` also reads each run's per-round entries, `keep_incomplete` keeps (and counts) incomplete runs."""
+    `with_rounds` also keeps each run's per-round entries in `rounds`, `keep_incomplete` keeps (and counts)
+    incomplete runs. A file that is not a silofl result stops it with a PlotError naming the file and the field."""
     records, incomplete, seen = [], 0, set()
     defaults: dict[str, dict[str, Any]] = {}
     for root in map(Path, paths):
         if not root.exists():
             raise PlotError(f"{root} does not exist")
-        files = [root] if root.is_file() else ([root / "result.json"] if (root / "result.json").is_file() else [])
-        files = files or sorted(root.rglob("result.json"))
+        files = [root] if root.is_file() else ([root / RESULT_FILE] if (root / RESULT_FILE).is_file() else [])
+        files = files or sorted(root.rglob(RESULT_FILE))
         for path in files:
             key = path.resolve()
             if key in seen:
                 continue
             seen.add(key)
             try:
-                result = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise PlotError(f"{path}: not a readable result.json ({exc})") from None
-            completed = bool((result.get("status") or {}).get("completed", True))
-            if not completed:
+                result = RunResult.load(path, skip=("model",) if with_rounds else SUMMARY_SKIP)
+            except RunResultError as exc:
+                raise PlotError(str(exc)) from None
+            if not result.completed:
                 incomplete += 1
                 if not keep_incomplete:
                     continue
-            config = normalized_config(result.get("config") or {}, defaults)
-            meta_path = path.parent / "run.json"
-            method = None
-            if meta_path.is_file():
-                try:
-                    method = json.loads(meta_path.read_text()).get("method")
-                except (OSError, json.JSONDecodeError):
-                    method = None
-            rounds = tuple(r for r in result.get("rounds") or () if isinstance(r, dict)) if with_rounds else ()
-            records.append(
-                RunRecord(
-                    path.parent,
-                    str(method or default_method(config)),
-                    config,
-                    dict(result.get("final") or {}),
-                    rounds,
-                    completed,
-                )
-            )
+            records.append(run_record(path.parent, result, defaults, with_rounds=with_rounds))
     return records, incomplete
+
+
+def run_record(
+    folder: Path, result: RunResult, defaults: dict[str, dict[str, Any]] | None = None, *, with_rounds: bool = False
+) -> RunRecord:
+    """The record of the run in `folder` whose result is `result`: its config normalized (`normalized_config`), its
+    method the sweep's name for it (`run.json`) or else its algorithm's label (`default_method`)."""
+    config = normalized_config(result.config, defaults)
+    method = None
+    meta_path = folder / "run.json"
+    if meta_path.is_file():
+        try:
+            method = json.loads(meta_path.read_text()).get("method")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            method = None
+    rounds = tuple(r.to_json() for r in result.rounds or ()) if with_rounds else ()
+    return RunRecord(
+        folder, str(method or default_method(config)), config, result.final.to_json(), rounds, result.completed, result
+    )
 
 
 def varied_keys(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
@@ -196,7 +196,7 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return mean, sd
 
 
-def _has(run: RunRecord, metric: str) -> bool:
+def has(run: RunRecord, metric: str) -> bool:
     """Whether `run` recorded `metric` as a finite number in its final results."""
     value = run.final.get(metric)
     return isinstance(value, int | float) and math.isfinite(value)

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from silofl.protocols.config import RunConfig
+from silofl.server.run_result import RESULT_FILE, SUMMARY_SKIP, RunResult, RunResultError
 from silofl.server.sweep.grid import Sweep, SweepRun, comparable_config
 from silofl.server.sweep.progress import SweepProgress
 from silofl.server.sweep.spec import SweepError
 
-#: Files of a run folder.
-RESULT_FILE, RUN_FILE, ERROR_FILE = "result.json", "run.json", "error.txt"
+#: Files of a run folder, besides RESULT_FILE (the run's result.json, `server.run_result`).
+RUN_FILE, ERROR_FILE = "run.json", "error.txt"
 
 
 # -- state of a run folder --------------------------------------------------------------------------------------------
@@ -37,12 +38,12 @@ def run_state(run: SweepRun) -> str:
     if not path.is_file():
         return "todo"
     try:
-        result = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        result = RunResult.load(path, skip=SUMMARY_SKIP)
+    except RunResultError:  # a half-written or foreign file: the run is redone
         return "todo"
-    if not (result.get("status") or {}).get("completed"):
+    if result.status is None or not result.status.completed:
         return "todo"
-    stored, wanted = comparable_config(result.get("config") or {}), comparable_config(run.config.to_json())
+    stored, wanted = comparable_config(result.config), comparable_config(run.config.to_json())
     if any(stored[k] != wanted[k] for k in stored.keys() & wanted.keys()):
         return "stale"
     return "finished"
@@ -50,7 +51,7 @@ def run_state(run: SweepRun) -> str:
 
 def _stale_message(runs: Sequence[SweepRun]) -> str:
     first = runs[0]
-    stored = comparable_config(json.loads((first.folder / RESULT_FILE).read_text())["config"])
+    stored = comparable_config(RunResult.load(first.folder, skip=SUMMARY_SKIP).config)
     wanted = comparable_config(first.config.to_json())
     diffs = ", ".join(
         f"{k}: {stored[k]!r} there, {wanted[k]!r} now" for k in stored.keys() & wanted.keys() if stored[k] != wanted[k]
