@@ -326,6 +326,10 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
         "steffle_parkinsons_dp": 198,
         "steffle_parkinsons_eo": 198,
         "steffle_credit_eo": 216,
+        "steffle_adult_heterogeneity": 180,
+        "steffle_credit_heterogeneity": 180,
+        "dp_fermi_adult": 90,
+        "fedsc_fmnist_privacy": 24,
     }
     files = sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml"))
     assert {f.stem for f in files} == set(expected)
