@@ -13,6 +13,7 @@ from pathlib import Path
 from benchmarks import results_headline, results_race, results_tran_gap
 from benchmarks.results_fedsc import fedsc_section
 from benchmarks.results_mu2 import mu2_section
+from benchmarks.results_not_reproduced import not_reproduced_section
 from benchmarks.results_runs import ROOT, RunFiles
 from benchmarks.results_silos import SILOS_SWEEP, silos_section
 from benchmarks.results_steffle import (
@@ -90,7 +91,8 @@ def header(files: Mapping[str, RunFiles], now: dt.datetime) -> list[str]:
         "[SteFFLe with separate sensitive parties]"
         "(#steffle-with-separate-sensitive-parties-silos-divided-central-sensitive), "
         "[DP-mu2-FL](#dp-mu2-fl-the-papers-tables-1-and-2-mnist), "
-        "[FedSC](#fedsc-vs-fedavgsc-fashion-mnist-10-silos-x-1-class-cpu-scale).",
+        "[FedSC](#fedsc-vs-fedavgsc-fashion-mnist-10-silos-x-1-class-cpu-scale), "
+        "[Not reproduced](#not-reproduced).",
         "",
     ]
 
@@ -153,5 +155,6 @@ def build_document(
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files
     now = now or dt.datetime.now().astimezone()
-    text = "\n".join([*header(files, now), *body, *mu2_lines, *fedsc_lines]).rstrip() + "\n"
+    text = "\n".join([*header(files, now), *body, *mu2_lines, *fedsc_lines, "", *not_reproduced_section()])
+    text = text.rstrip() + "\n"
     return text, results
