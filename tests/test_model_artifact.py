@@ -184,6 +184,53 @@ def test_predict_writes_predictions_consistent_with_evaluate(trained, test_rows,
     np.testing.assert_allclose(model.predict_proba(rows), probabilities, atol=1e-7)
 
 
+def test_a_semicolon_latin1_csv_is_read_as_silofl_run_reads_it(trained, test_rows, tmp_path, capsys) -> None:
+    """The test rows as a ;-separated Latin-1 file (an extra column holds 'é', invalid UTF-8 there): detected and
+    said on one line, or given with --csv-sep / --csv-encoding, they score exactly as the comma/UTF-8 file."""
+    run, _ = trained
+    path, rows = test_rows
+    latin = tmp_path / "rows_latin1.csv"
+    rows.assign(note="café crème").to_csv(latin, index=False, sep=";", encoding="latin-1")
+    assert b"caf\xe9" in latin.read_bytes()
+
+    def predictions(*argv: str) -> tuple[pd.DataFrame, str]:
+        out = tmp_path / "p.csv"
+        assert main(["predict", str(run), "--data", *argv, "--out", str(out)]) == 0
+        return pd.read_csv(out), capsys.readouterr().err
+
+    want, err = predictions(str(path))
+    assert "detected" not in err  # a comma-separated UTF-8 file is not worth a line
+    got, err = predictions(str(latin))
+    pd.testing.assert_frame_equal(got, want)
+    (line,) = [line for line in err.splitlines() if "detected" in line]
+    assert line == (
+        f"silofl: warning: {latin}: read with the detected separator ';' and encoding latin-1 (the file is not "
+        "valid UTF-8); --csv-sep ';' --csv-encoding latin-1 sets it explicitly"
+    )
+    got, err = predictions(str(latin), "--csv-sep", ";", "--csv-encoding", "latin-1")
+    pd.testing.assert_frame_equal(got, want)
+    assert "detected" not in err
+    assert main(["evaluate", str(run), "--data", str(path), "--json"]) == 0
+    report = _json_out(capsys)
+    assert main(["evaluate", str(run), "--data", str(latin), "--json"]) == 0
+    assert {**_json_out(capsys), "data": None} == {**report, "data": None}
+    # the flag is obeyed, not second-guessed: read at commas, the file has one column and the model's are missing
+    assert main(["predict", str(run), "--data", str(latin), "--csv-sep", ","]) == 2
+    assert "missing from the table" in capsys.readouterr().err
+    assert main(["predict", str(run), "--data", str(latin), "--csv-sep", "ab"]) == 2  # refused as silofl run does
+    assert "--csv-sep 'ab': give one character" in capsys.readouterr().err
+    assert main(["predict", str(run), "--data", str(latin), "--csv-encoding", "klingon"]) == 2
+    assert "--csv-encoding 'klingon': not an encoding Python knows" in capsys.readouterr().err
+    tabbed = tmp_path / "rows.csv"
+    rows.to_csv(tabbed, index=False, sep="\t")
+    got, _ = predictions(str(tabbed), "--csv-sep", "tab")  # 'tab' is a tab, as in silofl run
+    pd.testing.assert_frame_equal(got, want)
+    parquet = tmp_path / "rows.parquet"
+    rows.to_parquet(parquet)
+    assert main(["predict", str(run), "--data", str(parquet), "--csv-sep", ";"]) == 2
+    assert "apply to a .csv file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("sensitive", [None, "race", "sex,race"])
 def test_violations_agree_with_fairlearn(trained, test_rows, capsys, sensitive) -> None:
     from fairlearn.metrics import (
