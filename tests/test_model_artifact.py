@@ -379,8 +379,9 @@ def test_preprocessing_reencodes_a_csv_bit_for_bit(loans_csv) -> None:
 
 
 def test_preprocessing_reencodes_builtin_datasets_bit_for_bit(data_dir) -> None:
-    """The built-ins' tables as their readers clean them (loaders.py), re-encoded: synthetic, credit (integer
-    categories), parkinsons (a label thresholded at the training median)."""
+    """The built-ins' tables re-encoded, as their files hold them (the record's recoding reads credit's SEX 1/2 and
+    merges its codes) and as their readers clean them (loaders.py): synthetic, credit (integer categories),
+    parkinsons (a label thresholded at the training median)."""
     from silofl.client.data import loaders
     from silofl.client.data.sources import ensure_file
     from silofl.client.data.synthetic import synthetic_frame
@@ -389,10 +390,11 @@ def test_preprocessing_reencodes_builtin_datasets_bit_for_bit(data_dir) -> None:
     _assert_reencodes(preprocessing, synthetic_frame(seed=0), ds)
     for name, kind in (("credit", "classes"), ("parkinsons", "above_threshold")):
         spec = loaders._BUILTINS[name]
-        frame = spec.read([ensure_file(f, data_dir, download=False) for f in spec.files])
+        paths = [ensure_file(f, data_dir, download=False) for f in spec.files]
         preprocessing, ds = _recorded(name, data_dir=data_dir, download=False)
-        assert preprocessing.target.kind == kind
-        _assert_reencodes(preprocessing, frame, ds)
+        assert preprocessing.target.kind == kind and preprocessing.recoding == spec.recoding
+        _assert_reencodes(preprocessing, spec.read(paths), ds)
+        _assert_reencodes(preprocessing, loaders.builtin_table(name, paths), ds)
         if name == "credit":
             education = next(f for f in preprocessing.features if f.column == "EDUCATION")
             assert education.categories == (1, 2, 3, 4)  # integer categories stay integers through JSON
