@@ -83,6 +83,7 @@ __all__ = [
     "Node",
     "check_nodes",
     "check_table",
+    "forget_shared_data",
     "is_file_dataset",
     "preflight",
     "single_group_warning",
@@ -428,9 +429,18 @@ def _load_nodes(config: RunConfig, share_with_silos: bool) -> tuple[DatasetInfo,
         raise ConfigError(_load_error(config, exc)) from None
     finally:
         if not share_with_silos:
-            silo_data._partitioned.cache_clear()
-            silo_data._parties.cache_clear()
+            forget_shared_data()
     return info, nodes
+
+
+def forget_shared_data() -> None:
+    """Drop the data that :func:`preflight` (``share_with_silos=True``) left in this process's cache for its silos
+    (`client.silo_data`): when no silo of this process will use it, e.g. after `silofl sweep` checked several runs of
+    one data spec, each loading it once, before its worker processes run them."""
+    from silofl.client import silo_data
+
+    silo_data._partitioned.cache_clear()
+    silo_data._parties.cache_clear()
 
 
 def _load_error(config: RunConfig, exc: Exception) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.protocols.config import RunConfig
+from silofl.server.sweep.checks import check_runs
 from silofl.server.sweep.grid import Sweep, SweepRun, comparable_config
 from silofl.server.sweep.progress import SweepProgress
 from silofl.server.sweep.spec import SweepError
@@ -122,7 +123,7 @@ def run_sweep(
     """Run the unfinished runs of `sweep` (or of `runs`, a subset) on `workers` processes; skip finished ones.
 
     `workers = 1` runs in this process (with one torch thread). Stale folders (a completed result of another config)
-    stop the sweep before any run starts.
+    and a run that fails `silofl run`'s data checks (`server.sweep.checks`) stop the sweep before any run starts.
     """
     from rich.console import Console
 
@@ -133,6 +134,7 @@ def run_sweep(
     if stale:
         raise SweepError(f"{sweep.path}: {_stale_message(stale)}")
     todo = [run for run in chosen if states[run.name] == "todo"]
+    check_runs(todo, where=str(sweep.path), console=console)  # refuses a bad run before any starts
     report = SweepReport(total=len(chosen), skipped=len(chosen) - len(todo))
     sweep.out.mkdir(parents=True, exist_ok=True)
     spec_copy = sweep.out / "sweep.toml"
