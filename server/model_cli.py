@@ -134,7 +134,8 @@ def add_model_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="write a run's model artifact (model.json, model.safetensors)",
         description="Write RUN/model.safetensors and RUN/model.json from RUN/result.json and a preprocessing file: "
         "for a deployed run, the preprocessing.json `silofl data split` wrote beside the silo folders; without "
-        "--preprocessing, the run's dataset is loaded again here, as `silofl run` does (a simulated run).",
+        "--preprocessing, the run's dataset is loaded here with the simulated silos' loader arguments (a simulated "
+        "run).",
     )
     pack.add_argument("run", metavar="RUN", type=Path, help="the run folder (its result.json)")
     pack.add_argument(

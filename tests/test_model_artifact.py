@@ -117,7 +117,7 @@ def test_a_run_writes_its_model_artifact(trained) -> None:
     )
     assert manifest["label_names"] == ["no", "yes"] and manifest["group_names"] == ["F", "M"]
     assert manifest["sensitive_columns"] == ["sex"]
-    assert "loaded again" in manifest["preprocessing_source"]
+    assert "loaded by the command line with the silos' loader arguments" in manifest["preprocessing_source"]
     # age, income z-scored; city (4), employed (2) and race (3) one-hot; sex is sensitive, never a feature
     assert manifest["feature_names"] == [
         "age",

@@ -74,7 +74,8 @@ def _init_worker() -> None:
 
 
 def execute_run(config_json: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """Run one job (in a worker): write run.json, run it, and on failure write error.txt. Never raises."""
+    """Run one job (in a worker) as `silofl run` runs it, its data checked and loaded once for its silos and its
+    model artifact: write run.json, run it, and on failure write error.txt. Never raises."""
     folder = Path(config_json["out-dir"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RUN_FILE).write_text(json.dumps({**meta, "config": config_json}, indent=2))
@@ -82,9 +83,13 @@ def execute_run(config_json: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     error_path.unlink(missing_ok=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
+        from silofl.client.data.preflight import preflight
         from silofl.server.engines import run_job
 
-        result = run_job(RunConfig.parse(config_json), progress=False)
+        config = RunConfig.parse(config_json)
+        # as `silofl run` does (the sweep printed the warnings): the silos and the model artifact take this load
+        preflight(config, share_with_silos=True)
+        result = run_job(config, progress=False)
     except Exception as exc:  # a failing run is recorded and the sweep goes on
         text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
         error_path.write_text(text)
