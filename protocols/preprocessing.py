@@ -427,13 +427,13 @@ class Recoding:
         """The columns it drops or recodes."""
         return (*self.drop, *(v.column for v in self.values))
 
-    def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """A new frame: `frame` recoded, the dropped columns removed and each mapped column recoded (`frame` itself
-        when the recoding is empty). A column the frame lacks is left to the encoder's own check, which names the
-        columns a model needs."""
+    def apply(self, frame: pd.DataFrame, *, drop: bool = True) -> pd.DataFrame:
+        """A new frame: `frame` with each mapped column recoded and, with `drop` (the reader's way), the dropped
+        columns removed (`frame` itself when the recoding is empty). A column the frame lacks is left to the encoder's
+        own check, which names the columns a model needs."""
         if not self:
             return frame
-        out = frame.drop(columns=[c for c in self.drop if c in frame.columns])
+        out = frame.drop(columns=[c for c in self.drop if drop and c in frame.columns])
         for value_map in self.values:
             if value_map.column in out.columns:
                 out[value_map.column] = value_map.apply(out[value_map.column])
@@ -620,10 +620,11 @@ class Preprocessing:
     # --- encoding ------------------------------------------------------------------------------------------------
 
     def recode(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """`frame` as the dataset's reader would have passed it to the encoder: its `recoding` applied (a no-op for
-        rows the reader already recoded, and for a file dataset). The encoding methods recode each column they read
-        themselves; this is for reading other columns as the reader would (`silofl evaluate --sensitive COL`)."""
-        return self.recoding.apply(frame)
+        """`frame`'s values as the dataset's reader would have passed them to the encoder: the `recoding`'s value
+        maps applied (a no-op for rows the reader already recoded, and for a file dataset); the columns it drops are
+        kept (the model ignores them; `silofl evaluate --sensitive ID` may still group by one). The encoding methods
+        recode each column they read themselves; this is for reading other columns as the reader would."""
+        return self.recoding.apply(frame, drop=False)
 
     def _column(self, frame: pd.DataFrame, column: str) -> pd.Series:
         """A column of raw rows as the encoder reads it: recoded by the reader's map of that column, if any."""

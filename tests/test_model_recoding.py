@@ -86,7 +86,13 @@ def test_the_recoding_travels_in_the_preprocessings_json_and_encode_applies_it()
     for name, got in zip(("features", "labels", "groups"), again.encode(raw), strict=True):
         np.testing.assert_array_equal(got, getattr(again.encode(clean), name))
     assert again.encode(raw).groups.tolist() == [0, 1]
-    assert again.recode(raw).columns.tolist() == ["EDUCATION", "y", "SEX"]  # ID dropped
+    assert again.recoding.apply(raw).columns.tolist() == ["EDUCATION", "y", "SEX"]  # the reader drops ID
+    assert again.recode(raw).to_dict("list") == {
+        "ID": [7, 8],
+        "EDUCATION": [4, 2],
+        "y": [1, 0],
+        "SEX": ["Female", "Male"],
+    }
     plain = _toy(Recoding())
     assert plain.to_json()["format_version"] == 1 and "recoding" not in plain.to_json()  # as before recodings
     with pytest.raises(PreprocessingError, match=r"'EDUCATION'.*\['0'\]"):
