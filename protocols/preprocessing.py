@@ -12,6 +12,12 @@ Why plain data and not a pickled encoder: the record is read by the CLI and the 
 and the same file serves simulation (written by `silofl run`) and deployment (written by `silofl data split` next to
 the silo folders, for `silofl model pack`).
 
+A built-in dataset's reader recodes its file before the encoder sees it (credit's SEX 1/2 read as Male/Female, its
+undocumented EDUCATION codes merged, ...): that is data too, a :class:`Recoding` (columns dropped, per column a value
+map) that the reader applies (`client.data.loaders`) and the record carries (`recoding`), so `encode` takes a raw row
+of the original file as well as a row the reader cleaned: applied to rows already recoded, a recoding changes
+nothing. A file dataset (CSV/Parquet) has none: its record is the one written before recodings existed.
+
 Privacy: the vocabularies and the z-score statistics are computed from the records, with no noise. They are NOT
 differentially private and are never sent to the server: whoever holds a preprocessing file learns every category
 present in the table (a category held by one record included) and the training split's means and standard deviations.
@@ -53,7 +59,9 @@ __all__ = [
     "LabelMapping",
     "Preprocessing",
     "PreprocessingError",
+    "Recoding",
     "SensitiveColumn",
+    "ValueMap",
     "category_text",
     "group_vocabulary",
     "joint_group_names",
@@ -61,7 +69,11 @@ __all__ = [
 ]
 
 FORMAT = "silofl-preprocessing"
+#: The version of a record without a recoding (a file dataset's): what silofl wrote before recodings, read by any.
 FORMAT_VERSION = 1
+#: The version of a record with one (a built-in's): an older silofl, which would ignore the recoding and encode raw
+#: rows wrongly, refuses it by its version instead.
+RECODING_FORMAT_VERSION = 2
 
 #: A category value as JSON keeps it: text, an integer, a float or a boolean.
 Scalar = str | int | float | bool
@@ -326,21 +338,142 @@ def _unseen_values(series: pd.Series, codes: np.ndarray) -> tuple[list[str], int
 
 
 @dataclass(frozen=True)
+class ValueMap:
+    """A column's values recoded by a dataset's reader: each ``(raw, clean)`` pair of `values` reads `raw` as
+    `clean`; `others` says what becomes of a value that is no `raw`: ``keep`` it (credit's EDUCATION 1..4 stay) or
+    ``error`` (credit's SEX must be 1 or 2). A value that is already a `clean` one is kept either way, and a `clean`
+    value may not be the `raw` of another pair, so applying the map twice is applying it once. Values match as the
+    encoder matches categories: by value, then by text (``"1"`` is 1); a missing value stays missing."""
+
+    column: str
+    values: tuple[tuple[Scalar, Scalar], ...]
+    others: Literal["keep", "error"] = "keep"
+
+    def __post_init__(self) -> None:
+        _string(self.column, "recoded column")
+        where = f"recoding of column {self.column!r}"
+        try:
+            pairs = tuple((_scalar(raw, where), _scalar(clean, where)) for raw, clean in self.values)
+        except (TypeError, ValueError) as exc:
+            raise PreprocessingError(f"{where}: values must be [raw, clean] pairs of scalars ({exc})") from None
+        raws = _scalars([raw for raw, _ in pairs], where)
+        for raw, clean in pairs:
+            position = _codes(pd.Series([clean], dtype=object), raws)[0]
+            if position >= 0 and pairs[position][1] != clean:
+                raise PreprocessingError(
+                    f"{where}: {raw!r} becomes {clean!r}, which the map itself reads as {pairs[position][1]!r}; a "
+                    "recoding applied twice must give what it gives once"
+                )
+        if self.others not in ("keep", "error"):
+            raise PreprocessingError(f"{where}: others must be 'keep' or 'error', got {self.others!r}")
+        object.__setattr__(self, "values", pairs)
+
+    def apply(self, series: pd.Series) -> pd.Series:
+        """The column recoded (the same object when no value changes). Raises PreprocessingError for a value the map
+        does not know when `others` is ``error``, naming the column, the values and the map.
+
+        Matched once per distinct value (a reader's column holds a few codes over many rows), and rebuilt from the
+        distinct values, so the column gets the type pandas gives those values (int64 codes stay int64, names text)."""
+        inverse, distinct = pd.factorize(series, use_na_sentinel=True)  # a missing value: -1, and stays missing
+        values = pd.Series(np.asarray(distinct, dtype=object), dtype=object)
+        codes = _codes(values, tuple(raw for raw, _ in self.values))
+        if self.others == "error":
+            unknown = np.flatnonzero((codes < 0) & (_codes(values, tuple(c for _, c in self.values)) < 0))
+            if unknown.size:
+                reads = ", ".join(f"{category_text(r)} as {c!r}" for r, c in self.values)
+                raise PreprocessingError(
+                    f"column {self.column!r} has {int(np.isin(inverse, unknown).sum())} row(s) with values "
+                    f"{sorted(category_text(v) for v in values[unknown])[:5]} that the dataset's reader does not know: "
+                    f"it reads {reads}; fix or drop those rows"
+                )
+        if not (codes >= 0).any():
+            return series
+        cleans = [clean for _, clean in self.values]
+        recoded = pd.Index([cleans[k] if k >= 0 else v for k, v in zip(codes, values, strict=True)])
+        out = recoded.take(inverse, allow_fill=True, fill_value=np.nan)
+        return pd.Series(out, index=series.index, name=series.name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"column": self.column, "values": [list(pair) for pair in self.values], "others": self.others}
+
+
+@dataclass(frozen=True)
+class Recoding:
+    """What a built-in dataset's reader does to its file's rows before the encoder sees them, as data: the columns it
+    `drop`s and the `values` it recodes, column by column (:class:`ValueMap`). The reader applies it
+    (`client.data.loaders`) and the preprocessing record carries it, so new raw rows are recoded the same way; see the
+    module docstring. Empty (the default) for a file dataset."""
+
+    drop: tuple[str, ...] = ()
+    values: tuple[ValueMap, ...] = ()
+
+    def __post_init__(self) -> None:
+        drop = tuple(_string(c, "dropped column") for c in self.drop)
+        values = tuple(self.values)
+        if not all(isinstance(v, ValueMap) for v in values):
+            raise PreprocessingError("recoding: values must be ValueMap records")
+        columns = [v.column for v in values]
+        clash = sorted({c for c in columns if columns.count(c) > 1 or c in drop})
+        if clash:
+            raise PreprocessingError(f"recoding: columns {clash} are recoded twice, or recoded and dropped")
+        object.__setattr__(self, "drop", drop)
+        object.__setattr__(self, "values", values)
+
+    def __bool__(self) -> bool:
+        return bool(self.drop or self.values)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns it drops or recodes."""
+        return (*self.drop, *(v.column for v in self.values))
+
+    def apply(self, frame: pd.DataFrame, *, drop: bool = True) -> pd.DataFrame:
+        """A new frame: `frame` with each mapped column recoded and, with `drop` (the reader's way), the dropped
+        columns removed (`frame` itself when the recoding is empty). A column the frame lacks is left to the encoder's
+        own check, which names the columns a model needs."""
+        if not self:
+            return frame
+        out = frame.drop(columns=[c for c in self.drop if drop and c in frame.columns])
+        for value_map in self.values:
+            if value_map.column in out.columns:
+                out[value_map.column] = value_map.apply(out[value_map.column])
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drop": list(self.drop), "values": [v.to_json() for v in self.values]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Recoding:
+        """Read a `to_json` document (a PreprocessingError names a malformed field)."""
+        try:
+            values = tuple(
+                ValueMap(v["column"], tuple(tuple(pair) for pair in v["values"]), v.get("others", "keep"))
+                for v in data["values"]
+            )
+            return cls(drop=tuple(data["drop"]), values=values)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise PreprocessingError(f"malformed recoding: missing or wrong field ({exc!r})") from exc
+
+
+@dataclass(frozen=True)
 class Preprocessing:
     """Everything needed to encode a raw record exactly as the training data was (see the module docstring).
 
     dataset: the dataset's name (a built-in's, or a file's stem). features: each feature column in input order.
-    target: the label mapping. sensitive: the sensitive columns, in joint-group order.
+    target: the label mapping. sensitive: the sensitive columns, in joint-group order. recoding: what a built-in
+    dataset's reader did to its file's rows before encoding them (empty for a file dataset).
 
-    The table this applies to is the one the loader passed to the encoder: for a CSV/Parquet dataset the file as read
-    (`client.data.generic.read_table`); for a built-in dataset the table after its reader's own cleaning
-    (`client.data.loaders`: e.g. credit's SEX 1/2 read as Male/Female; docs/MODEL.md lists them).
+    The table this applies to is the file as silofl reads it: a CSV/Parquet dataset's as read
+    (`client.data.generic.read_table`), a built-in's original file (its `recoding` applied first: credit's SEX 1/2
+    read as Male/Female, ...) or the table its reader cleaned (`client.data.loaders`; recoding it again changes
+    nothing). docs/MODEL.md lists what each reader does.
     """
 
     dataset: str
     features: tuple[FeatureColumn, ...]
     target: LabelMapping
     sensitive: tuple[SensitiveColumn, ...]
+    recoding: Recoding = Recoding()
 
     def __post_init__(self) -> None:
         _string(self.dataset, "dataset")
@@ -356,6 +489,11 @@ class Preprocessing:
         if len(set(columns)) != len(columns):
             dupes = sorted({c for c in columns if columns.count(c) > 1})
             raise PreprocessingError(f"columns {dupes} appear twice among the features, the target and sensitive")
+        if not isinstance(self.recoding, Recoding):
+            raise PreprocessingError(f"recoding must be a Recoding, got {type(self.recoding).__name__}")
+        dropped = sorted(set(self.recoding.drop) & set(columns))
+        if dropped:
+            raise PreprocessingError(f"recoding: columns {dropped} are dropped by the reader but used by the model")
         object.__setattr__(self, "features", features)
         object.__setattr__(self, "sensitive", sensitive)
 
@@ -392,10 +530,12 @@ class Preprocessing:
 
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON document (`json.dumps` takes it as is; `from_json` reads it back equal)."""
+        recoding = {"recoding": self.recoding.to_json()} if self.recoding else {}
         return {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": RECODING_FORMAT_VERSION if self.recoding else FORMAT_VERSION,
             "dataset": self.dataset,
+            **recoding,
             "features": [f.to_json() for f in self.features],
             "target": self.target.to_json(),
             "sensitive": [s.to_json() for s in self.sensitive],
@@ -414,10 +554,10 @@ class Preprocessing:
             raise PreprocessingError(
                 f"not a silofl preprocessing record (format {data.get('format')!r}, want {FORMAT!r})"
             )
-        if data.get("format_version") != FORMAT_VERSION:
+        if data.get("format_version") not in (FORMAT_VERSION, RECODING_FORMAT_VERSION):
             raise PreprocessingError(
-                f"preprocessing format_version {data.get('format_version')!r} is not {FORMAT_VERSION}; it was written "
-                "by another silofl version: write it again with this one"
+                f"preprocessing format_version {data.get('format_version')!r} is not {FORMAT_VERSION} or "
+                f"{RECODING_FORMAT_VERSION}; it was written by another silofl version: write it again with this one"
             )
         try:
             features: list[FeatureColumn] = []
@@ -437,7 +577,14 @@ class Preprocessing:
                 threshold=target.get("threshold"),
             )
             sensitive = tuple(SensitiveColumn(s["column"], tuple(s["categories"])) for s in data["sensitive"])
-            out = cls(dataset=data["dataset"], features=tuple(features), target=mapping, sensitive=sensitive)
+            recoding = Recoding.from_json(data["recoding"]) if "recoding" in data else Recoding()
+            out = cls(
+                dataset=data["dataset"],
+                features=tuple(features),
+                target=mapping,
+                sensitive=sensitive,
+                recoding=recoding,
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise PreprocessingError(f"malformed preprocessing record: missing or wrong field ({exc!r})") from exc
         for field in ("feature_names", "group_names"):
@@ -472,6 +619,18 @@ class Preprocessing:
 
     # --- encoding ------------------------------------------------------------------------------------------------
 
+    def recode(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """`frame`'s values as the dataset's reader would have passed them to the encoder: the `recoding`'s value
+        maps applied (a no-op for rows the reader already recoded, and for a file dataset); the columns it drops are
+        kept (the model ignores them; `silofl evaluate --sensitive ID` may still group by one). The encoding methods
+        recode each column they read themselves; this is for reading other columns as the reader would."""
+        return self.recoding.apply(frame, drop=False)
+
+    def _column(self, frame: pd.DataFrame, column: str) -> pd.Series:
+        """A column of raw rows as the encoder reads it: recoded by the reader's map of that column, if any."""
+        value_map = next((v for v in self.recoding.values if v.column == column), None)
+        return frame[column] if value_map is None else value_map.apply(frame[column])
+
     def encode(self, frame: pd.DataFrame, *, unseen: Unseen = "error") -> EncodedFrame:
         """Encode raw rows: features always; labels when the target column is there; groups when every sensitive
         column is there. Extra columns are ignored. `unseen`: see the module docstring."""
@@ -489,7 +648,7 @@ class Preprocessing:
         n = len(frame)
         blocks: list[np.ndarray] = []
         for feature in self.features:
-            series = frame[feature.column]
+            series = self._column(frame, feature.column)
             _refuse_missing(series, feature.column, "feature")
             if isinstance(feature, CategoricalFeature):
                 blocks.append(self._one_hot(series, feature, n, unseen))
@@ -528,7 +687,7 @@ class Preprocessing:
         """The target column as class indices, int64 ``(n,)``."""
         mapping = self.target
         _require(frame, [mapping.column], "target")
-        series = frame[mapping.column]
+        series = self._column(frame, mapping.column)
         _refuse_missing(series, mapping.column, "target")
         if mapping.kind == "custom":
             raise PreprocessingError(
@@ -555,7 +714,7 @@ class Preprocessing:
         _require(frame, [s.column for s in columns], "sensitive")
         codes = np.zeros(len(frame), dtype=np.int64)
         for entry in columns:
-            series = frame[entry.column]
+            series = self._column(frame, entry.column)
             _refuse_missing(series, entry.column, "sensitive")
             col = _codes(series, entry.categories)
             if (col < 0).any():

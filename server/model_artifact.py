@@ -11,8 +11,9 @@
                             it came from, or null and why
 
 `silofl run` writes it at the end of every completed run of a logistic regression or MLP (`engines.run_job` calls
-:func:`write_run_artifact`): the command-line process loads the run's dataset once more, as the simulated silos did,
-to record the preprocessing (nothing of it travels over the network; the silos never send it). A deployed run's
+:func:`write_run_artifact`): the preprocessing is the one the command-line process recorded when its checks loaded
+the run's dataset as the simulated silos load it (`client.data.preprocessing_cache`; loaded again only where no check
+did), never sent over the network (the silos never send it). A deployed run's
 server writes only result.json (it never sees the preprocessing, which is not differentially private); the data owner
 adds the artifact with `silofl model pack RUN --preprocessing DIR/preprocessing.json` (:func:`pack`), the file
 `silofl data split` wrote beside the silo folders. `silofl model pack RUN` without the file does the simulation's step
@@ -282,8 +283,10 @@ def simulation_preprocessing(
 ) -> tuple[Preprocessing, str]:
     """The preprocessing of a simulated run's data and where it came from.
 
-    Simulated silos derive their partition from the run's dataset: it is loaded here with their own loader arguments
-    (`client.silo_data._source`, the same records) and its encoding recorded. Silos that read their own folders
+    Simulated silos derive their partition from the run's dataset: its encoding as the command line recorded it when
+    it loaded the data for the silos (`silofl run`'s checks; `client.data.preprocessing_cache`), else the dataset is
+    loaded here with their own loader arguments (`client.silo_data._source`, the same records) and recorded (and
+    kept: a sweep's worker loads it once per data spec). Silos that read their own folders
     (node config `data-path`) were prepared by `silofl data split`: the preprocessing.json it wrote beside them.
     Raises PreprocessingError (image datasets, folders without the file) or the loader's errors.
     """
@@ -300,10 +303,15 @@ def simulation_preprocessing(
                 "FILE`, FILE the one `silofl data split` wrote"
             )
         return Preprocessing.load(files[0]), f"{files[0]} (silofl data split, beside the silos' folders)"
+    from silofl.client.data.preprocessing_cache import preprocessing_of
     from silofl.client.silo_data import _source  # the simulated silos' loader arguments: the very records they loaded
+    from silofl.protocols.messages import DataSpec
 
-    preprocessing = load_preprocessing(config.dataset, **_source(config))
-    return preprocessing, f"dataset {config.dataset!r} loaded again by the command line (silofl run)"
+    # what `silofl run`'s checks recorded when they loaded the data (or an earlier run of this process), else a load
+    preprocessing = preprocessing_of(
+        DataSpec.from_run_config(config), lambda: load_preprocessing(config.dataset, **_source(config))
+    )
+    return preprocessing, f"dataset {config.dataset!r} loaded by the command line with the silos' loader arguments"
 
 
 def write_run_artifact(

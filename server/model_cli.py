@@ -1,16 +1,20 @@
 """`silofl predict | evaluate | export | model pack`: use the model a run trained.
 
-    silofl predict RUN --data FILE.csv|.parquet [--out FILE.csv] [--unseen error|zeros]
+    silofl predict RUN --data FILE.csv|.parquet [--out FILE.csv] [--unseen error|zeros] [--csv-sep SEP]
+        [--csv-encoding ENC]
     silofl evaluate RUN --data FILE.csv|.parquet [--sensitive COL[,COL]] [--min-support N] [--json] [--unseen ...]
+        [--csv-sep SEP] [--csv-encoding ENC]
     silofl export RUN --format onnx --out FILE.onnx
     silofl model pack RUN [--preprocessing DIR/preprocessing.json]
 
 RUN is a run folder (`silofl run --out`). predict and evaluate read its artifact (`server.model_artifact`, written by
 `silofl run`; `silofl model pack` writes it for a deployed run or an older folder), encode the raw rows of FILE as the
-training data was encoded (`protocols.preprocessing`) and score them (`server.trained_model`). export writes an ONNX
-file (`server.model_export`). Bad input (a missing file or column, an unseen category, a run folder without an
-artifact) is a ValueError or FileNotFoundError naming the file or the column and the fix: `silofl`'s `main` prints it
-and exits with status 2.
+training data was encoded (`protocols.preprocessing`) and score them (`server.trained_model`). A CSV FILE is read as
+`silofl run` reads a CSV dataset (`client.data.generic.read_table_with_format`): with `--csv-sep` / `--csv-encoding`
+where given, else detected, a detected separator or encoding other than ',' and utf-8 said on one `silofl: warning:`
+line. export writes an ONNX file (`server.model_export`). Bad input (a missing file or column, an unseen category, a
+run folder without an artifact) is a ValueError or FileNotFoundError naming the file or the column and the fix:
+`silofl`'s `main` prints it and exits with status 2.
 """
 
 from __future__ import annotations
@@ -40,11 +44,34 @@ def _columns(text: str) -> list[str]:
     return columns
 
 
+#: How `predict` and `evaluate` read a CSV file: `silofl run`'s flags for a CSV dataset, same values and detection.
+_CSV_FLAGS = (
+    (
+        "--csv-sep",
+        "SEP",
+        "separator of a .csv FILE, one character (',', ';', '|', tab or '\\t' for a tab, ...); default: detected among "
+        ", ; tab | (said when it is not ',')",
+    ),
+    (
+        "--csv-encoding",
+        "ENC",
+        "text encoding of a .csv FILE (utf-8, latin-1, cp1252, ...); default: utf-8, or latin-1 when the file is not "
+        "valid UTF-8 (said when it is latin-1)",
+    ),
+)
+
+
 def _rows_of_a_run(parser: argparse.ArgumentParser) -> None:
-    """The arguments `predict` and `evaluate` share: the run folder, the raw rows, what to do with unseen categories."""
+    """The arguments `predict` and `evaluate` share: the run folder and the raw rows; then, in their own section, how
+    a CSV file of them is read (`_CSV_FLAGS`) and what to do with unseen categories."""
     parser.add_argument("run", metavar="RUN", type=Path, help="the run folder (silofl run --out)")
-    parser.add_argument("--data", required=True, type=Path, metavar="FILE", help="a .csv (with header) or .parquet")
-    parser.add_argument("--unseen", choices=("error", "zeros"), default="error", help=_UNSEEN_HELP)
+    parser.add_argument(
+        "--data", required=True, type=Path, metavar="FILE", help="the raw rows: a .csv (with a header row) or .parquet"
+    )
+    reading = parser.add_argument_group("reading FILE")
+    for flag, metavar, text in _CSV_FLAGS:
+        reading.add_argument(flag, default="", metavar=metavar, help=text)
+    reading.add_argument("--unseen", choices=("error", "zeros"), default="error", help=_UNSEEN_HELP)
 
 
 def add_model_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -107,7 +134,8 @@ def add_model_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="write a run's model artifact (model.json, model.safetensors)",
         description="Write RUN/model.safetensors and RUN/model.json from RUN/result.json and a preprocessing file: "
         "for a deployed run, the preprocessing.json `silofl data split` wrote beside the silo folders; without "
-        "--preprocessing, the run's dataset is loaded again here, as `silofl run` does (a simulated run).",
+        "--preprocessing, the run's dataset is loaded here with the simulated silos' loader arguments (a simulated "
+        "run).",
     )
     pack.add_argument("run", metavar="RUN", type=Path, help="the run folder (its result.json)")
     pack.add_argument(
@@ -133,11 +161,33 @@ def _warnings_as_lines() -> Iterator[None]:
                 print(f"silofl: warning: {warning.message}", file=sys.stderr)
 
 
-def _read(path: Path):
-    """The rows of FILE, read as the training table was (`client.data.generic.read_table`)."""
-    from silofl.client.data.generic import read_table
+def _csv_options(args: argparse.Namespace) -> tuple[str, str]:
+    """--csv-sep and --csv-encoding checked as `silofl run` checks them (`protocols.options`: 'tab' means a tab, an
+    unknown encoding is refused); a bad value is a ValueError naming the flag and the fix."""
+    from silofl.protocols.options import csv_encoding, csv_separator
 
-    frame = read_table(path)
+    checked = []
+    flags = (("--csv-sep", csv_separator, args.csv_sep), ("--csv-encoding", csv_encoding, args.csv_encoding))
+    for flag, check, value in flags:
+        try:
+            checked.append(check(value))
+        except ValueError as exc:
+            raise ValueError(f"{flag} {value!r}: {exc}") from None
+    return checked[0], checked[1]
+
+
+def _read(args: argparse.Namespace):
+    """The rows of --data, read as `silofl run` reads a CSV dataset (`client.data.generic.read_table_with_format`,
+    with --csv-sep and --csv-encoding, "" detecting them); a detected separator or encoding other than ',' and utf-8
+    is said on one line, as `silofl run`'s checks say it."""
+    from silofl.client.data.generic import read_table_with_format
+
+    path = args.data
+    sep, encoding = _csv_options(args)
+    frame, fmt = read_table_with_format(path, csv_sep=sep, csv_encoding=encoding)
+    note = fmt.note(path) if fmt is not None else None
+    if note:
+        print(f"silofl: warning: {note}", file=sys.stderr)
     if frame.empty:
         raise ValueError(f"{path} has no rows (a header only?): nothing to score")
     return frame
@@ -150,7 +200,7 @@ def predict_command(args: argparse.Namespace) -> int:
     from silofl.server.trained_model import load_model
 
     model = load_model(args.run)
-    frame = _read(args.data)
+    frame = _read(args)
     with _warnings_as_lines():
         probabilities = model.predict_proba(frame, unseen=args.unseen)
     names = list(model.label_names)
@@ -177,7 +227,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from silofl.server.trained_model import load_model
 
     model = load_model(args.run)
-    frame = _read(args.data)
+    frame = _read(args)
     min_support = MIN_SUPPORT if args.min_support is None else args.min_support
     if min_support < 0:
         raise ValueError(f"--min-support must be >= 0, got {min_support}")

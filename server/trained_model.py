@@ -173,7 +173,8 @@ class TrainedModel:
 
         sensitive: the column(s) whose (joint) values form the groups; default the run's sensitive columns with the
         run's group names (a value the run did not know is refused). Other columns are grouped by the values found in
-        `frame` (sorted as the training encoder sorts them).
+        `frame` (sorted as the training encoder sorts them), after the dataset reader's recoding (credit's SEX 1/2 are
+        Male/Female whichever way the rows come).
         """
         preprocessing = self._require_preprocessing()
         columns = [sensitive] if isinstance(sensitive, str) else list(sensitive or preprocessing.sensitive_columns)
@@ -184,6 +185,7 @@ class TrainedModel:
                 f"the table has no target column {preprocessing.target.column!r}: evaluate needs the true labels; "
                 "add the column (predict needs none)"
             )
+        frame = preprocessing.recode(frame)  # other grouping columns read as the dataset's reader reads them
         features = preprocessing.encode_features(frame, unseen=unseen)
         labels = preprocessing.encode_labels(frame)
         if tuple(columns) == preprocessing.sensitive_columns:

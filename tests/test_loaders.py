@@ -256,9 +256,27 @@ def test_injected_fetch_and_failure(data_dir: Path, tmp_path: Path) -> None:
         ensure_file("adult/adult.names", tmp_path)
 
 
+def _credit_file(data_dir: Path, text: str) -> Path:
+    """A local credit CSV holding `text` (a local file is read as it is: only a download is checked)."""
+    path = data_dir / "credit_default_taiwan" / "UCI_Credit_Card.csv"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_code_the_reader_does_not_know_names_the_file_and_the_column(tmp_path: Path) -> None:
+    """credit's SEX recoding (1 Male, 2 Female, `loaders._CREDIT`) refuses another code, as the reader did."""
+    header = "ID,SEX,EDUCATION,MARRIAGE,AGE,default.payment.next.month"
+    path = _credit_file(tmp_path, f"{header}\n1,1,2,1,30,0\n2,3,2,1,40,1\n")
+    with pytest.raises(DataError, match=r"UCI_Credit_Card.csv: column 'SEX' has 1 row\(s\) with values \['3'\]"):
+        load_dataset("credit", data_dir=tmp_path)
+    path.write_text(path.read_text().replace("2,3,2,1", "2,2,0,0"))  # EDUCATION 0 -> 4, MARRIAGE 0 -> 3
+    table = loaders.builtin_table("credit", [path])
+    assert table.columns.tolist() == ["SEX", "EDUCATION", "MARRIAGE", "AGE", "default.payment.next.month"]
+    assert table[["SEX", "EDUCATION", "MARRIAGE"]].values.tolist() == [["Male", 2, 1], ["Female", 4, 3]]
+
+
 def test_damaged_file_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "credit_default_taiwan" / "UCI_Credit_Card.csv"
-    bad.parent.mkdir()
-    bad.write_text("a,b\n1,2\n")
+    _credit_file(tmp_path, "a,b\n1,2\n")
     with pytest.raises(DataError, match=r"UCI_Credit_Card.csv: columns \['ID', 'SEX'"):
         load_dataset("credit", data_dir=tmp_path)

@@ -117,7 +117,7 @@ def test_a_run_writes_its_model_artifact(trained) -> None:
     )
     assert manifest["label_names"] == ["no", "yes"] and manifest["group_names"] == ["F", "M"]
     assert manifest["sensitive_columns"] == ["sex"]
-    assert "loaded again" in manifest["preprocessing_source"]
+    assert "loaded by the command line with the silos' loader arguments" in manifest["preprocessing_source"]
     # age, income z-scored; city (4), employed (2) and race (3) one-hot; sex is sensitive, never a feature
     assert manifest["feature_names"] == [
         "age",
@@ -182,6 +182,53 @@ def test_predict_writes_predictions_consistent_with_evaluate(trained, test_rows,
     model = load_model(run)
     assert (model.predict(rows) == predictions["prediction"].to_numpy()).all()
     np.testing.assert_allclose(model.predict_proba(rows), probabilities, atol=1e-7)
+
+
+def test_a_semicolon_latin1_csv_is_read_as_silofl_run_reads_it(trained, test_rows, tmp_path, capsys) -> None:
+    """The test rows as a ;-separated Latin-1 file (an extra column holds 'é', invalid UTF-8 there): detected and
+    said on one line, or given with --csv-sep / --csv-encoding, they score exactly as the comma/UTF-8 file."""
+    run, _ = trained
+    path, rows = test_rows
+    latin = tmp_path / "rows_latin1.csv"
+    rows.assign(note="café crème").to_csv(latin, index=False, sep=";", encoding="latin-1")
+    assert b"caf\xe9" in latin.read_bytes()
+
+    def predictions(*argv: str) -> tuple[pd.DataFrame, str]:
+        out = tmp_path / "p.csv"
+        assert main(["predict", str(run), "--data", *argv, "--out", str(out)]) == 0
+        return pd.read_csv(out), capsys.readouterr().err
+
+    want, err = predictions(str(path))
+    assert "detected" not in err  # a comma-separated UTF-8 file is not worth a line
+    got, err = predictions(str(latin))
+    pd.testing.assert_frame_equal(got, want)
+    (line,) = [line for line in err.splitlines() if "detected" in line]
+    assert line == (
+        f"silofl: warning: {latin}: read with the detected separator ';' and encoding latin-1 (the file is not "
+        "valid UTF-8); --csv-sep ';' --csv-encoding latin-1 sets it explicitly"
+    )
+    got, err = predictions(str(latin), "--csv-sep", ";", "--csv-encoding", "latin-1")
+    pd.testing.assert_frame_equal(got, want)
+    assert "detected" not in err
+    assert main(["evaluate", str(run), "--data", str(path), "--json"]) == 0
+    report = _json_out(capsys)
+    assert main(["evaluate", str(run), "--data", str(latin), "--json"]) == 0
+    assert {**_json_out(capsys), "data": None} == {**report, "data": None}
+    # the flag is obeyed, not second-guessed: read at commas, the file has one column and the model's are missing
+    assert main(["predict", str(run), "--data", str(latin), "--csv-sep", ","]) == 2
+    assert "missing from the table" in capsys.readouterr().err
+    assert main(["predict", str(run), "--data", str(latin), "--csv-sep", "ab"]) == 2  # refused as silofl run does
+    assert "--csv-sep 'ab': give one character" in capsys.readouterr().err
+    assert main(["predict", str(run), "--data", str(latin), "--csv-encoding", "klingon"]) == 2
+    assert "--csv-encoding 'klingon': not an encoding Python knows" in capsys.readouterr().err
+    tabbed = tmp_path / "rows.csv"
+    rows.to_csv(tabbed, index=False, sep="\t")
+    got, _ = predictions(str(tabbed), "--csv-sep", "tab")  # 'tab' is a tab, as in silofl run
+    pd.testing.assert_frame_equal(got, want)
+    parquet = tmp_path / "rows.parquet"
+    rows.to_parquet(parquet)
+    assert main(["predict", str(run), "--data", str(parquet), "--csv-sep", ";"]) == 2
+    assert "apply to a .csv file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sensitive", [None, "race", "sex,race"])
@@ -332,8 +379,9 @@ def test_preprocessing_reencodes_a_csv_bit_for_bit(loans_csv) -> None:
 
 
 def test_preprocessing_reencodes_builtin_datasets_bit_for_bit(data_dir) -> None:
-    """The built-ins' tables as their readers clean them (loaders.py), re-encoded: synthetic, credit (integer
-    categories), parkinsons (a label thresholded at the training median)."""
+    """The built-ins' tables re-encoded, as their files hold them (the record's recoding reads credit's SEX 1/2 and
+    merges its codes) and as their readers clean them (loaders.py): synthetic, credit (integer categories),
+    parkinsons (a label thresholded at the training median)."""
     from silofl.client.data import loaders
     from silofl.client.data.sources import ensure_file
     from silofl.client.data.synthetic import synthetic_frame
@@ -342,10 +390,11 @@ def test_preprocessing_reencodes_builtin_datasets_bit_for_bit(data_dir) -> None:
     _assert_reencodes(preprocessing, synthetic_frame(seed=0), ds)
     for name, kind in (("credit", "classes"), ("parkinsons", "above_threshold")):
         spec = loaders._BUILTINS[name]
-        frame = spec.read([ensure_file(f, data_dir, download=False) for f in spec.files])
+        paths = [ensure_file(f, data_dir, download=False) for f in spec.files]
         preprocessing, ds = _recorded(name, data_dir=data_dir, download=False)
-        assert preprocessing.target.kind == kind
-        _assert_reencodes(preprocessing, frame, ds)
+        assert preprocessing.target.kind == kind and preprocessing.recoding == spec.recoding
+        _assert_reencodes(preprocessing, spec.read(paths), ds)
+        _assert_reencodes(preprocessing, loaders.builtin_table(name, paths), ds)
         if name == "credit":
             education = next(f for f in preprocessing.features if f.column == "EDUCATION")
             assert education.categories == (1, 2, 3, 4)  # integer categories stay integers through JSON

@@ -262,7 +262,19 @@ def test_a_changed_sweep_file_does_not_reuse_results_of_another_config(smoke, tm
         run_sweep(load_sweep(changed, out=sweep.out), workers=1, progress=False)
 
 
-def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path: Path, capsys) -> None:
+def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A run that fails while it runs (here its engine raises: whatever the data checks cannot foresee) leaves
+    error.txt; the others run."""
+    from silofl.server import engines
+
+    real = engines.run_job
+
+    def crashing(config, **kwargs):
+        if "crashes" in config.out_dir:
+            raise RuntimeError("silo 1 crashed in round 2")
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(engines, "run_job", crashing)
     path = _write(
         tmp_path,
         """
@@ -275,11 +287,9 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path: Path, capsys)
         algorithm = "fedavg"
 
         [[methods]]
-        name = "missing-file"
+        name = "crashes"
         algorithm = "fedavg"
-        dataset = "no-such-file.csv"
-        target = "y"
-        sensitive = "s"
+        seed = 1
         """,
     )
     out = tmp_path / "out"
@@ -288,12 +298,68 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path: Path, capsys)
     err = capsys.readouterr().err
     assert "1 completed, 0 skipped, 1 failed" in err
     assert json.loads((out / "good" / "result.json").read_text())["status"]["completed"]
-    error = (out / "missing-file" / "error.txt").read_text()
-    assert "no-such-file.csv" in error
-    assert not (out / "missing-file" / "result.json").exists()
+    error = (out / "crashes" / "error.txt").read_text()
+    assert "RuntimeError: silo 1 crashed in round 2" in error
+    assert not (out / "crashes" / "result.json").exists()
     # a rerun retries only the failed run (and fails again, still non-zero)
     assert main(["sweep", str(path), "--out", str(out), "--workers", "1", "--no-progress"]) == 1
     assert "0 completed, 1 skipped, 1 failed" in capsys.readouterr().err
+
+
+_CHECKED = """
+    [base]
+    rounds = 2
+    num-silos = 2
+    max-train-records = 20
+    batch-size = 64
+
+    [grid]
+    seed = [0, 1]
+
+    [[methods]]
+    name = "fedavg"
+    algorithm = "fedavg"
+
+    [[methods]]
+    name = "small-batch"
+    algorithm = "fedavg"
+    batch-size = 8
+
+    [[methods]]
+    name = "missing-file"
+    algorithm = "fedavg"
+    dataset = "no-such-file.csv"
+    target = "y"
+    sensitive = "s"
+    """
+
+
+def test_a_run_that_fails_the_data_checks_stops_the_sweep_before_any_run_starts(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path, _CHECKED)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "run 'missing-file seed=0' (folder missing-file__seed=0) fails the data checks, so no run was started" in err
+    assert "--dataset no-such-file.csv: no such file" in err
+    assert not list(out.glob("*/run.json"))  # not even the good runs, listed first, ran
+    with pytest.raises(SweepError, match=r"run 'missing-file seed=0'.*no such file"):  # the Python API too
+        run_sweep(load_sweep(path, out=out), workers=1, progress=False)
+    assert main(["sweep", str(path), "--out", str(out), "--dry-run"]) == 2  # a dry run checks the data as well
+    assert "fails the data checks" in capsys.readouterr().err
+
+
+def test_the_data_checks_warn_once_per_distinct_message(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path, _CHECKED)
+    argv = ["sweep", str(path), "--out", str(tmp_path / "out"), "--methods", "fedavg,small-batch", "--dry-run"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "4 runs, all valid" in captured.out
+    warnings = [line for line in captured.err.splitlines() if line.startswith("silofl: warning:")]
+    # 20 records a silo: a batch of 64 takes them all (both fedavg runs, one message); a batch of 8 does not
+    assert len(warnings) == 1, warnings
+    assert "--batch-size 64 is more than the training records of silo 0 (20 records), silo 1" in warnings[0]
+    assert warnings[0].endswith("(2 of 4 runs: fedavg seed=0, fedavg seed=1)")
+    assert "checking the data of 4 run(s) (2 load(s))" in captured.err  # the two methods share each seed's load
 
 
 @pytest.mark.slow

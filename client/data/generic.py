@@ -48,6 +48,7 @@ from silofl.protocols.preprocessing import (
     LabelMapping,
     Preprocessing,
     PreprocessingError,
+    Recoding,
     SensitiveColumn,
 )
 
@@ -248,6 +249,7 @@ def build_dataset(
     test_fraction: float = 0.25,
     label_encoder: LabelEncoder | None = None,
     missing: str = "error",
+    recoding: Recoding | None = None,
 ) -> TabularDataset:
     """Preprocess a clean table into a `TabularDataset` (see the module docstring for the steps).
 
@@ -257,6 +259,8 @@ def build_dataset(
     label_encoder: how to turn the target column into class indices (default: `categorical_labels()`).
     missing: "error" (default) refuses a table with a missing value in a column it uses, naming the columns and
         counts; "drop" drops those rows first (only the used columns count), and refuses a table left empty.
+    recoding: what the dataset's reader did to `frame` before (a built-in's, `client.data.loaders`), not applied here:
+        recorded with the preprocessing, so that new raw rows are recoded the same way.
     """
     if isinstance(sensitive, str):
         sensitive = [sensitive]
@@ -320,7 +324,9 @@ def build_dataset(
     x, feature_names = _encode_features(frame, features, cat, train_idx)
     if _RECORDING.get() is not None:
         encoded = (x, labels, label_names, groups)
-        _record_preprocessing(frame, name, target, sensitive, features, cat, train_idx, label_encoder, encoded)
+        _record_preprocessing(
+            frame, name, target, sensitive, features, cat, train_idx, label_encoder, encoded, recoding=recoding
+        )
 
     info = DatasetInfo(
         name=name,
@@ -373,11 +379,14 @@ def _record_preprocessing(
     train_idx: np.ndarray,
     label_encoder: LabelEncoder | None,
     encoded: tuple[np.ndarray, np.ndarray, tuple[str, ...], np.ndarray],
+    *,
+    recoding: Recoding | None = None,
 ) -> None:
     """Append the `Preprocessing` of the encoding `build_dataset` just did (same vocabularies and statistics as
-    `_encode_features` / `_encode_groups`, the label encoder's `label_rule`) to the active recording, after checking
-    that it re-encodes `frame` to exactly the `encoded` (features, labels, label names, groups), bit for bit: a record
-    that drifted from the encoder is never recorded."""
+    `_encode_features` / `_encode_groups`, the label encoder's `label_rule`, the reader's `recoding`) to the active
+    recording, after checking that it re-encodes `frame` to exactly the `encoded` (features, labels, label names,
+    groups), bit for bit: a record that drifted from the encoder is never recorded. `frame` is already recoded, so
+    the check also shows that the recoding leaves the rows it made alone."""
     recorded = _RECORDING.get()
     assert recorded is not None
     x, labels, label_names, groups = encoded
@@ -402,7 +411,13 @@ def _record_preprocessing(
                 threshold=value if kind == "above_threshold" else None,
             )
         vocabularies = tuple(SensitiveColumn(c, tuple(_sorted_values(list(pd.unique(frame[c]))))) for c in sensitive)
-        record = Preprocessing(dataset=name, features=tuple(columns), target=mapping, sensitive=vocabularies)
+        record = Preprocessing(
+            dataset=name,
+            features=tuple(columns),
+            target=mapping,
+            sensitive=vocabularies,
+            recoding=recoding or Recoding(),
+        )
         again = record.encode_features(frame)
         same = again.shape == x.shape and again.tobytes() == x.tobytes()
         same = same and np.array_equal(record.encode_groups(frame), groups)

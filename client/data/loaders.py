@@ -31,12 +31,18 @@ removed from the features, and an `age` sort key for Algorithm 3. Per dataset:
 For the tabular built-ins, `sensitive` and `features` may override the defaults (e.g. sensitive=("race", "sex") on
 adult; a default sensitive column that is no longer sensitive becomes an ordinary one-hot feature); the target is
 fixed. The image datasets take no overrides (their features are pixels and they have no sensitive column).
+
+What a tabular reader does to its file's values (credit's ID dropped, SEX 1/2 read as Male/Female, codes merged;
+parkinsons' sex codes; adult.test's label dots) is data, a `protocols.preprocessing.Recoding` per dataset (`_ADULT`,
+`_CREDIT`, `_PARKINSONS`): :func:`builtin_table` applies it to what the reader read, and `build_dataset` records it
+with the preprocessing, so `silofl predict | evaluate` recode rows of the original file the same way. The rows a
+reader drops (adult's '?', credit's missing AGE) and how it parses its files stay code: a new row cannot be dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -53,8 +59,9 @@ from silofl.client.data.images import IMAGE_DATASETS, load_digits, load_mnist
 from silofl.client.data.sources import ensure_file
 from silofl.client.data.synthetic import SYNTHETIC_LABEL_NAMES, synthetic_frame
 from silofl.client.data.tabular import DataError, TabularDataset
+from silofl.protocols.preprocessing import PreprocessingError, Recoding, ValueMap
 
-__all__ = ["ADULT_COLUMNS", "BUILTIN_DATASETS", "load_dataset"]
+__all__ = ["ADULT_COLUMNS", "BUILTIN_DATASETS", "builtin_table", "load_dataset"]
 
 BUILTIN_DATASETS = ("adult", "credit", "parkinsons", "synthetic", *IMAGE_DATASETS, *CIFAR_DATASETS)
 _DEFAULT_TEST_FRACTION = 0.25
@@ -98,6 +105,7 @@ def _expect_columns(frame: pd.DataFrame, expected: Sequence[str], path: Path) ->
 
 
 def _read_adult(paths: list[Path]) -> pd.DataFrame:
+    """adult.data and adult.test pooled, rows with '?' dropped (the income labels' '.' is `_ADULT`'s recoding)."""
     data_path, test_path = paths
     frames = []
     for path, skip in ((data_path, 0), (test_path, 1)):  # adult.test starts with "|1x3 Cross validator"
@@ -107,33 +115,39 @@ def _read_adult(paths: list[Path]) -> pd.DataFrame:
             raise DataError(f"{path}: rows with fewer than {len(ADULT_COLUMNS)} fields; the file is damaged")
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)
-    frame["income"] = frame["income"].str.rstrip(".")
     unknown = (frame == "?").any(axis=1)
     return frame.loc[~unknown].reset_index(drop=True)
 
 
 def _read_credit(paths: list[Path]) -> pd.DataFrame:
+    """The CSV without its rows with a missing value (its ID, SEX and code columns are `_CREDIT`'s recoding)."""
     (path,) = paths
     frame = _read_csv(path)
     _expect_columns(frame, ["ID", "SEX", "EDUCATION", "MARRIAGE", "AGE", "default.payment.next.month"], path)
     # This CSV form carries AGE 'nan' for IDs 3 and 4 (UCI's .xls has 34 and 37): drop rows with missing values.
-    frame = frame.drop(columns=["ID"]).dropna().reset_index(drop=True)
-    frame["SEX"] = frame["SEX"].map({1: "Male", 2: "Female"})
-    if frame["SEX"].isna().any():
-        raise DataError(f"{path}: SEX must be 1 (male) or 2 (female)")
-    frame["EDUCATION"] = frame["EDUCATION"].replace({0: 4, 5: 4, 6: 4})
-    frame["MARRIAGE"] = frame["MARRIAGE"].replace({0: 3})
-    return frame
+    return frame.dropna().reset_index(drop=True)
 
 
 def _read_parkinsons(paths: list[Path]) -> pd.DataFrame:
+    """The file as it is (its sex codes are `_PARKINSONS`'s recoding)."""
     (path,) = paths
     frame = _read_csv(path)
     _expect_columns(frame, ["subject#", "age", "sex", "motor_UPDRS", "total_UPDRS"], path)
-    frame["sex"] = frame["sex"].map({0: "Male", 1: "Female"})
-    if frame["sex"].isna().any():
-        raise DataError(f"{path}: sex must be 0 (male) or 1 (female)")
     return frame
+
+
+# What each reader does to its rows' values, as data (`protocols.preprocessing.Recoding`): applied to the read table
+# by `_load_builtin` and recorded with the preprocessing, so `silofl predict | evaluate` take rows of the original file.
+_ADULT = Recoding(values=(ValueMap("income", (("<=50K.", "<=50K"), (">50K.", ">50K"))),))  # adult.test's labels
+_CREDIT = Recoding(
+    drop=("ID",),
+    values=(
+        ValueMap("SEX", ((1, "Male"), (2, "Female")), others="error"),
+        ValueMap("EDUCATION", ((0, 4), (5, 4), (6, 4))),  # the undocumented codes merged into 4, "others"
+        ValueMap("MARRIAGE", ((0, 3),)),  # likewise into 3, "others"
+    ),
+)
+_PARKINSONS = Recoding(values=(ValueMap("sex", ((0, "Male"), (1, "Female")), others="error"),))
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,7 @@ class _Builtin:
     sensitive: tuple[str, ...]
     sort_key: str
     label_encoder: LabelEncoder
+    recoding: Recoding = field(default_factory=Recoding)  # applied to what `read` returns, and recorded
     categorical: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()  # never default features
 
@@ -156,6 +171,7 @@ _BUILTINS: dict[str, _Builtin] = {
         sensitive=("sex",),
         sort_key="age",
         label_encoder=categorical_labels(classes=["<=50K", ">50K"]),
+        recoding=_ADULT,
     ),
     "credit": _Builtin(
         files=("credit_default_taiwan/UCI_Credit_Card.csv",),
@@ -164,6 +180,7 @@ _BUILTINS: dict[str, _Builtin] = {
         sensitive=("SEX",),
         sort_key="AGE",
         label_encoder=categorical_labels(classes=[0, 1], names=["no default", "default"]),
+        recoding=_CREDIT,
         categorical=("EDUCATION", "MARRIAGE", "PAY_0", "PAY_2", "PAY_3", "PAY_4", "PAY_5", "PAY_6"),
     ),
     "parkinsons": _Builtin(
@@ -173,6 +190,7 @@ _BUILTINS: dict[str, _Builtin] = {
         sensitive=("sex",),
         sort_key="age",
         label_encoder=above_train_median(names=("total_UPDRS<=median", "total_UPDRS>median")),
+        recoding=_PARKINSONS,
         excluded=("subject#", "motor_UPDRS"),
     ),
 }
@@ -182,6 +200,17 @@ def _as_list(value: Sequence[str] | str | None) -> list[str] | None:
     if value is None:
         return None
     return [value] if isinstance(value, str) else list(value)
+
+
+def builtin_table(name: str, paths: Sequence[Path]) -> pd.DataFrame:
+    """The table a tabular built-in's encoder reads: its files (`paths`, in `_BUILTINS[name].files` order) read and
+    recoded by its reader. Raises DataError naming the files."""
+    spec = _BUILTINS[name]
+    frame = spec.read(list(paths))
+    try:
+        return spec.recoding.apply(frame)
+    except PreprocessingError as exc:
+        raise DataError(f"{', '.join(map(str, paths))}: {exc}") from None
 
 
 def _load_builtin(
@@ -208,6 +237,7 @@ def _load_builtin(
         seed=seed,
         test_fraction=test_fraction,
         label_encoder=spec.label_encoder,
+        recoding=spec.recoding,
     )
 
 
@@ -302,9 +332,8 @@ def load_dataset(
             )
         spec = _BUILTINS[key]
         paths = [ensure_file(f, data_dir, download=download) for f in spec.files]
-        return _load_builtin(
-            key, spec.read(paths), spec, seed=seed, test_fraction=test_fraction, sensitive=sens, features=feats
-        )
+        frame = builtin_table(key, paths)
+        return _load_builtin(key, frame, spec, seed=seed, test_fraction=test_fraction, sensitive=sens, features=feats)
     if Path(str(name)).suffix.lower() in (".csv", ".parquet"):
         return load_table_dataset(
             name,

@@ -4,6 +4,7 @@ One module per job:
 
 - :mod:`server.sweep.spec`: the sweep file's TOML schema and its validation (the format is in its docstring);
 - :mod:`server.sweep.grid`: the file's runs, each validated by `RunConfig.parse` and given its folder; slices;
+- :mod:`server.sweep.checks`: every run to do through `silofl run`'s data checks before any starts;
 - :mod:`server.sweep.runner`: which runs are finished, running the others on a process pool, recording failures;
 - :mod:`server.sweep.progress`: the live display of a running sweep;
 - :mod:`server.sweep.cli`: the `silofl sweep` command.

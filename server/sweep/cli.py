@@ -2,7 +2,8 @@
 `kill`.
 
 The exit code is 0 when every chosen run finished, 1 when a run failed (the others still ran), 2 for a sweep that
-cannot run (bad file, bad flag, stale run folders) and 130 when interrupted.
+cannot run (bad file, bad flag, stale run folders, a run that fails `silofl run`'s data checks) and 130 when
+interrupted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from silofl.server.sweep.checks import check_runs
 from silofl.server.sweep.grid import load_sweep, select
 from silofl.server.sweep.runner import run_state, run_sweep
 from silofl.server.sweep.spec import SweepError
@@ -38,7 +40,12 @@ def add_sweep_parser(subparsers: Any) -> None:
     p.add_argument(
         "--where", action="append", default=[], metavar="KEY=VALUE", help="run only runs with this config value"
     )
-    p.add_argument("--dry-run", action="store_true", help="validate and list the runs and their state; run nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the runs (the data of those to do checked as silofl run checks it), list them with their "
+        "state; run nothing",
+    )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar (one line per run still)")
     p.set_defaults(func=sweep_command)
 
@@ -84,8 +91,10 @@ def sweep_command(args: Any) -> int:
         if not chosen:
             raise SweepError(f"{args.file}: no run matches --where {' '.join(args.where)}")
         if args.dry_run:
+            states = {run.name: run_state(run) for run in chosen}
+            check_runs([run for run in chosen if states[run.name] == "todo"], where=args.file, console=console)
             for run in chosen:
-                print(f"{run_state(run):8s} {run.folder}")
+                print(f"{states[run.name]:8s} {run.folder}")
             print(f"{len(chosen)} runs, all valid; out dir {sweep.out}")
             return 0
         if args.workers < 1:

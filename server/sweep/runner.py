@@ -21,6 +21,7 @@ from typing import Any
 
 from silofl.protocols.config import RunConfig
 from silofl.server.run_result import RESULT_FILE, SUMMARY_SKIP, RunResult, RunResultError
+from silofl.server.sweep.checks import check_runs
 from silofl.server.sweep.grid import Sweep, SweepRun, comparable_config
 from silofl.server.sweep.progress import SweepProgress
 from silofl.server.sweep.spec import SweepError
@@ -74,7 +75,8 @@ def _init_worker() -> None:
 
 
 def execute_run(config_json: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """Run one job (in a worker): write run.json, run it, and on failure write error.txt. Never raises."""
+    """Run one job (in a worker) as `silofl run` runs it, its data checked and loaded once for its silos and its
+    model artifact: write run.json, run it, and on failure write error.txt. Never raises."""
     folder = Path(config_json["out-dir"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RUN_FILE).write_text(json.dumps({**meta, "config": config_json}, indent=2))
@@ -82,9 +84,13 @@ def execute_run(config_json: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     error_path.unlink(missing_ok=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
+        from silofl.client.data.preflight import preflight
         from silofl.server.engines import run_job
 
-        result = run_job(RunConfig.parse(config_json), progress=False)
+        config = RunConfig.parse(config_json)
+        # as `silofl run` does (the sweep printed the warnings): the silos and the model artifact take this load
+        preflight(config, share_with_silos=True)
+        result = run_job(config, progress=False)
     except Exception as exc:  # a failing run is recorded and the sweep goes on
         text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
         error_path.write_text(text)
@@ -123,7 +129,7 @@ def run_sweep(
     """Run the unfinished runs of `sweep` (or of `runs`, a subset) on `workers` processes; skip finished ones.
 
     `workers = 1` runs in this process (with one torch thread). Stale folders (a completed result of another config)
-    stop the sweep before any run starts.
+    and a run that fails `silofl run`'s data checks (`server.sweep.checks`) stop the sweep before any run starts.
     """
     from rich.console import Console
 
@@ -134,6 +140,7 @@ def run_sweep(
     if stale:
         raise SweepError(f"{sweep.path}: {_stale_message(stale)}")
     todo = [run for run in chosen if states[run.name] == "todo"]
+    check_runs(todo, where=str(sweep.path), console=console)  # refuses a bad run before any starts
     report = SweepReport(total=len(chosen), skipped=len(chosen) - len(todo))
     sweep.out.mkdir(parents=True, exist_ok=True)
     spec_copy = sweep.out / "sweep.toml"
