@@ -3,10 +3,11 @@
 A run with an `out-dir` keeps its checkpoint in `OUT/checkpoint/`:
 
 * `state.npz`: the model arrays, the strategy's own arrays (:meth:`~strategies.base.SiloflStrategy.state_arrays`:
-  SteFFLe's W, DP-mu2-FL's w, x and x_prev, ...) and a JSON metadata block (the run config, the number of rounds and
-  delta, the federation the run was set up with, the last completed round, the silos' latest privacy reports,
-  SteFFLe's noised group counts, the elapsed time). Written to a temporary file, flushed to disk, then renamed over
-  the previous one: a server that dies while writing leaves the previous checkpoint intact.
+  SteFFLe's W, DP-mu2-FL's w, x and x_prev, FedSC's correlation cache and FedAdam's moments, ...) and a JSON
+  metadata block (the run config, the number of rounds and delta, the federation the run was set up with, the last
+  completed round, the silos' latest privacy reports, SteFFLe's noised group counts, the elapsed time). Written to
+  a temporary file, flushed to disk, then renamed over the previous one: a server that dies while writing leaves the
+  previous checkpoint intact.
 * `rounds.jsonl`: one line per completed round (the per-round record of result.json), appended. The metadata says
   how many bytes of it belong to the checkpoint, so lines appended by a server that died before renaming
   `state.npz` are ignored (and cut off when the run resumes). Appending keeps a checkpoint O(1) per round in runs of
@@ -30,8 +31,10 @@ the error, and the last round is always written.
 Resuming (`resume = true`, or `silofl run ... --resume DIR`) needs the same run config (only `out-dir`, `resume`,
 `round-timeout` and `checkpoint-every` may differ) and the same federation: the silos answer the setup round again
 (node ids may have changed) and must describe the same data. SteFFLe's group counts are not asked for again (the silos
-spent budget on them once); they come from the checkpoint. FedSC and FedAvg+SC run their own round loop
-(`strategies/fedsc.py`) and cannot be resumed yet.
+spent budget on them once); they come from the checkpoint. FedSC's round has two exchanges (the correlation share,
+then the train message) and is checkpointed after both: a resumed FedSC round asks for its share again with the same
+request, which simulated silos (put back as of the previous round) compute again with the same draws and silos with
+a `state-dir` replay from their journal, charging nothing twice.
 """
 
 from __future__ import annotations

@@ -308,7 +308,7 @@ def run_federation(
 
     t_rounds = time.perf_counter()
     error: Exception | None = None
-    # Only a resumed run continues a history (FedSC's strategy runs its own loop and is never resumed).
+    # Only a resumed run continues a history.
     resume_from = {"first_round": resumed.completed + 1, "history": history} if resumed is not None else {}
     try:
         history = strategy.start(
@@ -408,8 +408,8 @@ def _resume_point(config: RunConfig):
         return None
     if not config.spec.resumable:
         raise ConfigError(
-            f"'resume' is not supported for {config.algorithm} yet (its strategy runs its own round loop); drop "
-            "'resume' to run it afresh"
+            f"'resume' is not supported for {config.algorithm} (its registry entry says resumable=False: its server "
+            "state is not checkpointed); drop 'resume' to run it afresh"
         )
     if not config.out_dir:
         raise ConfigError("'resume' continues the run in 'out-dir': give the out-dir of the run to continue")

@@ -1,14 +1,19 @@
 """What every silofl strategy shares: the federation it runs on, reply checking, federated evaluation, the run loop.
 
 A silofl strategy is a Flower Message-API :class:`~flwr.serverapp.strategy.Strategy`. It talks to every silo of the
-federation each round (cross-silo: all silos take part), checks every reply on receipt (the silo that sent it, the
-round, the shapes, dtypes and finite values) and refuses the round, naming the silo, if anything is wrong: nothing of a
-bad round is applied, so the server's state stays that of the last good round.
+federation each round (cross-silo: all silos take part unless the algorithm samples them), checks every reply on
+receipt (the silo that sent it, the round, the shapes, dtypes and finite values) and refuses the round, naming the
+silo, if anything is wrong: nothing of a bad round is applied, so the server's state stays that of the last good
+round.
 
 `start` runs the rounds like Flower's own loop, but evaluates on a schedule (every `eval_every` rounds and at the end,
-since a federated evaluation costs a full round trip) and reports progress through a callback. It can also continue a
-run from a server checkpoint (`first_round`, `history`; see :mod:`server.checkpoint`): the strategy's own state is
-whatever numpy arrays it holds as attributes (:meth:`SiloflStrategy.state_arrays`), so that a restored strategy
+since a federated evaluation costs a full round trip) and reports progress through a callback. A strategy may ask
+only some silos to train in a round (:meth:`SiloflStrategy.participants`), exchange something with them before the
+train message (:meth:`SiloflStrategy.before_train`: FedSC's correlation share), send each of them records of its own
+(:meth:`SiloflStrategy.silo_records`) and evaluate elsewhere than at the silos (:meth:`SiloflStrategy.evaluate_round`:
+FedSC's central evaluation). It can also continue a run from a server checkpoint (`first_round`, `history`; see
+:mod:`server.checkpoint`): the strategy's own state is whatever numpy arrays it holds as attributes
+(:meth:`SiloflStrategy.state_arrays`, which a strategy with other state overrides), so that a restored strategy
 continues bit for bit.
 """
 
@@ -308,6 +313,22 @@ def evaluation_metrics(counts: np.ndarray, loss_sum: float, n: int) -> MetricRec
     )
 
 
+def check_state_arrays(owner: str, arrays: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    """Refuse a checkpoint's strategy arrays unless they have `expected`'s names, shapes and dtypes (`owner`: the
+    strategy, named in the error); nothing is restored from arrays that do not all fit."""
+    if set(arrays) != set(expected):
+        raise RoundError(
+            f"the checkpoint holds strategy state {sorted(arrays)}, but {owner} keeps {sorted(expected)}: it was "
+            "written by another algorithm or version"
+        )
+    for name, value in arrays.items():
+        if value.shape != expected[name].shape or value.dtype != expected[name].dtype:
+            raise RoundError(
+                f"checkpoint: strategy array '{name}' is {value.dtype}{value.shape}, expected "
+                f"{expected[name].dtype}{expected[name].shape}"
+            )
+
+
 class SiloflStrategy(Strategy):
     """Base of silofl's strategies: subclasses say what to send (`train_instruction`) and how to combine replies."""
 
@@ -330,6 +351,8 @@ class SiloflStrategy(Strategy):
         self.timeout = timeout
         self.silo_reports: dict[int, msg.TrainReport] = {}
         self._current: dict[str, np.ndarray] | None = None
+        #: The silos asked to train in the round under way (set by `configure_train`, read by `aggregate_train`).
+        self._asked: tuple[SiloEntry, ...] = federation.silos
         self.history: RunHistory | None = None
         #: The summed test counts of the last federated evaluation (set by `aggregate_evaluate`).
         self._eval_counts: np.ndarray | None = None
@@ -348,6 +371,21 @@ class SiloflStrategy(Strategy):
     def train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
         """The array records of a train message: the model, plus whatever else the algorithm broadcasts."""
         return {msg.MODEL: arrays}
+
+    def participants(self, server_round: int) -> Sequence[SiloEntry]:
+        """The silos asked to train in `server_round` (and asked by `before_train`): every silo (cross-silo). An
+        algorithm that samples silos overrides it with a function of the run's seed and the round, so that a resumed
+        run asks the same silos."""
+        return self.federation.silos
+
+    def before_train(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> None:
+        """An exchange with the round's participants before its train message (FedSC's correlation share); none by
+        default. It checks every reply before it keeps anything, like `aggregate_train`."""
+
+    def silo_records(self, server_round: int, silos: Sequence[SiloEntry]) -> dict[int, dict[str, ArrayRecord]]:
+        """Array records for one silo only, by node id, added to its train message (FedSC's Rbar_{-j}); none by
+        default."""
+        return {}
 
     def reply_specs(self) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
         """The array records a train reply must hold, with their names and shapes."""
@@ -378,17 +416,26 @@ class SiloflStrategy(Strategy):
         """Server state beyond the model that belongs in result.json (e.g. SteFFLe's W)."""
         return {}
 
+    def read_model(self, arrays: ArrayRecord) -> Arrays:
+        """The server's model record as checked numpy arrays (the parameters' names, shapes and dtype)."""
+        return msg.check_arrays(
+            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
+        )
+
     # -- Flower Strategy API ----------------------------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._current = msg.check_arrays(
-            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
-        )
+        self._current = self.read_model(arrays)
         instruction = self.train_instruction(server_round)
         instruction.update(config)
         records = self.train_records(server_round, arrays)
-        return [self._message(records, instruction, msg.TRAIN, e.node_id, server_round) for e in self.federation.silos]
+        self._asked = tuple(self.participants(server_round))
+        own = self.silo_records(server_round, self._asked)
+        return [
+            self._message({**records, **own.get(e.node_id, {})}, instruction, msg.TRAIN, e.node_id, server_round)
+            for e in self._asked
+        ]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -396,7 +443,7 @@ class SiloflStrategy(Strategy):
         if self._current is None:
             raise RoundError("aggregate_train called before configure_train")
         updates: list[SiloUpdate] = []
-        for entry, reply in self._collect(server_round, replies, "train"):
+        for entry, reply in self._collect(server_round, replies, "train", self._asked):
             what = f"train reply from {entry.name} in round {server_round}"
             report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
             self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
@@ -484,18 +531,8 @@ class SiloflStrategy(Strategy):
 
     def restore_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Put back :meth:`state_arrays` of a checkpoint; refuse arrays that do not fit this strategy."""
-        mine = self.state_arrays()
-        if set(arrays) != set(mine):
-            raise RoundError(
-                f"the checkpoint holds strategy state {sorted(arrays)}, but {type(self).__name__} keeps "
-                f"{sorted(mine)}: it was written by another algorithm or version"
-            )
+        check_state_arrays(type(self).__name__, arrays, self.state_arrays())
         for name, value in arrays.items():
-            if value.shape != mine[name].shape or value.dtype != mine[name].dtype:
-                raise RoundError(
-                    f"checkpoint: strategy array '{name}' is {value.dtype}{value.shape}, expected "
-                    f"{mine[name].dtype}{mine[name].shape}"
-                )
             setattr(self, name, value.copy())
 
     # -- run loop ---------------------------------------------------------------------------------------------------
@@ -532,6 +569,7 @@ class SiloflStrategy(Strategy):
         arrays = initial_arrays
         for server_round in range(first_round, num_rounds + 1):
             t0 = time.perf_counter()
+            self.before_train(grid, server_round, arrays)
             replies = grid.send_and_receive(
                 self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
             )
@@ -542,15 +580,8 @@ class SiloflStrategy(Strategy):
             if metrics is not None and "epsilon-spent" in metrics:
                 record.epsilon_spent = float(metrics["epsilon-spent"])
             if server_round % max(eval_every, 1) == 0 or server_round == num_rounds:
-                ev_replies = grid.send_and_receive(
-                    self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout
-                )
-                self._eval_counts = None
-                self.evaluation_noise = {}
-                ev = self.aggregate_evaluate(server_round, ev_replies)
-                record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
-                record.counts = self._eval_counts
-                record.evaluation_noise = dict(self.evaluation_noise) or None
+                final = server_round == num_rounds
+                self.evaluate_round(grid, record, arrays, final=final, config=evaluate_config, timeout=timeout)
             record.seconds = time.perf_counter() - t0
             history.arrays = arrays
             history.rounds.append(record)
@@ -562,6 +593,21 @@ class SiloflStrategy(Strategy):
         history.server_state = self.result_state()
         return history
 
+    def evaluate_round(
+        self, grid: Grid, record: RoundRecord, arrays: ArrayRecord, *, final: bool, config: ConfigRecord, timeout: float
+    ) -> None:
+        """Evaluate `arrays` after `record`'s round into `record` (`final`: the run's last round): the federated
+        evaluation on every silo's test split, with its summed counts and the silos' noise. An algorithm evaluated
+        elsewhere overrides it (FedSC: at the server, on its own labelled data)."""
+        server_round = record.server_round
+        replies = grid.send_and_receive(self.configure_evaluate(server_round, arrays, config, grid), timeout=timeout)
+        self._eval_counts = None
+        self.evaluation_noise = {}
+        ev = self.aggregate_evaluate(server_round, replies)
+        record.evaluation = {k: float(v) for k, v in ev.items()} if ev is not None else None
+        record.counts = self._eval_counts
+        record.evaluation_noise = dict(self.evaluation_noise) or None
+
     # -- helpers ----------------------------------------------------------------------------------------------------
     @staticmethod
     def _message(
@@ -570,8 +616,10 @@ class SiloflStrategy(Strategy):
         content = RecordDict({**records, msg.CONFIG: config})
         return Message(content, node_id, kind, group_id=str(server_round))
 
-    def _collect(self, server_round: int, replies: Iterable[Message], kind: str) -> list[tuple[SiloEntry, Message]]:
-        return collect_replies(self.federation, server_round, replies, kind, self.timeout)
+    def _collect(
+        self, server_round: int, replies: Iterable[Message], kind: str, entries: Sequence[SiloEntry] | None = None
+    ) -> list[tuple[SiloEntry, Message]]:
+        return collect_replies(self.federation, server_round, replies, kind, self.timeout, entries)
 
     @staticmethod
     def _check_count(reported: int, declared: int, entry: SiloEntry, what: str, split: str = "training") -> None:

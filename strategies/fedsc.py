@@ -2,13 +2,14 @@
 Algorithm 1, "Server"; `protocols.fedsc` has the math). With algorithm "fedavg-sc" it is FedAvg+SC: no sharing,
 alpha = 1.
 
-Each round t:
+Each round t (on the shared round loop of :class:`strategies.base.SiloflStrategy`, which checkpoints it):
 
-1. participants J_t: every silo in round 1 and in the first sharing round (so the cache holds every silo), else a
-   seeded random `participation` fraction (at least one silo);
-2. if t is a sharing round (t >= share_start and (t - share_start) % share_every == 0): ``query.correlation`` to the
-   participants; each returns its DP correlation matrix R~_j (noised in the silo). The cache keeps every silo's
-   latest R~_j; silos not sampled keep their stale entry;
+1. participants J_t (:meth:`FedscStrategy.participants`): every silo in round 1 and in the first sharing round (so
+   the cache holds every silo), else a random `participation` fraction (at least one silo) drawn from (seed, t);
+2. if t is a sharing round (t >= share_start and (t - share_start) % share_every == 0), before the train message
+   (:meth:`FedscStrategy.before_train`): ``query.correlation`` to the participants; each returns its DP correlation
+   matrix R~_j (noised in the silo). The cache keeps every silo's latest R~_j; silos not sampled keep their stale
+   entry;
 3. ``train`` to the participants with this round's alpha_t (1 before the first share, then eq. 80's linear decay
    from alpha_start (the paper: 1) to alpha_end) and Rbar_{-j} = (R~ - q_j R~_j) / (1 - q_j), R~ = sum_j q_j R~_j
    over the cache with q_j = n_j / n: a silo's own noise cancels from what it receives;
@@ -22,17 +23,19 @@ normalizes). Evaluation is central
 (the paper's protocol: a kNN monitor every `eval_every` rounds, a linear probe on frozen backbone features at the
 end) through `evaluator`, a server-side object with the labelled evaluation data (`server.ssl_evaluation`); without
 one the run trains only.
+
+The server's state between rounds, beyond the model, is the cache with what each silo reported with its matrix, the
+alphas so far and FedAdam's moments (:meth:`FedscStrategy.state_arrays`): a run resumed from its checkpoint continues
+bit for bit (the participants and the silos' draws are functions of the seed and the round).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from silofl.protocols import fedsc
@@ -41,18 +44,21 @@ from silofl.protocols.privacy.calr import normalize_release
 from silofl.strategies.base import (
     Arrays,
     Federation,
-    ProgressCallback,
     RoundError,
     RoundRecord,
-    RunHistory,
     SiloEntry,
     SiloflStrategy,
+    SiloUpdate,
     StrategyInputs,
     _json_float,
+    check_state_arrays,
     collect_replies,
     weighted_sum,
 )
 from silofl.strategies.server_optimizer import ServerOptimizer
+
+#: The prefix of FedAdam's moments among the strategy's checkpointed arrays.
+ADAM_PREFIX = "adam."
 
 
 class Evaluator(Protocol):
@@ -144,10 +150,15 @@ class FedscStrategy(SiloflStrategy):
     def planned_shares(self) -> int:
         return len(self.share_rounds) if self.sharing else 0
 
+    @property
+    def first_share(self) -> int | None:
+        """The run's first sharing round (None: the run shares nothing)."""
+        return min(self.share_rounds) if self.sharing and self.share_rounds else None
+
     def participants(self, server_round: int) -> list[SiloEntry]:
+        """J_t: every silo in round 1 and the first sharing round, else a draw from (seed, t)."""
         silos = list(self.federation.silos)
-        first_share = self.sharing and server_round in self.share_rounds and not self.cache
-        if server_round == 1 or first_share or self.participation >= 1.0:
+        if server_round in (1, self.first_share) or self.participation >= 1.0:
             return silos
         k = max(1, math.ceil(self.participation * len(silos)))
         rng = np.random.default_rng([self.instruction.seed, server_round, 0xFED5C])
@@ -160,7 +171,7 @@ class FedscStrategy(SiloflStrategy):
         total = self.instruction.total_rounds
         return fedsc.alpha_schedule(server_round, total, start=self.alpha_start, end=self.alpha_end)
 
-    def round_lr(self, server_round: int) -> float:
+    def silo_lr(self, server_round: int) -> float:
         """The silos' lr in `server_round`: the cosine schedule, or constant when the server's Adam takes the steps."""
         if self.server_optimizer.kind == "adam":
             return self.instruction.lr
@@ -170,17 +181,28 @@ class FedscStrategy(SiloflStrategy):
         """The server optimizer's lr in `server_round` (cosine; unused by "avg")."""
         return cosine_lr(self.server_lr, server_round, self.instruction.total_rounds)
 
+    def round_lr(self, server_round: int) -> float:
+        """The lr of `server_round` in result.json: the one that takes the step (the server's with FedAdam)."""
+        if self.server_optimizer.kind == "adam":
+            return self.round_server_lr(server_round)
+        return self.silo_lr(server_round)
+
     def _instruction(self, server_round: int, alpha: float) -> msg.TrainInstruction:
         return self.instruction.model_copy(
             update={
                 "server_round": server_round,
                 "alpha": alpha,
-                "lr": self.round_lr(server_round),
+                "lr": self.silo_lr(server_round),
                 "planned_shares": self.planned_shares,
             }
         )
 
-    # -- exchanges --------------------------------------------------------------------------------------------------
+    # -- the correlation share (before the train message) ----------------------------------------------------------
+    def before_train(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> None:
+        """In a sharing round, the participants' correlation matrices into the cache (`share`)."""
+        if self.sharing and server_round in self.share_rounds:
+            self.share(grid, server_round, arrays, list(self.participants(server_round)))
+
     def share(self, grid: Grid, server_round: int, arrays: ArrayRecord, silos: list[SiloEntry]) -> None:
         """Collect the participants' DP correlation matrices into the cache (all checked before any is kept)."""
         h = self.instruction.projection_dim
@@ -225,101 +247,51 @@ class FedscStrategy(SiloflStrategy):
         q = fedsc.normalize_weights(self.weights, list(self.cache))
         return {j: fedsc.others(total, self.cache[j], q[j]) for j in silo_ids}
 
-    def train(
-        self,
-        grid: Grid,
-        server_round: int,
-        arrays: ArrayRecord,
-        silos: list[SiloEntry],
-        alpha: float,
-        current: Arrays | None = None,
-    ) -> Arrays:
-        """Send the model (and each silo's Rbar_{-j}), collect the trained weights; the next global model from them.
-
-        `current` is `arrays` as numpy (read from it when not given), the point the server optimizer steps from."""
-        if current is None:
-            current = self._read_model(arrays)
-        config = self._instruction(server_round, alpha).to_config_record()
-        h = self.instruction.projection_dim
-        messages = []
-        others = self.others_for([e.info.silo_id for e in silos]) if self.sharing and self.cache else {}
-        for e in silos:
-            records: dict[str, Any] = {msg.MODEL: arrays, msg.CONFIG: config}
-            if self.sharing:
-                records[msg.OTHERS] = msg.arrays_record({"R": others.get(e.info.silo_id, np.zeros((h, h)))})
-            messages.append(Message(RecordDict(records), e.node_id, msg.TRAIN, group_id=str(server_round)))
-        replies = grid.send_and_receive(messages, timeout=self.timeout)
-        updates = []
-        for entry, reply in collect_replies(Federation(tuple(silos)), server_round, replies, "train", self.timeout):
-            what = f"train reply from {entry.name} in round {server_round}"
-            msg.check_records(reply.content, {msg.UPDATE, msg.REPORT}, what=what)
-            report = msg.read_config(reply.content, msg.TrainReport, record=msg.REPORT, what=what)
-            self._check_identity(report.silo_id, report.server_round, entry, server_round, what)
-            self._check_count(report.num_examples, entry.info.n_train, entry, what)
-            update = msg.check_arrays(reply.content, msg.UPDATE, self.param_spec, dtype=self.array_dtype, what=what)
-            updates.append((entry, {msg.UPDATE: update}, report))
-        total = sum(e.info.n_train for e, _, _ in updates)
-        weights = [e.info.n_train / total for e, _, _ in updates]
-        mean = {name: weighted_sum(weights, updates, msg.UPDATE, name) for name, _ in self.param_spec}
-        for entry, _, report in updates:
-            self.silo_reports[entry.info.silo_id] = report
-        return self.server_optimizer.step(current, mean, self.round_server_lr(server_round))
-
-    def _read_model(self, arrays: ArrayRecord) -> Arrays:
-        return msg.check_arrays(
-            RecordDict({msg.MODEL: arrays}), msg.MODEL, self.param_spec, dtype=self.array_dtype, what="server model"
-        )
-
-    # -- run loop ---------------------------------------------------------------------------------------------------
+    # -- the train message and its replies --------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
         return msg.arrays_record(self.initial)
 
-    def start(  # type: ignore[override]
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float | None = None,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable | None = None,
-        *,
-        eval_every: int = 1,
-        on_round: ProgressCallback | None = None,
-    ) -> RunHistory:
-        history = RunHistory(arrays=initial_arrays)
-        self.history = history
-        arrays = initial_arrays
-        current = self._read_model(arrays)
-        for t in range(1, num_rounds + 1):
-            t0 = time.perf_counter()
-            silos = self.participants(t)
-            if self.sharing and t in self.share_rounds:
-                self.share(grid, t, arrays, silos)
-            alpha = self.alpha(t)
-            self.alphas.append(alpha)
-            new = self.train(grid, t, arrays, silos, alpha, current)
-            current = new
-            arrays = msg.arrays_record(new)
-            history.arrays = arrays
-            step_lr = self.round_server_lr(t) if self.server_optimizer.kind == "adam" else self.round_lr(t)
-            record = RoundRecord(server_round=t, seconds=0.0, lr=step_lr)
-            spent = [v for v in self.correlation_epsilon.values()]
-            if spent:
-                record.epsilon_spent = max(spent)
-            if self.evaluator is not None:
-                if t == num_rounds:
-                    record.evaluation = self.evaluator.final(new)
-                elif t % max(eval_every, 1) == 0:
-                    record.evaluation = self.evaluator.monitor(new)
-            record.seconds = time.perf_counter() - t0
-            history.rounds.append(record)
-            history.silo_reports = dict(self.silo_reports)
-            history.server_state = self.result_state()
-            if on_round is not None:
-                on_round(record)
-        return history
+    def train_instruction(self, server_round: int) -> ConfigRecord:
+        """The round's instruction: alpha_t (after this round's share), the silos' lr, the planned shares."""
+        return self._instruction(server_round, self.alpha(server_round)).to_config_record()
 
+    def silo_records(self, server_round: int, silos) -> dict[int, dict[str, ArrayRecord]]:
+        """FedSC: each participant's Rbar_{-j} (zeros before the first share, when alpha = 1 ignores it)."""
+        if not self.sharing:
+            return {}
+        h = self.instruction.projection_dim
+        others = self.others_for([e.info.silo_id for e in silos]) if self.cache else {}
+        return {
+            e.node_id: {msg.OTHERS: msg.arrays_record({"R": others.get(e.info.silo_id, np.zeros((h, h)))})}
+            for e in silos
+        }
+
+    def combine(self, server_round: int, current: Arrays, updates: list[SiloUpdate]) -> Arrays:
+        """The participants' n_j-weighted mean, or FedAdam's step along it."""
+        total = sum(e.info.n_train for e, _, _ in updates)
+        weights = [e.info.n_train / total for e, _, _ in updates]
+        mean = {name: weighted_sum(weights, updates, msg.UPDATE, name) for name, _ in self.param_spec}
+        self.alphas.append(self.alpha(server_round))
+        return self.server_optimizer.step(current, mean, self.round_server_lr(server_round))
+
+    def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The shared aggregation; the round's epsilon is the largest any silo reported with its correlation share
+        (none while no silo has shared: FedAvg+SC)."""
+        arrays, _ = super().aggregate_train(server_round, replies)
+        spent = list(self.correlation_epsilon.values())
+        return arrays, MetricRecord({"epsilon-spent": max(spent)}) if spent else None
+
+    def evaluate_round(
+        self, grid: Grid, record: RoundRecord, arrays: ArrayRecord, *, final: bool, config, timeout: float
+    ) -> None:
+        """Central evaluation: the linear probe after the last round, the kNN monitor before; none without an
+        evaluator."""
+        if self.evaluator is None:
+            return
+        model = self.read_model(arrays)
+        record.evaluation = self.evaluator.final(model) if final else self.evaluator.monitor(model)
+
+    # -- state ------------------------------------------------------------------------------------------------------
     def result_state(self) -> dict[str, object]:
         return {
             "sharing": self.sharing,
@@ -333,8 +305,45 @@ class FedscStrategy(SiloflStrategy):
             "server_optimizer": self.server_optimizer.kind,
         }
 
-    def combine(self, server_round: int, current: Arrays, updates) -> Arrays:  # pragma: no cover - start() is used
-        raise RoundError("FedscStrategy runs its own round loop (start)")
+    def _cache_arrays(self) -> dict[str, np.ndarray]:
+        """The cache and what came with it, one row per silo in id order (`cached`: the silos with an entry; NaN
+        where none), and the alphas so far (NaN for the rounds to come)."""
+        ids = [e.info.silo_id for e in self.federation.silos]
+        h = self.instruction.projection_dim
+        alphas = np.full(self.instruction.total_rounds, np.nan)
+        alphas[: len(self.alphas)] = self.alphas
+        return {
+            "cached": np.array([j in self.cache for j in ids], dtype=bool),
+            "correlation": np.stack([self.cache.get(j, np.zeros((h, h))) for j in ids]).astype(np.float64, copy=False),
+            "shares": np.array([self.shares[j] for j in ids], dtype=np.int64),
+            "correlation_epsilon": np.array([self.correlation_epsilon.get(j, np.nan) for j in ids], dtype=np.float64),
+            "noise_std": np.array([self.noise_std.get(j, np.nan) for j in ids], dtype=np.float64),
+            "alphas": alphas,
+        }
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """What the next round needs beyond the model: the cache (`_cache_arrays`) and FedAdam's moments."""
+        adam = {ADAM_PREFIX + k: v for k, v in self.server_optimizer.state_arrays().items()}
+        return self._cache_arrays() | adam
+
+    def restore_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Put back :meth:`state_arrays` of a checkpoint; RoundError if they do not fit this run (silos, H, model,
+        optimizer), before anything is restored."""
+        adam = {k.removeprefix(ADAM_PREFIX): v for k, v in arrays.items() if k.startswith(ADAM_PREFIX)}
+        own = {k: v for k, v in arrays.items() if not k.startswith(ADAM_PREFIX)}
+        check_state_arrays(type(self).__name__, own, self._cache_arrays())
+        try:
+            self.server_optimizer.restore(adam, self.param_spec)
+        except ValueError as exc:
+            raise RoundError(f"checkpoint: {exc}") from None
+        ids = [e.info.silo_id for e in self.federation.silos]
+        rows = [i for i, cached in enumerate(own["cached"]) if cached]
+        # id order, the order of the first share (every silo): `fedsc.aggregate` sums the cache in this order
+        self.cache = {ids[i]: own["correlation"][i].copy() for i in rows}
+        self.shares = {j: int(v) for j, v in zip(ids, own["shares"], strict=True)}
+        self.correlation_epsilon = {ids[i]: float(own["correlation_epsilon"][i]) for i in rows}
+        self.noise_std = {ids[i]: float(own["noise_std"][i]) for i in rows}
+        self.alphas = [float(a) for a in own["alphas"] if not np.isnan(a)]
 
 
 def _build(inputs: StrategyInputs, *, sharing: bool) -> FedscStrategy:

@@ -12,13 +12,14 @@ not).
 
 The Adam itself is ``torch.optim.Adam`` (defaults betas (0.9, 0.999), eps 1e-8, with bias correction; Reddi et al.
 use a larger eps "tau" without bias correction, a detail we do not follow) over float32 copies of the parameters,
-with ``Delta_t`` in the ``.grad`` slots; its state lives in the strategy for the run (FedSC runs are not
-checkpointed, server/checkpoint.py).
+with ``Delta_t`` in the ``.grad`` slots. Its state (each parameter's moments and step count) goes into the server's
+checkpoint (:meth:`ServerOptimizer.state_arrays`, :meth:`ServerOptimizer.restore`; server/checkpoint.py), so that a
+resumed run takes the same steps as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -27,6 +28,8 @@ import torch
 Arrays = Mapping[str, np.ndarray]
 
 SERVER_OPTIMIZERS = ("avg", "adam")
+#: What torch's Adam keeps per parameter (no amsgrad): its step count (a float32 scalar) and its two moments.
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 
 
 class ServerOptimizer:
@@ -59,3 +62,41 @@ class ServerOptimizer:
             group["lr"] = lr
         self._adam.step()
         return {name: param.detach().numpy().copy() for name, param in self._params.items()}
+
+    # -- checkpoints --------------------------------------------------------------------------------------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Adam's state as float32 arrays ``{step,exp_avg,exp_avg_sq}.NAME`` (copies); empty for "avg" and before
+        Adam's first step (the next step then starts Adam afresh, as in an uninterrupted run)."""
+        if self._adam is None:
+            return {}
+        return {
+            f"{key}.{name}": self._adam.state[param][key].detach().numpy().copy()
+            for name, param in self._params.items()
+            for key in ADAM_STATE
+        }
+
+    def restore(self, arrays: Mapping[str, np.ndarray], spec: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+        """Put back :meth:`state_arrays` for a model of `spec` (parameter names and shapes); ValueError naming the
+        array if they do not fit it (another model, another optimizer)."""
+        if not arrays:
+            self._params, self._adam = {}, None
+            return
+        if self.kind != "adam":
+            raise ValueError(f"server optimizer {self.kind!r} keeps no state, but the checkpoint holds Adam's")
+        expected = {
+            f"{key}.{name}": (() if key == "step" else tuple(shape)) for name, shape in spec for key in ADAM_STATE
+        }
+        if set(arrays) != set(expected):
+            raise ValueError(
+                f"the checkpoint's Adam state holds {sorted(arrays)}, Adam over this model keeps {sorted(expected)}"
+            )
+        for key, shape in expected.items():
+            value = arrays[key]
+            if value.shape != shape or value.dtype != np.float32:
+                raise ValueError(f"Adam state '{key}' is {value.dtype}{value.shape}, expected float32{shape}")
+        self._params = {
+            name: torch.zeros(tuple(shape), dtype=torch.float32, requires_grad=True) for name, shape in spec
+        }
+        self._adam = torch.optim.Adam(list(self._params.values()), lr=0.0)  # every step sets its lr
+        for name, param in self._params.items():
+            self._adam.state[param] = {key: torch.from_numpy(arrays[f"{key}.{name}"].copy()) for key in ADAM_STATE}

@@ -16,7 +16,10 @@ from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
 from silofl.server.inprocess_grid import InProcessGrid
 from silofl.server.orchestrator import run_federation
-from silofl.strategies.fedsc import cosine_lr, sharing_rounds
+from silofl.strategies.base import RoundError
+from silofl.strategies.fedsc import FedscStrategy, cosine_lr, sharing_rounds
+from silofl.strategies.server_optimizer import ServerOptimizer
+from tests.test_fuzz_replies import make_fedsc
 
 H = 8
 
@@ -219,6 +222,45 @@ def test_fedsc_run_is_reproducible_and_the_probe_is_the_final_accuracy(tmp_path)
     assert first["final"]["accuracy"] == second["final"]["accuracy"]
     assert 0.2 < first["final"]["accuracy"] <= 1.0  # digits: even a barely trained CNN's features beat chance (0.1)
     assert 0.0 < first["final"]["knn_accuracy"] <= 1.0
+
+
+def _strategy(server_optimizer: str = "adam") -> FedscStrategy:
+    """The fuzz tests' FedSC server (3 silos, a two-array model, H = 4), with `server_optimizer`."""
+    strategy = make_fedsc()
+    strategy.server_optimizer = ServerOptimizer(server_optimizer)  # type: ignore[arg-type]
+    return strategy
+
+
+def test_fedsc_state_arrays_round_trip_and_a_foreign_checkpoint_is_refused() -> None:
+    """What a checkpoint keeps of the server (the cache with a silo missing, the reports, the alphas, FedAdam's
+    moments) is what a fresh strategy continues from: same Rbar_{-j}, same result state, same next Adam step."""
+    rng = np.random.default_rng(0)
+    s = _strategy()
+    h, spec = s.instruction.projection_dim, s.param_spec
+    s.cache = {0: rng.normal(size=(h, h)), 2: rng.normal(size=(h, h))}  # silo 1 never shared
+    s.shares, s.correlation_epsilon, s.noise_std = {0: 2, 1: 0, 2: 1}, {0: 1.5, 2: math.inf}, {0: 0.3, 2: 0.0}
+    s.alphas = [1.0, 0.6]
+    current = {name: rng.normal(size=shape).astype(np.float32) for name, shape in spec}
+    s.server_optimizer.step(current, {k: v + 1.0 for k, v in current.items()}, lr=0.01)
+    state = s.state_arrays()
+    assert state["cached"].tolist() == [True, False, True] and state["alphas"].shape == (5,)  # 5 rounds
+    t = _strategy()
+    t.restore_state_arrays(state)
+    assert list(t.cache) == [0, 2] and t.result_state() == s.result_state()
+    for j, others in s.others_for([0, 2]).items():
+        np.testing.assert_array_equal(t.others_for([j])[j], others)
+    mean = {k: v - 0.5 for k, v in current.items()}
+    stepped, restored = s.server_optimizer.step(current, mean, 0.02), t.server_optimizer.step(current, mean, 0.02)
+    for name, value in stepped.items():
+        np.testing.assert_array_equal(restored[name], value)
+
+    with pytest.raises(RoundError, match=r"holds strategy state \['weights'\], but FedscStrategy keeps"):
+        _strategy().restore_state_arrays({"weights": np.ones(3)})
+    wrong = {**state, "correlation": np.zeros((3, h + 1, h + 1))}
+    with pytest.raises(RoundError, match=rf"strategy array 'correlation' is float64\(3, {h + 1}, {h + 1}\), expected"):
+        _strategy().restore_state_arrays(wrong)
+    with pytest.raises(RoundError, match="server optimizer 'avg' keeps no state"):
+        _strategy("avg").restore_state_arrays(state)
 
 
 @pytest.mark.slow

@@ -646,6 +646,12 @@ def correlation_replies(fed: Federation, requests: list[Message], server_round: 
     return replies
 
 
+def fedsc_train(strategy: FedscStrategy, server_round: int, arrays: ArrayRecord, respond: Callable) -> None:
+    """FedSC's train message of one round on the shared loop (configure, `respond`'s replies, aggregate)."""
+    requests = list(strategy.configure_train(server_round, arrays, ConfigRecord(), None))
+    strategy.aggregate_train(server_round, respond(requests))
+
+
 @fuzz(150)
 @given(
     fault=st.sampled_from(REPLY_FAULTS),
@@ -660,7 +666,7 @@ def _fedsc_replies(fault: str, phase: str, seed: int, data: st.DataObject) -> No
     silos = list(fed.silos)
     # round 1 completes: every silo's matrix is in the cache
     strategy.share(ScriptedGrid(lambda ms: correlation_replies(fed, ms, 1, seed)), 1, arrays, silos)
-    strategy.train(ScriptedGrid(lambda ms: train_replies(strategy, ms, 1, seed)), 1, arrays, silos, 1.0)
+    fedsc_train(strategy, 1, arrays, lambda ms: train_replies(strategy, ms, 1, seed))
     twin = copy.deepcopy(strategy)
     expected: list[str] = []
 
@@ -686,7 +692,7 @@ def _fedsc_replies(fault: str, phase: str, seed: int, data: st.DataObject) -> No
     if phase == "share":
         call = lambda: strategy.share(ScriptedGrid(respond), 2, arrays, silos)  # noqa: E731
     else:
-        call = lambda: strategy.train(ScriptedGrid(respond), 2, arrays, silos, 0.5)  # noqa: E731
+        call = lambda: fedsc_train(strategy, 2, arrays, respond)  # noqa: E731
     with pytest.raises((RoundError, msg.MessageError)) as err:
         call()
     for needle in expected:

@@ -52,3 +52,43 @@ def test_adam_refuses_updates_that_do_not_match_the_model_and_unknown_kinds() ->
         ServerOptimizer("adam").step({"w": np.zeros(2)}, {"v": np.zeros(2)}, lr=0.1)
     with pytest.raises(ValueError, match="server optimizer"):
         ServerOptimizer("sgd")  # type: ignore[arg-type]
+
+
+def test_adam_restored_from_its_state_arrays_takes_the_same_steps_bit_for_bit() -> None:
+    """A checkpoint's Adam state (moments and step count) put into a fresh optimizer continues exactly as the
+    uninterrupted one: what a resumed FedSC + FedAdam run relies on."""
+    spec = [("w", (3,)), ("b", (1, 1))]
+    rng = np.random.default_rng(1)
+    means = [{name: rng.normal(size=shape) for name, shape in spec} for _ in range(5)]
+    whole, first = ServerOptimizer("adam"), ServerOptimizer("adam")
+    assert whole.state_arrays() == {}  # nothing before the first step
+    current = a = _arrays(0.5, -1.0, 2.0)
+    for k, mean in enumerate(means):
+        current = whole.step(current, mean, lr=0.01 * (k + 1))
+        if k < 2:
+            a = first.step(a, mean, lr=0.01 * (k + 1))
+    state = first.state_arrays()
+    assert set(state) == {f"{key}.{name}" for key in ("step", "exp_avg", "exp_avg_sq") for name, _ in spec}
+    assert float(state["step.w"]) == 2.0 and state["exp_avg.w"].dtype == np.float32
+    resumed = ServerOptimizer("adam")
+    resumed.restore(state, spec)
+    for k, mean in enumerate(means[2:], start=2):
+        a = resumed.step(a, mean, lr=0.01 * (k + 1))
+    for name in current:
+        np.testing.assert_array_equal(a[name], current[name])
+
+
+def test_adam_restore_refuses_state_of_another_model_or_optimizer() -> None:
+    spec = [("w", (3,)), ("b", (1, 1))]
+    opt = ServerOptimizer("adam")
+    opt.step(_arrays(0.0, 1.0, 2.0), {"w": np.ones(3), "b": np.ones((1, 1))}, lr=0.1)
+    state = opt.state_arrays()
+    with pytest.raises(ValueError, match=r"Adam state 'exp_avg.w' is float32\(3,\), expected float32\(4,\)"):
+        ServerOptimizer("adam").restore(state, [("w", (4,)), ("b", (1, 1))])
+    with pytest.raises(ValueError, match=r"holds .*'exp_avg.v'"):
+        ServerOptimizer("adam").restore(state, [("v", (3,)), ("b", (1, 1))])
+    with pytest.raises(ValueError, match="'avg' keeps no state"):
+        ServerOptimizer("avg").restore(state, spec)
+    fresh = ServerOptimizer("adam")
+    fresh.restore({}, spec)  # a checkpoint from before Adam's first step
+    assert fresh.state_arrays() == {}

@@ -55,12 +55,12 @@ class SslRoundFields(BaseModel):
 
 
 #: What FedSC and FedAvg+SC share in their registry entries: rounds from local epochs, the round fields their silos
-#: read, no checkpoint resume, the starting model fixed by the strategy (`initial_arrays`), the model
-#: written to model.npz, the self-supervised metrics, the "fedsc" figure.
+#: read, checkpoint resume (the strategy checkpoints its cache and FedAdam's moments), the starting model fixed by the
+#: strategy (`initial_arrays`), the model written to model.npz, the self-supervised metrics, the "fedsc" figure.
 SSL_ENTRY: dict[str, Any] = {
     "rounds": local_epochs_rounds,
     "instruction_fields": SslRoundFields,
-    "resumable": False,
+    "resumable": True,
     "initial_model": "",
     "model_output": "npz",
     "summary_metrics": SSL_SUMMARY,
