@@ -46,6 +46,7 @@ device; the sensitive attributes, labels, W, the W-sums and the noise stay on th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -212,34 +213,39 @@ def loss_release(
     return total
 
 
-def record_gradients(
+@dataclass(frozen=True)
+class RecordSums:
+    """The noised sums of a whole-record round (:func:`record_sums`), in the order their noise is drawn: the loss
+    gradients (radius C), the theta-gradients of psi (C), the s-dependent W-gradients (R_W) and the soft predictions
+    per W block (radius 1; None for the balanced objective). Without the fairness releases (lambda = 0) only `loss`."""
+
+    loss: torch.Tensor
+    theta: torch.Tensor | None = None
+    w: torch.Tensor | None = None
+    outputs: torch.Tensor | None = None
+
+
+def record_sums(
     model: nn.Module,
     data: NonSensitiveDivision,
     sensitive: SensitiveDivision,
     *,
     w: torch.Tensor,
     prior: GroupPrior,
-    batch_size: int,
     clip: float,
     noise_multiplier: float,
     generator: torch.Generator,
     sample: np.ndarray,
     w_noise: str = "isotropic",
     fairness: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """A round under whole-record privacy (module docstring): on the round's one sample `sample`, the noised
-    ``(g, h_theta, h_W)``, each a noised sum divided by the public batch size m = `batch_size`; h_W is the whole
-    W-gradient (the -2 W (.) F part computed from the noised sum of the soft predictions, or for the balanced
-    objective from the s-dependent release). Without `fairness` (lambda = 0): ``(g, None, None)``.
-
-    The noise is drawn from `generator` in this order: g's, h_theta's, h_W's (per `w_noise`), the soft predictions'.
-    With `noise_multiplier` 0 (a run without noise) each release is its clipped sum / m."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sums), got {batch_size}")
+) -> RecordSums:
+    """What a whole-record round releases (module docstring), before any division or post-processing: on the round's
+    one sample `sample`, each sum of per-record terms in its ball around 0, noised at `noise_multiplier` (0: the
+    clipped sums themselves). The noise is drawn from `generator` in the order of :class:`RecordSums`' fields."""
     idx = sample
     g = loss_release(model, data, idx, clip=clip, noise_multiplier=noise_multiplier, generator=generator)
     if not fairness:
-        return g / batch_size, None, None
+        return RecordSums(g)
     x = torch.from_numpy(data.features[idx]).to(model_device(model))
     y = torch.from_numpy(data.labels[idx])
     s = torch.from_numpy(sensitive.groups[idx])
@@ -258,12 +264,52 @@ def record_gradients(
         if not prior.balanced:
             unit = GaussianMechanism(sensitivity=OUTPUTS_RADIUS, noise_multiplier=noise_multiplier)
             outputs = unit.release(outputs, generator)
-    w_sensitive = w_sum / batch_size
-    if prior.balanced:  # the whole W-gradient from the s-dependent release (post-processing)
+    return RecordSums(g, theta_sum, w_sum, None if prior.balanced else outputs)
+
+
+def record_gradients(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    batch_size: int,
+    clip: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+    sample: np.ndarray,
+    w_noise: str = "isotropic",
+    fairness: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A round under whole-record privacy (module docstring): the noised ``(g, h_theta, h_W)`` of :func:`record_sums`,
+    each divided by the public batch size m = `batch_size`; h_W is the whole W-gradient, its -2 W (.) F part computed
+    from the noised soft predictions (or, for the balanced objective, from the s-dependent release): post-processing.
+    Without `fairness` (lambda = 0): ``(g, None, None)``. With `noise_multiplier` 0 (a run without noise) each
+    release is its clipped sum / m."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sums), got {batch_size}")
+    sums = record_sums(
+        model,
+        data,
+        sensitive,
+        w=w,
+        prior=prior,
+        clip=clip,
+        noise_multiplier=noise_multiplier,
+        generator=generator,
+        sample=sample,
+        w_noise=w_noise,
+        fairness=fairness,
+    )
+    if sums.theta is None or sums.w is None:
+        return sums.loss / batch_size, None, None
+    w_sensitive = sums.w / batch_size
+    if sums.outputs is None:  # balanced: the whole W-gradient from the s-dependent release
         w_gradient = w_sensitive + balanced_w_base(w, w_sensitive, prior)
     else:
-        w_gradient = w_output_term(w, outputs / batch_size, prior) + w_sensitive
-    return g / batch_size, theta_sum / batch_size, w_gradient
+        w_gradient = w_output_term(w, sums.outputs / batch_size, prior) + w_sensitive
+    return sums.loss / batch_size, sums.theta / batch_size, w_gradient
 
 
 #: The radius of one record's soft predictions F_i in its W block (||F_i||_2 <= ||F_i||_1 = 1): the `outputs`
