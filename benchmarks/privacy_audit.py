@@ -445,6 +445,17 @@ def _fairness_release(
     return np.concatenate([_flat(h_theta), _flat(h_w)])
 
 
+def _steffle_setting() -> tuple[torch.nn.Module, GroupPrior, torch.Tensor]:
+    """The SteFFLe rows' server message: logistic regression at theta = 0 (every prediction 1/2), demographic parity,
+    prior (1/2, 1/2), W = 1/2 [[1, -1], [-1, 1]]."""
+    model = build_model("logreg", 4, 2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    prior = GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
+    return model, prior, torch.tensor([[0.5, -0.5], [-0.5, 0.5]], dtype=torch.float32)
+
+
 def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> Mechanism:
     """SteFFLe's sensitive division (`fairness_gradients`) at q = 1: replace one record's sensitive attribute.
 
@@ -462,12 +473,7 @@ def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> 
         SensitiveDivision(np.r_[base_groups, 1].astype(np.int64)),
         SensitiveDivision(np.r_[base_groups, 0].astype(np.int64)),
     )
-    model = build_model("logreg", 4, 2)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
-    prior = GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
-    w = torch.tensor([[0.5, -0.5], [-0.5, 0.5]], dtype=torch.float32)
+    model, prior, w = _steffle_setting()
     calibration = _calibration(target, releases=2, relation="replace_one")
     sigma = calibration.noise_multiplier
 
@@ -511,12 +517,7 @@ def steffle_record(target: float, *, records: int = 20, clip: float = 1.0) -> Me
         ),
     )
     batch = records + 1  # the run's public batch size m (q = 1 on both sides)
-    model = build_model("logreg", 4, 2)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
-    prior = GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
-    w = torch.tensor([[0.5, -0.5], [-0.5, 0.5]], dtype=torch.float32)
+    model, prior, w = _steffle_setting()
     calibration = _calibration(target, releases=4, relation="add_remove")
     sigma = calibration.noise_multiplier
 

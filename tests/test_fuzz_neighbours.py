@@ -6,9 +6,9 @@ multipliers, global loss, query points, the feature parties' outputs and Jacobia
 dtype's largest finite value (zeros, constants, signs, a few huge entries). Each message goes, byte for byte the same,
 to a silo (or a separate sensitive party) on D and to one on D', neighbours in the algorithm's relation (a record
 replaced for the record-level algorithms and for steffle and tran with `protect` record, one record's sensitive
-attribute changed for steffle, tran and the sensitive party otherwise), both with the same seeds. The two must behave the same (`tests/malicious_server.py`,
-`behaviour_difference`): both refuse for the same reason, or both answer with the same records and arrays, every
-value finite, and the records that carry no noise byte for byte equal.
+attribute changed for steffle, tran and the sensitive party otherwise), both with the same seeds. The two must behave
+the same (`tests/malicious_server.py`, `behaviour_difference`): both refuse for the same reason, or both answer with
+the same records and arrays, every value finite, and the records that carry no noise byte for byte equal.
 
 The privacy parameters come from a few profiles (a calibration costs 0.1-15 s; the silo caches them per process) and
 the silos are small (24 records), so the module runs in well under two minutes. The number of generated cases is

@@ -84,6 +84,24 @@ def _flat(arrays: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
 PARAM_NAMES = ["head.weight", "head.bias"]
 
 
+def _releases(x: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a whole-record round releases without noise for the records (x, y, s) at the test's model, W and prior,
+    computed here from `protocols`' maths: the clipped loss and theta sums / m and the W-gradient."""
+    model = build_model("logreg", 4, 2)
+    set_parameters(model, _params())
+    x, y, s = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(s)
+    w = torch.from_numpy(FAIR["w"])
+    prior = GroupPrior("dp", FAIR["prior"].astype(np.float64), num_labels=2)
+    with torch.no_grad():
+        probs = torch.softmax(model(x), dim=1)
+    w_gradient = w_output_term(w, output_block_sums_checked(probs, prior, labels=y) / M, prior)
+    return (
+        clipped_gradient_sum(model, x, y, CLIP) / M,
+        clipped_psi_theta_sum(model, x, s, w, prior, CLIP, labels=y) / M,
+        w_gradient + psi_w_sensitive_sum_checked(probs, s, prior, labels=y) / M,
+    )
+
+
 # -- the seam: no noise, every release is its clipped sum / m --------------------------------------------------------
 def test_without_noise_every_release_is_its_clipped_sum_over_the_public_batch_size(tmp_path: Path) -> None:
     silo = _silo()
@@ -93,19 +111,8 @@ def test_without_noise_every_release_is_its_clipped_sum_over_the_public_batch_si
     reply = node.send(msg.TRAIN, _train("steffle", server_round=1, **VALUES), 1)
     update, fair = ms.arrays_of(reply, msg.UPDATE), ms.arrays_of(reply, msg.FAIR_UPDATE)
 
-    model = build_model("logreg", 4, 2)
-    set_parameters(model, _params())
-    x = torch.from_numpy(silo.train.nonsensitive.features)
-    y = torch.from_numpy(silo.train.nonsensitive.labels)
-    s = torch.from_numpy(silo.train.sensitive.groups)
-    w = torch.from_numpy(FAIR["w"])
-    prior = GroupPrior("dp", FAIR["prior"].astype(np.float64), num_labels=2)
-    loss = clipped_gradient_sum(model, x, y, CLIP) / M
-    theta = clipped_psi_theta_sum(model, x, s, w, prior, CLIP, labels=y) / M
-    with torch.no_grad():
-        probs = torch.softmax(model(x), dim=1)
-    w_gradient = w_output_term(w, output_block_sums_checked(probs, prior, labels=y) / M, prior)
-    w_gradient = w_gradient + psi_w_sensitive_sum_checked(probs, s, prior, labels=y) / M
+    train = silo.train
+    loss, theta, w_gradient = _releases(train.nonsensitive.features, train.nonsensitive.labels, train.sensitive.groups)
     np.testing.assert_allclose(_flat(update, PARAM_NAMES), loss.numpy(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(_flat(fair, PARAM_NAMES), theta.numpy(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(fair["w"], w_gradient.numpy(), rtol=1e-5, atol=1e-7)
@@ -141,18 +148,7 @@ def test_an_added_record_moves_each_release_by_its_own_clipped_term_only(tmp_pat
     update = [_flat(ms.arrays_of(r, msg.UPDATE), PARAM_NAMES) for r in (first, second)]
     fair = [ms.arrays_of(r, msg.FAIR_UPDATE) for r in (first, second)]
     # the same seeded noise on both: the difference is the canary's own contribution, / m
-    model = build_model("logreg", 4, 2)
-    set_parameters(model, _params())
-    xc = torch.tensor(x[None], dtype=torch.float32)
-    yc, sc = torch.tensor([y]), torch.tensor([s])
-    w = torch.from_numpy(FAIR["w"])
-    prior = GroupPrior("dp", FAIR["prior"].astype(np.float64), num_labels=2)
-    own_loss = clipped_gradient_sum(model, xc, yc, CLIP) / M
-    own_theta = clipped_psi_theta_sum(model, xc, sc, w, prior, CLIP, labels=yc) / M
-    with torch.no_grad():
-        probs = torch.softmax(model(xc), dim=1)
-    own_w = w_output_term(w, output_block_sums_checked(probs, prior, labels=yc) / M, prior)
-    own_w = own_w + psi_w_sensitive_sum_checked(probs, sc, prior, labels=yc) / M
+    own_loss, own_theta, own_w = _releases(x[None].astype(np.float32), np.array([y]), np.array([s]))
     np.testing.assert_allclose(update[1] - update[0], own_loss.numpy(), atol=2e-6)
     assert np.linalg.norm(update[1] - update[0]) == pytest.approx(CLIP / M, rel=1e-4)  # clipped: its norm is C
     theta = [_flat(f, PARAM_NAMES) for f in fair]

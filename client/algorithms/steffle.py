@@ -169,21 +169,7 @@ def fairness_gradients(
     (`protocols.privacy.gaussian`).
     """
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
-    # Only the features go to the model's device (the forward and per-sample backward passes); the groups, labels and
-    # W stay on the CPU, with the cotangents and the W-sum computed from them, and the noise (`protocols.devices`).
-    x = torch.from_numpy(data.features[idx]).to(model_device(model))
-    y = torch.from_numpy(data.labels[idx])
-    s = torch.from_numpy(sensitive.groups[idx])
-    w_sum = torch.zeros_like(w)
-    if len(idx):
-        theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
-        theta_sum, probs = theta_sum.cpu(), probs.cpu()
-        # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
-        # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`). Inputs checked
-        # where they entered the silo (W at the message boundary, s and y with the silo's data, probs its own).
-        w_sum = psi_w_sensitive_sum_checked(probs, s, prior, labels=y)
-    else:
-        theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y).cpu()  # zeros
+    theta_sum, w_sum, _, _ = _fairness_sums(model, data, sensitive, idx, w=w, prior=prior, clip=clip)
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
@@ -246,18 +232,10 @@ def record_sums(
     g = loss_release(model, data, idx, clip=clip, noise_multiplier=noise_multiplier, generator=generator)
     if not fairness:
         return RecordSums(g)
-    x = torch.from_numpy(data.features[idx]).to(model_device(model))
-    y = torch.from_numpy(data.labels[idx])
-    s = torch.from_numpy(sensitive.groups[idx])
-    w_sum = torch.zeros_like(w)
+    theta_sum, w_sum, probs, y = _fairness_sums(model, data, sensitive, idx, w=w, prior=prior, clip=clip)
     outputs = torch.zeros(prior.blocks(), w.shape[-1], dtype=w.dtype)
-    if len(idx):
-        theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
-        theta_sum, probs = theta_sum.cpu(), probs.cpu()
-        w_sum = psi_w_sensitive_sum_checked(probs, s, prior, labels=y)
+    if probs is not None:
         outputs = output_block_sums_checked(probs, prior, labels=y).to(w.dtype)
-    else:
-        theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y).cpu()  # zeros
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
@@ -315,6 +293,33 @@ def record_gradients(
 #: The radius of one record's soft predictions F_i in its W block (||F_i||_2 <= ||F_i||_1 = 1): the `outputs`
 #: release of a whole-record round.
 OUTPUTS_RADIUS = 1.0
+
+
+def _fairness_sums(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    idx: np.ndarray,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    clip: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The un-noised sums of the records `idx` that the sensitive division releases: the clipped theta-gradients of
+    psi and the s-dependent W-gradients; with the records' soft predictions F (None for no record) and labels."""
+    # Only the features go to the model's device (the forward and per-sample backward passes); the groups, labels and
+    # W stay on the CPU, with the cotangents and the W-sum computed from them, and the noise (`protocols.devices`).
+    x = torch.from_numpy(data.features[idx]).to(model_device(model))
+    y = torch.from_numpy(data.labels[idx])
+    s = torch.from_numpy(sensitive.groups[idx])
+    if not len(idx):
+        return clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y).cpu(), torch.zeros_like(w), None, y
+    theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
+    theta_sum, probs = theta_sum.cpu(), probs.cpu()
+    # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
+    # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`). Inputs checked
+    # where they entered the silo (W at the message boundary, s and y with the silo's data, probs its own).
+    return theta_sum, psi_w_sensitive_sum_checked(probs, s, prior, labels=y), probs, y
 
 
 def w_release(
