@@ -18,6 +18,7 @@ part). The tests send real messages to deployed silos through the ClientApp (`te
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -293,6 +294,7 @@ def test_the_console_and_the_privacy_block_say_what_is_protected() -> None:
         assert ("features, label and sensitive attribute" in text) is not clear
         assert ("not protected: the features and labels" in text) is clear
         assert ("whole record" in config.spec.describe_mechanism(config)) is not clear
+        assert ("(whole record)" in config.spec.display_label(config.to_json())) is not clear
 
 
 # -- attacks: what a malicious server can make a silo do -----------------------------------------------------------
@@ -372,3 +374,27 @@ def test_a_separate_party_refuses_whole_record_privacy(tmp_path: Path) -> None:
     party.setup()
     reason = ms.error_reason(party.send(msg.GROUPS, ms.groups("steffle", **{**VALUES, "epsilon": 1.0}), 0))
     assert "'protect' = 'record'" in reason and "topology silos" in reason
+
+
+# -- a whole run ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # two short silofl runs (about 10 s on a shared 2-core machine)
+def test_silofl_run_says_what_each_mode_protects_and_a_record_policy_holds(tmp_path: Path, capsys) -> None:
+    """`silofl run steffle --protect record`: the privacy block and the console say the whole record; under a silo
+    policy `protect = "record"` the same run asking for the sensitive attribute only stops before any release."""
+    from silofl.server.cli import main
+
+    flags = ["--dataset", "synthetic", "--silos", "2", "--rounds", "3", "--epsilon", "2", "--max-train-records", "400"]
+    assert main(["run", "steffle", *flags, "--protect", "record", "--out", str(tmp_path / "record")]) == 0
+    out = capsys.readouterr().out
+    privacy = json.loads((tmp_path / "record" / "result.json").read_text())["privacy"]
+    assert privacy["protected"] == "the whole record" and privacy["in_clear"] == ""
+    assert privacy["relation"].startswith("add_remove") and "n_j" in privacy["not_covered"]
+    assert float(privacy["epsilon_spent"]) <= 2.0 and "silofl_sigma_loss" in privacy["closed_form"]["per_silo"]["0"]
+    text = " ".join(out.split())
+    assert "features, label and sensitive attribute" in text and "not protected: the features" not in text
+    policy = tmp_path / "policy.toml"
+    policy.write_text('protect = "record"\nmax-epsilon-per-job = 2\n')
+    state = ["--silo-policy", str(policy), "--silo-state", str(tmp_path / "state")]
+    code = main(["run", "steffle", *flags, *state, "--out", str(tmp_path / "sensitive")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "protect = 'record'" in err and not (tmp_path / "sensitive" / "result.json").exists()

@@ -49,14 +49,21 @@ PARTIES_REPORT = (
 
 
 def label(config: Mapping[str, Any]) -> str:
-    """The papers' names: DP-FERMI / FERMI for one silo, SteFFLe otherwise."""
+    """The papers' names: DP-FERMI / FERMI for one silo, SteFFLe otherwise; "(whole record)" after a private run
+    under `protect` = record, whose epsilon means another thing."""
     epsilon = config.get("epsilon", math.inf)
     private = math.isfinite(
         float(epsilon) if not isinstance(epsilon, str) else float(epsilon.replace("infinity", "inf"))
     )
+    record = " (whole record)" if private and config.get("protect") == "record" else ""
     if int(config.get("num-silos", 3)) == 1:
-        return "dp-fermi" if private else "fermi"
-    return "steffle" if private else "steffle (non-private)"
+        return ("dp-fermi" if private else "fermi") + record
+    return ("steffle" if private else "steffle (non-private)") + record
+
+
+def tran_label(config: Mapping[str, Any]) -> str:
+    """Tran et al.'s name, with "(whole record)" under `protect` = record (as :func:`label`)."""
+    return "tran (whole record)" if config.get("protect") == "record" else "tran"
 
 
 SILOS_MECHANISM = (

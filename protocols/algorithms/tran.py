@@ -18,6 +18,7 @@ from silofl.protocols.algorithms.steffle import (
     protects_record,
     record_mechanism,
     sampling_report,
+    tran_label,
 )
 from silofl.protocols.options import (
     ClipOptions,
@@ -116,6 +117,7 @@ SPEC = register(
         noised_for_record=("silo",),
         in_clear=IN_CLEAR,
         not_covered=NOT_COVERED,
+        label=tran_label,
         check=check,
     )
 )
