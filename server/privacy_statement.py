@@ -47,6 +47,10 @@ def privacy_lines(spec: Any, config: Any, privacy: Mapping[str, Any]) -> list[st
         lines.append(f"  against anyone who sees the released models, NOT against the server ({privacy['trust']})")
     else:
         lines.append("  against the server, the other silos and anyone who sees the model (each silo adds the noise)")
+    replace_one = privacy.get("epsilon_replace_one")
+    if replace_one is not None:  # an add/remove figure whose run also reports the replace-one one
+        figure = _number(replace_one)
+        lines.append(f"  replacing one record instead (e.g. changing its sensitive attribute): epsilon {figure:.4g}")
     relation = privacy.get("relation")
     if relation and "neighbours" not in protects:
         lines.append(f"  neighbouring data sets: {relation}")

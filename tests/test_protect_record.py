@@ -390,8 +390,11 @@ def test_silofl_run_says_what_each_mode_protects_and_a_record_policy_holds(tmp_p
     assert privacy["protected"] == "the whole record" and privacy["in_clear"] == ""
     assert privacy["relation"].startswith("add_remove") and "n_j" in privacy["not_covered"]
     assert float(privacy["epsilon_spent"]) <= 2.0 and "silofl_sigma_loss" in privacy["closed_form"]["per_silo"]["0"]
+    # replacing a record costs more than adding one, less than twice (group privacy) the add/remove figure
+    assert float(privacy["epsilon_spent"]) < privacy["epsilon_replace_one"] < 2 * float(privacy["epsilon_spent"])
     text = " ".join(out.split())
     assert "features, label and sensitive attribute" in text and "not protected: the features" not in text
+    assert f"changing its sensitive attribute): epsilon {privacy['epsilon_replace_one']:.4g}" in text
     policy = tmp_path / "policy.toml"
     policy.write_text('protect = "record"\nmax-epsilon-per-job = 2\n')
     state = ["--silo-policy", str(policy), "--silo-state", str(tmp_path / "state")]

@@ -141,6 +141,46 @@ def protection_report(config: Any, in_clear: str) -> dict[str, Any]:
     }
 
 
+def replace_one_report(config: Any, history: Any, rounds: int, delta: float, releases: int) -> dict[str, Any]:
+    """Under `protect` = record: what each silo's run costs under REPLACING one whole record, the relation of
+    `protect` = sensitive (changing a record's s is a replacement) and of the silos' lifetime ledgers, beside the
+    add/remove epsilon the run was calibrated for: the same events (`Mechanism.replace_one_events`: the histogram's
+    Gaussian at its multiplier for `counts-share` x epsilon, then `rounds` Poisson-subsampled Gaussians of `releases`
+    releases at the silo's reported multiplier), composed by PLD under replace_one. Empty for a run without noise."""
+    from silofl.protocols.privacy.accountant import calibrate_noise
+    from silofl.protocols.privacy.composition import composed_epsilon
+    from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+
+    if not config.private or not history.silo_reports:
+        return {}
+    share = config.counts_share
+    setup = calibrate_noise(share * config.epsilon, delta, 1.0, 1, relation="add_remove").noise_multiplier
+    figures: dict[str, float] = {}
+    for silo_id, report in sorted(history.silo_reports.items()):
+        if not report.noise_multiplier > 0:
+            continue
+        run = Mechanism(
+            relation="add_remove",
+            sampling="poisson",
+            sampling_rate=report.sampling_rate,
+            steps=rounds,
+            releases=tuple(Release(f"release-{i}", radius=1.0) for i in range(releases)),
+            setup=(SetupRelease("group-counts", share=share, radius=1.0),),
+        )
+        events = run.replace_one_events(report.noise_multiplier, (setup,))
+        figures[str(silo_id)] = composed_epsilon(events, delta, "replace_one")
+    if not figures:
+        return {}
+    return {
+        "epsilon_replace_one": max(figures.values()),
+        "epsilon_replace_one_note": "the same run under replacing one whole record (e.g. changing its sensitive "
+        "attribute: the relation of protect sensitive, and of the silos' lifetime ledgers), PLD over the events the "
+        "silos ran (largest over silos; the histogram's multiplier for the run's epsilon, larger under a silo "
+        "policy's cap, so this is an upper bound then); epsilon_spent is under add/remove, as DP-FedSGD's and "
+        "FedFDP's",
+    }
+
+
 def mechanism(config: Any) -> str:
     """What the silos (or the sensitive parties) release, and how it is noised."""
     if protects_record(config):
@@ -169,6 +209,9 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
         **protection_report(config, IN_CLEAR),
         **sampling_report(config, history, rounds),
     }
+    if record:
+        releases = 1 if config.lam <= 0 else (3 if config.group_weight == "balanced" else 4)
+        out.update(replace_one_report(config, history, rounds, delta, releases))
     if config.topology != "silos":
         out["parties"] = PARTIES_REPORT
         out["per_silo_role"] = "sensitive parties (the feature parties add no noise and spend no budget)"

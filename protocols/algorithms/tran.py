@@ -17,6 +17,7 @@ from silofl.protocols.algorithms.steffle import (
     protection_report,
     protects_record,
     record_mechanism,
+    replace_one_report,
     sampling_report,
     tran_label,
 )
@@ -63,11 +64,12 @@ def mechanism(config: Any) -> str:
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
     """The relation, what is protected, which sampler ran and, for shuffled epochs, each silo's epochs (as
     SteFFLe's)."""
-    relation = RECORD_RELATION if protects_record(config) else RELATION
+    record = protects_record(config)
     return {
-        "relation": relation,
+        "relation": RECORD_RELATION if record else RELATION,
         **protection_report(config, IN_CLEAR),
         **sampling_report(config, history, rounds),
+        **(replace_one_report(config, history, rounds, delta, 3) if record else {}),
     }
 
 
