@@ -21,6 +21,10 @@ The mechanisms, each built from silofl's own functions (module `Mechanism` docst
 * ``fedsc-calr``: `protocols.privacy.calr.dp_calr` (one share; replace one representation by an orthogonal one).
 * ``steffle-groups``: SteFFLe's setup histogram of (group, label) counts (`client.rounds.steffle.group_counts`;
   replace one record's group), calibrated by the silo's noise plan.
+* ``steffle-record``: SteFFLe under whole-record privacy (`protect = record`, issue 34):
+  `client.algorithms.steffle.record_sums` at rate 1 (the loss gradients and the theta parts clipped to C, the
+  s-dependent W part, the soft predictions per W block, all noised, / m), add/remove one canary record (features,
+  label and attribute), 4 releases accounted as one add/remove mechanism.
 
 One more configuration probes what the accounting assumes:
 
@@ -79,7 +83,13 @@ from scipy import special
 
 from silofl.client import party_exchange, randomness
 from silofl.client.algorithms.dp_fedsgd import noisy_gradient
-from silofl.client.algorithms.steffle import fairness_gradients, group_label_counts, w_radius_of
+from silofl.client.algorithms.steffle import (
+    OUTPUTS_RADIUS,
+    fairness_gradients,
+    group_label_counts,
+    record_sums,
+    w_radius_of,
+)
 from silofl.client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
 from silofl.client.rounds import fedsc as fedsc_round
 from silofl.client.rounds import mu2fl as mu2_round
@@ -435,6 +445,17 @@ def _fairness_release(
     return np.concatenate([_flat(h_theta), _flat(h_w)])
 
 
+def _steffle_setting() -> tuple[torch.nn.Module, GroupPrior, torch.Tensor]:
+    """The SteFFLe rows' server message: logistic regression at theta = 0 (every prediction 1/2), demographic parity,
+    prior (1/2, 1/2), W = 1/2 [[1, -1], [-1, 1]]."""
+    model = build_model("logreg", 4, 2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    prior = GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
+    return model, prior, torch.tensor([[0.5, -0.5], [-0.5, 0.5]], dtype=torch.float32)
+
+
 def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> Mechanism:
     """SteFFLe's sensitive division (`fairness_gradients`) at q = 1: replace one record's sensitive attribute.
 
@@ -452,12 +473,7 @@ def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> 
         SensitiveDivision(np.r_[base_groups, 1].astype(np.int64)),
         SensitiveDivision(np.r_[base_groups, 0].astype(np.int64)),
     )
-    model = build_model("logreg", 4, 2)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
-    prior = GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
-    w = torch.tensor([[0.5, -0.5], [-0.5, 0.5]], dtype=torch.float32)
+    model, prior, w = _steffle_setting()
     calibration = _calibration(target, releases=2, relation="replace_one")
     sigma = calibration.noise_multiplier
 
@@ -476,6 +492,63 @@ def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> 
         means=means,
         stds=(std, std),
         draw=_torch_draw(params, w.numel(), dtype=torch.float32),
+        real=real,
+    )
+
+
+def steffle_record(target: float, *, records: int = 20, clip: float = 1.0) -> Mechanism:
+    """SteFFLe under whole-record privacy (`record_sums` at q = 1, every sum / m): add/remove one canary record.
+
+    Logistic regression at theta = 0, demographic parity, prior (1/2, 1/2) and W = 1/2 [[1, -1], [-1, 1]], as in
+    ``steffle-fairness``. The canary (0, 0, 0, 10; y = 0; s = 0) moves the loss sum by C (its gradient, norm 5, is
+    clipped), the theta sum by C, the s-dependent W sum by 2 ||F|| / sqrt(1/2) = 2 of its radius 2 sqrt(2), and the
+    soft predictions by ||F|| = sqrt(2)/2 of their radius 1: in noise stds sqrt(3) / sigma against the sqrt(4) / sigma
+    the 4 releases are calibrated for. The divisor is the public batch size m = n + 1, the same on both sides."""
+    rng = np.random.default_rng(14)
+    base_x = rng.random((records, 4)).astype(np.float32)
+    base_y = rng.integers(0, 2, records).astype(np.int64)
+    base_s = rng.integers(0, 2, records).astype(np.int64)
+    canary = np.array([[0.0, 0.0, 0.0, 10.0]], dtype=np.float32)
+    worlds = (
+        (NonSensitiveDivision(base_x, base_y), SensitiveDivision(base_s)),
+        (
+            NonSensitiveDivision(np.vstack([base_x, canary]), np.r_[base_y, 0].astype(np.int64)),
+            SensitiveDivision(np.r_[base_s, 0].astype(np.int64)),
+        ),
+    )
+    batch = records + 1  # the run's public batch size m (q = 1 on both sides)
+    model, prior, w = _steffle_setting()
+    calibration = _calibration(target, releases=4, relation="add_remove")
+    sigma = calibration.noise_multiplier
+
+    def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
+        data, sensitive = worlds[world]
+        sums = record_sums(
+            model,
+            data,
+            sensitive,
+            w=w,
+            prior=prior,
+            clip=clip,
+            noise_multiplier=sigma * noise_scale,
+            generator=torch.Generator().manual_seed(seed),
+            sample=np.arange(len(data.labels)),
+            w_noise="isotropic",
+        )
+        return np.concatenate([_flat(part) for part in (sums.loss, sums.theta, sums.w, sums.outputs)]) / batch
+
+    means = tuple(real(world, 0, 0.0) for world in (0, 1))
+    params = sum(p.numel() for p in model.parameters())
+    radii = [clip] * params + [clip] * params + [w_radius_of(prior)] * w.numel() + [OUTPUTS_RADIUS] * 2
+    std = sigma * np.asarray(radii) / batch
+    return Mechanism(
+        name="steffle-record",
+        neighbours="add/remove a whole record",
+        target_epsilon=target,
+        claimed_epsilon=calibration.epsilon,
+        means=means,
+        stds=(std, std),
+        draw=_torch_draw(params, params, w.numel(), 2, dtype=torch.float32),
         real=real,
     )
 
@@ -727,6 +800,7 @@ MECHANISMS: dict[str, Callable[[float], Mechanism]] = {
     "mu2fl": mu2fl,
     "fedsc-calr": fedsc_calr,
     "steffle-groups": steffle_groups,
+    "steffle-record": steffle_record,
 }
 """The mechanisms as silofl runs them (each must stay within its claim, and its broken version must not)."""
 
@@ -1233,7 +1307,7 @@ def main() -> None:
         rows = audited(((MECHANISMS, (1.0, BROKEN)), (FINDINGS, (1.0,))))
         if args.real_trials > 0:
             target = args.epsilons[0]
-            for name in ("dp-fedsgd", "steffle-fairness", "fedsc-calr"):
+            for name in ("dp-fedsgd", "steffle-fairness", "fedsc-calr", "steffle-record"):
                 mechanism = MECHANISMS[name](target)
                 for scale in (1.0, BROKEN):
                     result = audit_real(mechanism, args.real_trials, args.seed + 1, scale)

@@ -8,13 +8,14 @@ allows a trusted server. A node with neither has the permissive policy: it answe
 What the silo checks, and when (every check depends on the message and the policy only, never on the data):
 
 * :func:`check_job`, on every private-capable message (train, groups, correlation, a party's answers) before the job
-  is opened: the algorithm is one the policy answers in this node's role, and the job's delta is at most `max-delta`
-  (default 1/n_j with a budget);
+  is opened: the algorithm is one the policy answers in this node's role (with `protect = "record"`, only a job whose
+  every release is noised over the node's whole records: SteFFLe asked for `protect` = sensitive is refused), and the
+  job's delta is at most `max-delta` (default 1/n_j with a budget);
 * :func:`job_budget`, at calibration: the job's epsilon, capped by `max-epsilon-per-job` (more noise, never a
   refusal);
 * :func:`admit`, at calibration, before the job's first release: a mechanism the algorithm fixes itself (DP-mu2-FL's
-  rho) must fit the job's cap, and the job's whole planned run must fit the lifetime ledger
-  (`client.lifetime_ledger`);
+  rho) must fit the job's cap, the job's whole planned run must fit the lifetime ledger (`client.lifetime_ledger`),
+  and under `protect = "record"` it must add noise;
 * :func:`allow_trusted`: DP-mu2-FL's trusted mode, which sends the momentum un-noised;
 * :func:`evaluation_mode`: how evaluations are answered (noised, exact, refused);
 * :func:`check_model`, on every message that builds the run's model (and in :func:`check_job`): a user's model
@@ -137,13 +138,18 @@ def check_job(context: Context, instr: msg.TrainInstruction, *, role: str, recor
             f"{what}: {name} at a {role} releases un-noised values, which no lifetime budget can hold (their epsilon "
             "is unbounded); this node's policy sets lifetime-epsilon, so it refuses the job"
         )
-    if not policy.allows(name, role):
+    protect = str(getattr(instr, "protect", "sensitive"))
+    if not policy.allows(name, role, protect):
+        if policy.protect == "record" and not policy.covers_whole_records(name, role, protect):
+            raise msg.MessageError(f"{what}: {_not_whole_records(name, role, protect, spec)}")
         listed = policy.allowed_algorithms(role)
+        extra = sorted(set(policy.allowed_algorithms(role, "record")) - set(listed))
+        also = f"; and {', '.join(extra)} with protect = record" if extra else ""
         why = (
             "its policy lists algorithms = " + str(list(policy.algorithms))
             if policy.algorithms is not None
             else "with a budget it answers only the algorithms whose releases are noised for everything a "
-            f"{role} holds ({', '.join(listed) or 'none'}); the operator can list others in 'algorithms'"
+            f"{role} holds ({', '.join(listed) or 'none'}{also}); the operator can list others in 'algorithms'"
         )
         raise msg.MessageError(f"{what}: the server asked for {name!r}, which this {role}'s policy refuses: {why}")
     limit = policy.max_delta_for(records)
@@ -154,6 +160,21 @@ def check_job(context: Context, instr: msg.TrainInstruction, *, role: str, recor
             f"{limit:g}; a larger delta lets a mechanism publish a record outright, so it refuses the job"
         )
     return policy
+
+
+def _not_whole_records(name: str, role: str, protect: str, spec) -> str:
+    """Why a `protect = "record"` policy refuses a job: what the job would release un-noised, and what to ask."""
+    head = f"the server asked for {name!r}"
+    if spec.noised_for_record and role in spec.noised_roles("record"):
+        return (
+            f"{head} with protect = {protect!r}, which releases part of each record un-noised (its loss gradient: the "
+            f"features and labels); this {role}'s policy sets protect = 'record' (every release noised over the whole "
+            "record), so it refuses the job: ask for protect = 'record' (silofl run ... --protect record)"
+        )
+    return (
+        f"{head}, whose releases at a {role} are not all noised over the whole record; this {role}'s policy sets "
+        "protect = 'record', so it refuses the job"
+    )
 
 
 def job_budget(context: Context, run_epsilon: float) -> float:
@@ -191,6 +212,12 @@ def admit(
     from silofl.protocols.privacy.ledger import BUDGET_RELATIVE_TOLERANCE
 
     policy = node_policy(context)
+    if policy.protect == "record" and not calibrated.multiplier > 0:
+        raise msg.MessageError(
+            f"{who}: the job asks for no noise (epsilon = inf), so its releases would leave un-noised; this node's "
+            "policy sets protect = 'record' (every release noised over the whole record), so it refuses (ask for a "
+            "finite epsilon, or the operator sets max-epsilon-per-job to have such jobs calibrated for it)"
+        )
     cap = policy.job_epsilon_cap
     over_cap = not calibrated.epsilon <= cap * (1.0 + BUDGET_RELATIVE_TOLERANCE)
     if mechanism.fixed_multiplier is not None and math.isfinite(cap) and over_cap:
@@ -224,7 +251,8 @@ def _lifetime_record(
     context: Context, instr: msg.TrainInstruction, *, epsilon: float, delta: float, events: tuple, noised: bool
 ) -> JobRecord:
     """The node's open job as the lifetime ledger keeps it; a `noised` one covers all the node's data when every
-    release of its algorithm is noised for the node's role (`Algorithm.noised_for`)."""
+    release of its algorithm is noised for the node's role (`Algorithm.noised_roles`: SteFFLe's and Tran's silos under
+    `protect` = record)."""
     from silofl.client import lifetime_ledger, privacy_state
     from silofl.protocols import algorithms
 
@@ -237,7 +265,7 @@ def _lifetime_record(
         node=int(job["node"]),
         epsilon=epsilon,
         delta=delta,
-        covers_all_data=noised and job["role"] in spec.noised_for,
+        covers_all_data=noised and job["role"] in spec.noised_roles(instr),
         events=events,
     )
 

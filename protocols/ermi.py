@@ -109,6 +109,7 @@ __all__ = [
     "ermi_objective",
     "ermi_value",
     "optimal_w",
+    "output_block_sums_checked",
     "probability_rows",
     "project_frobenius",
     "psi",
@@ -118,6 +119,7 @@ __all__ = [
     "psi_theta_gradients",
     "psi_w_gradients",
     "psi_w_sensitive_sum_checked",
+    "w_output_term",
     "w_shape",
 ]
 
@@ -702,6 +704,43 @@ def psi_w_sensitive_sum_checked(
     own = (2.0 * (member * inv_sqrt[block]).unsqueeze(2)) * F.unsqueeze(1)  # (n, k, l)
     place = torch.nn.functional.one_hot(block, prior.blocks()).to(F.dtype) * active.unsqueeze(1)  # (n, blocks)
     return (place[:, :, None, None] * own.unsqueeze(1)).reshape(n, *prior.w_shape()).sum(dim=0)
+
+
+def output_block_sums_checked(F: torch.Tensor, prior: GroupPrior, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """``(blocks, l)``: each W block's sum of the soft predictions of its records, ``sum_{i in b} F_i``, what the
+    s-independent part of the W-gradient, ``-2 W (.) F_i`` in record i's block, is made of (:func:`w_output_term`).
+
+    SteFFLe's silo releases it under whole-record privacy (`protect` = record) in place of that part: record i
+    contributes ``F_i`` to row ``b_i`` only (``"dp"``: every record to row 0; ``"eo"``: row ``y_i``; ``"eopp"``: row 0
+    for the positive label's records, nothing for the others), a vector of norm ``||F_i||_2 <= 1`` whatever the server
+    sends. The term ``-2 W (.) F_i`` itself has a norm up to ``2 ||W||`` and W is the server's.
+
+    A record whose row of ``F`` is not finite contributes exactly 0, the centre of the unit ball its term lies in (as
+    :func:`psi_w_sensitive_sum_checked`). For the group-balanced prior the blocks are as for the papers' (no weights:
+    the balanced objective's base term is computed from the s-dependent release instead)."""
+    if not all_finite(F):
+        keep = torch.isfinite(F).all(dim=1)
+        F = F[keep]
+        labels = None if labels is None else labels[keep]
+    assert prior.num_labels is not None
+    out = torch.zeros(prior.blocks(), prior.num_labels, dtype=F.dtype)
+    if prior.notion == "dp":
+        out[0] = F.sum(dim=0)
+    elif prior.notion == "eo":
+        assert labels is not None
+        out.index_add_(0, labels, F)
+    else:
+        assert labels is not None
+        out[0] = F[labels == prior.num_labels - 1].sum(dim=0)
+    return out
+
+
+def w_output_term(W: torch.Tensor, outputs: torch.Tensor, prior: GroupPrior) -> torch.Tensor:
+    """``-2 W (.) outputs`` block by block (``W`` of :func:`w_shape`, ``outputs (blocks, l)``): with ``outputs`` the
+    mean of :func:`output_block_sums_checked` over a batch it is the batch mean of the s-independent part of the
+    W-gradient, ``-2 W_ru F_iu`` in record i's block (Lemma D.1). Post-processing of a released ``outputs``."""
+    blocks = _blocks_view(W, prior)
+    return (-2.0 * blocks * outputs.to(W.dtype).unsqueeze(1)).reshape(W.shape)
 
 
 def _model_params(model: nn.Module) -> dict[str, torch.Tensor]:

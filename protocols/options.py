@@ -285,6 +285,45 @@ class SamplingOptions(OptionGroup):
         return None
 
 
+#: The values of `protect` (:class:`ProtectOptions`).
+Protect = Literal["sensitive", "record"]
+
+
+class ProtectOptions(OptionGroup):
+    """What the silos' noise protects (SteFFLe and Tran et al.): the sensitive attribute, or the whole record (DP-FERMI
+    Theorem D.2, second part; issue 34)."""
+
+    heading: ClassVar[str] = "what the noise protects"
+
+    protect: Protect = Field(
+        default="sensitive",
+        description="sensitive: DP of each record's sensitive attribute only (replace-one of s); the loss gradient "
+        "leaves the silo un-noised, so features and labels are not protected; record: DP of the whole record "
+        "(features, label and sensitive attribute; add/remove one record): every release, the loss gradient "
+        "included, is clipped per record and noised, all on one Poisson sample (DP-FERMI Theorem D.2, second part); "
+        "topology silos and sampling poisson only",
+        json_schema_extra=SILO,
+    )
+
+    def protect_problem(self, topology: str, sampling: str) -> str | None:
+        """Why `protect` = record cannot run with this topology or sampling (None: it can)."""
+        if self.protect != "record":
+            return None
+        if topology != "silos":
+            return (
+                f"'protect' = 'record' is implemented for topology 'silos' only: with topology {topology!r} the "
+                "feature parties send their loss gradients un-noised and each party keeps its own ledger; use "
+                "'protect' = 'sensitive' or topology silos"
+            )
+        if sampling != "poisson":
+            return (
+                "'protect' = 'record' needs 'sampling' = 'poisson': under add/remove of a record a shuffled epoch's "
+                "batches are all different (every record moves), which its accounting does not cover; use sampling "
+                "poisson"
+            )
+        return None
+
+
 class LrDecayOptions(OptionGroup):
     """A step-decay schedule of the server's learning rate."""
 

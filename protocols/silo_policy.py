@@ -12,6 +12,8 @@ and validated before the silo joins anything, so a mistake in it stops the silo 
     max-epsilon-per-job = 2.0     # a job asking for more is calibrated for this (more noise), never refused for it
     max-delta = 1e-5              # default 1/n_j (n_j: the silo's training records); a job asking more is refused
     algorithms = ["dp-fedsgd"]    # default with a budget: the algorithms whose releases are noised for this node's data
+    protect = "record"            # answer only jobs whose every release is noised over the whole record (SteFFLe and
+                                  # Tran et al. with protect = record, DP-FedSGD, ...), never with epsilon = inf
     allow-trusted-server = false  # DP-mu2-FL's trusted mode sends the momentum un-noised
     evaluation = "noised"         # "noised" | "exact" | "refuse"; default "noised" with a budget, else "exact"
     evaluation-noise = 20.0       # std of the Gaussian noise on each confusion count of a noised evaluation
@@ -24,6 +26,11 @@ behaves as it did before policies existed (simulation gives the same numbers). A
 job (an algorithm it does not allow, a delta above `max-delta`, a job its lifetime budget cannot hold, a trusted
 server it does not allow) stops that job before anything is released, with an error naming the key and the value the
 server asked for (`client.silo_policy`).
+
+`protect = "record"` is the operator's floor on what the noise covers: a job whose releases are not all noised over
+the node's whole records is refused, whatever the server's instruction says and even if `algorithms` lists the
+algorithm (a SteFFLe or Tran et al. job with `protect` = sensitive sends its loss gradient un-noised), and so is a
+job calibrated for no noise. The default (no key) leaves that to `algorithms` and the budget, as before.
 
 `model-modules` is not about privacy but about code: a run's `--model MODULE:FACTORY` makes every silo import
 MODULE and call FACTORY, i.e. run code the server names. A deployed node does it only for the modules its operator
@@ -72,6 +79,7 @@ class SiloPolicy(BaseModel):
     max_epsilon_per_job: float = Field(default=math.inf, alias="max-epsilon-per-job", gt=0)
     max_delta: float | None = Field(default=None, alias="max-delta", ge=0, lt=1)
     algorithms: tuple[str, ...] | None = None
+    protect: Literal["sensitive", "record"] | None = None
     allow_trusted_server: bool = Field(default=False, alias="allow-trusted-server")
     evaluation: Literal["noised", "exact", "refuse"] | None = None
     evaluation_noise: float = Field(default=DEFAULT_EVALUATION_NOISE, alias="evaluation-noise", gt=0, le=1e6)
@@ -147,28 +155,39 @@ class SiloPolicy(BaseModel):
             return 1.0 / max(records, 1)
         return None
 
-    def allows(self, algorithm: str, role: str) -> bool:
-        """Whether the node answers `algorithm` (a registry name) in `role`: the listed algorithms, else with a
-        budget the algorithms whose releases are noised for everything a node of `role` holds
-        (`Algorithm.noised_for`), else every algorithm."""
+    def allows(self, algorithm: str, role: str, protect: str = "sensitive") -> bool:
+        """Whether the node answers `algorithm` (a registry name) in `role` for a job whose `protect` is `protect`:
+        with `protect = "record"` in the policy only jobs whose every release is noised over everything a node of
+        `role` holds (:meth:`covers_whole_records`); then the listed algorithms, else with a budget the jobs whose
+        releases are so noised, else every algorithm."""
+        whole = self.covers_whole_records(algorithm, role, protect)
+        if self.protect == "record" and not whole:
+            return False
         if self.algorithms is not None:
             return algorithm in self.algorithms
         if not self.has_budget:
             return True
+        return whole
+
+    @staticmethod
+    def covers_whole_records(algorithm: str, role: str, protect: str = "sensitive") -> bool:
+        """Whether every release of `algorithm` in `role` is noised over everything the node holds, for a job whose
+        `protect` is `protect` (`Algorithm.noised_roles`)."""
         from silofl.protocols import algorithms
 
-        return role in algorithms.get(algorithm).noised_for
+        return role in algorithms.get(algorithm).noised_roles(protect)
 
     def allows_model_module(self, module: str) -> bool:
         """Whether a deployed node may import `module` for a user's model: it, or a package above it, is listed in
         `model-modules` (``mypkg`` allows ``mypkg.models``; ``mypkg.models`` does not allow ``mypkg``)."""
         return any(module == allowed or module.startswith(allowed + ".") for allowed in self.model_modules)
 
-    def allowed_algorithms(self, role: str) -> list[str]:
-        """The registry names this policy answers in `role` (for messages and `silofl silo budget`)."""
+    def allowed_algorithms(self, role: str, protect: str = "sensitive") -> list[str]:
+        """The registry names this policy answers in `role` for jobs whose `protect` is `protect` (for messages and
+        `silofl silo budget`)."""
         from silofl.protocols import algorithms
 
-        return [name for name in algorithms.names() if self.allows(name, role)]
+        return [name for name in algorithms.names() if self.allows(name, role, protect)]
 
     def summary(self) -> dict[str, object]:
         """The policy as its TOML keys, defaults resolved where they do not depend on the data (for reports)."""

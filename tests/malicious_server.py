@@ -15,7 +15,8 @@ What a test needs to check that a silo's differential privacy holds against a se
 * :func:`behaviour_difference`: "same behaviour" of two replies. Either both are errors with the same reason, or
   neither is, and then they hold the same records, the same arrays (names, shapes, dtypes), every float finite, and
   the records that carry no noise byte for byte the same (the report always; for steffle and tran also `update`,
-  computed without s). The noised records (:func:`noised_records`) may differ in value only.
+  computed without s, unless the job protects whole records). The noised records (:func:`noised_records`) may differ
+  in value only.
 """
 
 from __future__ import annotations
@@ -297,13 +298,16 @@ def fairness_shapes(info: msg.SiloInfo, fairness: str = "dp") -> tuple[tuple[int
 
 
 # -- "same behaviour" ----------------------------------------------------------------------------------------------
-def noised_records(algorithm: str, kind: str) -> frozenset[str]:
+def noised_records(algorithm: str, kind: str, protect: str = "sensitive") -> frozenset[str]:
     """The records of a reply to a message of type `kind` that carry the algorithm's noise (they may differ between
-    D and D' in value); every other record must be byte for byte the same."""
+    D and D' in value); every other record must be byte for byte the same. `protect`: the job's mode (steffle and
+    tran with ``record`` noise their loss gradient `update` too)."""
     if kind in (msg.GROUPS,):
         return frozenset({msg.COUNTS})
     if kind == msg.CORRELATION:
         return frozenset({msg.CORRELATION_MATRIX})
+    if algorithm in ("steffle", "tran") and protect == "record":
+        return frozenset({msg.UPDATE, msg.FAIR_UPDATE})
     if kind == pm.SENSITIVE_QUERY or algorithm in ("steffle", "tran"):
         return frozenset({msg.FAIR_UPDATE})
     if algorithm == "fedfdp":

@@ -5,10 +5,10 @@ size, lr, lambda, epsilon and delta, total rounds, domain diameter, keep rate, .
 multipliers, global loss, query points, the feature parties' outputs and Jacobians) whose magnitudes go from 0 to the
 dtype's largest finite value (zeros, constants, signs, a few huge entries). Each message goes, byte for byte the same,
 to a silo (or a separate sensitive party) on D and to one on D', neighbours in the algorithm's relation (a record
-replaced for the record-level algorithms, one record's sensitive attribute changed for steffle, tran and the
-sensitive party), both with the same seeds. The two must behave the same (`tests/malicious_server.py`,
-`behaviour_difference`): both refuse for the same reason, or both answer with the same records and arrays, every
-value finite, and the records that carry no noise byte for byte equal.
+replaced for the record-level algorithms and for steffle and tran with `protect` record, one record's sensitive
+attribute changed for steffle, tran and the sensitive party otherwise), both with the same seeds. The two must behave
+the same (`tests/malicious_server.py`, `behaviour_difference`): both refuse for the same reason, or both answer with
+the same records and arrays, every value finite, and the records that carry no noise byte for byte equal.
 
 The privacy parameters come from a few profiles (a calibration costs 0.1-15 s; the silo caches them per process) and
 the silos are small (24 records), so the module runs in well under two minutes. The number of generated cases is
@@ -255,10 +255,13 @@ def attribute_changed(data: st.DataObject, base: SiloData) -> SiloData:
 
 
 # -- running a case --------------------------------------------------------------------------------------------------
-def exchange(twins: ms.Twins, algorithm: str, kind: str, content: Any, server_round: int) -> bool:
-    """Send one message to both silos; fail unless they behave the same. True when both answered."""
+def exchange(
+    twins: ms.Twins, algorithm: str, kind: str, content: Any, server_round: int, protect: str = "sensitive"
+) -> bool:
+    """Send one message to both silos; fail unless they behave the same. True when both answered. `protect`: the
+    job's mode (`ms.noised_records`)."""
     first, second = twins.send(kind, content, server_round)
-    problem = ms.behaviour_difference(first, second, ms.noised_records(algorithm, kind))
+    problem = ms.behaviour_difference(first, second, ms.noised_records(algorithm, kind, protect))
     assert problem is None, f"{algorithm}, {kind} of round {server_round}: {problem}"
     CASES["refused" if first.has_error() else "answered"] += 1
     return not first.has_error()
@@ -321,9 +324,11 @@ def test_fedfdp_behaves_the_same_on_neighbouring_silos() -> None:
 
 
 def _fairness_run(data: st.DataObject, algorithm: str, model: str) -> None:
-    """steffle or tran with `model`: one record's attribute changed; the group counts, then 1-3 rounds."""
+    """steffle or tran with `model`: one record's attribute changed (with `protect` record: a whole record replaced);
+    the group counts, then 1-3 rounds."""
     base = silo(data, low=-1.0, high=1.0)
-    d_prime = attribute_changed(data, base)
+    protect = data.draw(st.sampled_from(("sensitive", "record")), label="protect")
+    d_prime = replaced(data, base, (-1.0, 0.0, 0.5, 1.0)) if protect == "record" else attribute_changed(data, base)
     kind = {"model": model, "hidden": data.draw(st.sampled_from((1, 3)), label="hidden")}
     notion = data.draw(st.sampled_from(("dp", "eo", "eopp")), label="fairness")
     run = {
@@ -332,6 +337,7 @@ def _fairness_run(data: st.DataObject, algorithm: str, model: str) -> None:
         "fairness": notion,
         "lam": scalar(data, algorithm, "lam", LAMBDA),
         "sampling": data.draw(st.sampled_from(("poisson", "shuffle")), label="sampling"),
+        "protect": protect,
     }
     if algorithm == "steffle":
         run |= {
@@ -341,7 +347,7 @@ def _fairness_run(data: st.DataObject, algorithm: str, model: str) -> None:
     name = "w" if algorithm == "steffle" else "multipliers"
 
     def messages(twins: ms.Twins) -> None:
-        if not exchange(twins, algorithm, msg.GROUPS, ms.groups(algorithm, **run), 0):
+        if not exchange(twins, algorithm, msg.GROUPS, ms.groups(algorithm, **run), 0, protect):
             return
         for t in range(1, data.draw(st.integers(1, 3), label="rounds") + 1):
             values = {**run, **sgd_values(data, algorithm)}
@@ -356,7 +362,7 @@ def _fairness_run(data: st.DataObject, algorithm: str, model: str) -> None:
                 server_round=t,
                 **values,
             )
-            exchange(twins, algorithm, msg.TRAIN, content, t)
+            exchange(twins, algorithm, msg.TRAIN, content, t, protect)
 
     case(algorithm, base, d_prime, messages)
 

@@ -218,6 +218,24 @@ def test_audit_through_the_real_function_agrees() -> None:
     assert broken.separation == pytest.approx(mechanism.realized_mu(bench.BROKEN), rel=0.1)
 
 
+def test_steffle_record_canary_moves_each_release_within_its_radius() -> None:
+    # Whole-record privacy (protect = record): the canary is added with its features, label and attribute. The loss
+    # and theta releases move by exactly C / m (both clipped), the W and soft-prediction releases by less than their
+    # radii / m; the claim is the accountant's for 4 releases under add/remove, so the canary's shift in noise stds,
+    # sqrt(3) / sigma, stays below the sqrt(4) / sigma it is calibrated for.
+    mechanism = bench.steffle_record(1.0)
+    shift = mechanism.means[1] - mechanism.means[0]
+    m, params = 21, 5
+    parts = np.split(shift, [params, 2 * params, 2 * params + 4])
+    assert np.linalg.norm(parts[0]) * m == pytest.approx(1.0, rel=1e-5)
+    assert np.linalg.norm(parts[1]) * m == pytest.approx(1.0, rel=1e-5)
+    assert np.linalg.norm(parts[2]) * m <= 2.0 * math.sqrt(2.0) and np.linalg.norm(parts[3]) * m <= 1.0 + 1e-6
+    assert mechanism.claimed_epsilon == pytest.approx(
+        epsilon_spent(bench._calibration(1.0, 4).noise_multiplier, 1.0, 1, DELTA, releases=4), rel=1e-9
+    )
+    assert mechanism.realized_epsilon() < mechanism.claimed_epsilon
+
+
 def test_mu2fl_silo_refuses_a_deviating_server() -> None:
     # Query points farther apart than the anytime average allows would void Lemma 4.2's bound (audited before the
     # check: lower bound 10.4 against a claim of 3.25); the silo refuses the round instead of answering.

@@ -26,6 +26,19 @@ shuffles) both functions are handed their records (`sample`: the round's batch o
 above are unchanged, but nothing is amplified: the silo accounts each epoch as one unsampled release of the two
 (`protocols.shuffled_epochs` has the argument).
 
+Whole-record privacy (the run option `protect = record`; DP-FERMI Theorem D.2, second part; issue 34):
+:func:`record_gradients`. Neighbours differ by one whole record (x_i, s_i, y_i) added or removed, so every release must
+be a noised sum of per-record terms in bounded balls, the loss gradient included. The silo then draws ONE Poisson
+sample (the paper's minibatch B_t; there is nothing un-noised left that its amplification must be kept apart from)
+and releases on it, each at the same noise multiplier sigma: the per-record loss gradients clipped to C, the
+theta-gradients of psi clipped to C, the s-dependent W-gradients (radius R_W as above) and, in place of the
+s-independent -2 W (.) F_i (whose norm grows with the server's W), each record's soft predictions F_i in its W block
+(radius 1, `protocols.ermi.output_block_sums_checked`); the -2 W (.) F part is computed from that noised sum
+(post-processing, `protocols.ermi.w_output_term`). Four releases of one Poisson-subsampled Gaussian under add/remove,
+one mechanism of multiplier sigma / 2 for the accountant. Every sum is divided by the run's public batch size m, never
+by the silo's own count: under add/remove a divisor min(m, n_j) would move with the record (`client.algorithms.
+dp_fedsgd`). With lambda = 0 the round releases the loss gradient alone.
+
 Device (`--device`, `protocols.devices`): the model's forward and per-sample backward passes run on the model's
 device; the sensitive attributes, labels, W, the W-sums and the noise stay on the CPU, and what leaves is on the CPU.
 """
@@ -33,6 +46,7 @@ device; the sensitive attributes, labels, W, the W-sums and the noise stay on th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,13 +54,15 @@ from torch import nn
 
 from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from silofl.client.gradients import mean_gradient_and_logits
+from silofl.client.gradients import clipped_gradient_sum, mean_gradient_and_logits
 from silofl.protocols.ermi import (
     GroupPrior,
     clipped_psi_theta_sum,
+    output_block_sums_checked,
     psi_logit_grads,
     psi_output_cotangents_checked,
     psi_w_sensitive_sum_checked,
+    w_output_term,
 )
 from silofl.protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
 from silofl.protocols.privacy.gaussian import GaussianMechanism
@@ -153,21 +169,7 @@ def fairness_gradients(
     (`protocols.privacy.gaussian`).
     """
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
-    # Only the features go to the model's device (the forward and per-sample backward passes); the groups, labels and
-    # W stay on the CPU, with the cotangents and the W-sum computed from them, and the noise (`protocols.devices`).
-    x = torch.from_numpy(data.features[idx]).to(model_device(model))
-    y = torch.from_numpy(data.labels[idx])
-    s = torch.from_numpy(sensitive.groups[idx])
-    w_sum = torch.zeros_like(w)
-    if len(idx):
-        theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
-        theta_sum, probs = theta_sum.cpu(), probs.cpu()
-        # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
-        # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`). Inputs checked
-        # where they entered the silo (W at the message boundary, s and y with the silo's data, probs its own).
-        w_sum = psi_w_sensitive_sum_checked(probs, s, prior, labels=y)
-    else:
-        theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y).cpu()  # zeros
+    theta_sum, w_sum, _, _ = _fairness_sums(model, data, sensitive, idx, w=w, prior=prior, clip=clip)
     if noise_multiplier > 0:
         theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
         w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
@@ -175,6 +177,149 @@ def fairness_gradients(
     if prior.balanced:  # the whole W-gradient: its s-independent-looking term depends on s through omega_i
         return theta_sum / expected, w_sum / expected + balanced_w_base(w, w_sum / expected, prior)
     return theta_sum / expected, w_sum / expected
+
+
+def loss_release(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    idx: np.ndarray,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """The loss gradient under whole-record privacy (`protect` = record): the per-record loss gradients of the records
+    `idx` clipped to C and summed (`client.gradients.clipped_gradient_sum`: a record whose gradient is not finite
+    contributes 0), plus N(0, (sigma C)^2) drawn from `generator` on the CPU; the SUM (the caller divides it by the
+    public batch size). DP-FedSGD's release, on the round's one sample; it reads no sensitive attribute."""
+    x, y = step_batch(model, data, idx)
+    total = clipped_gradient_sum(model, x, y, clip).cpu()
+    if noise_multiplier > 0:
+        total = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(total, generator)
+    return total
+
+
+@dataclass(frozen=True)
+class RecordSums:
+    """The noised sums of a whole-record round (:func:`record_sums`), in the order their noise is drawn: the loss
+    gradients (radius C), the theta-gradients of psi (C), the s-dependent W-gradients (R_W) and the soft predictions
+    per W block (radius 1; None for the balanced objective). Without the fairness releases (lambda = 0) only `loss`."""
+
+    loss: torch.Tensor
+    theta: torch.Tensor | None = None
+    w: torch.Tensor | None = None
+    outputs: torch.Tensor | None = None
+
+
+def record_sums(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    clip: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+    sample: np.ndarray,
+    w_noise: str = "isotropic",
+    fairness: bool = True,
+) -> RecordSums:
+    """What a whole-record round releases (module docstring), before any division or post-processing: on the round's
+    one sample `sample`, each sum of per-record terms in its ball around 0, noised at `noise_multiplier` (0: the
+    clipped sums themselves). The noise is drawn from `generator` in the order of :class:`RecordSums`' fields."""
+    idx = sample
+    g = loss_release(model, data, idx, clip=clip, noise_multiplier=noise_multiplier, generator=generator)
+    if not fairness:
+        return RecordSums(g)
+    theta_sum, w_sum, probs, y = _fairness_sums(model, data, sensitive, idx, w=w, prior=prior, clip=clip)
+    outputs = torch.zeros(prior.blocks(), w.shape[-1], dtype=w.dtype)
+    if probs is not None:
+        outputs = output_block_sums_checked(probs, prior, labels=y).to(w.dtype)
+    if noise_multiplier > 0:
+        theta_sum = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(theta_sum, generator)
+        w_sum = w_release(w_sum, prior, noise_multiplier, generator, w_noise)
+        if not prior.balanced:
+            unit = GaussianMechanism(sensitivity=OUTPUTS_RADIUS, noise_multiplier=noise_multiplier)
+            outputs = unit.release(outputs, generator)
+    return RecordSums(g, theta_sum, w_sum, None if prior.balanced else outputs)
+
+
+def record_gradients(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    batch_size: int,
+    clip: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+    sample: np.ndarray,
+    w_noise: str = "isotropic",
+    fairness: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A round under whole-record privacy (module docstring): the noised ``(g, h_theta, h_W)`` of :func:`record_sums`,
+    each divided by the public batch size m = `batch_size`; h_W is the whole W-gradient, its -2 W (.) F part computed
+    from the noised soft predictions (or, for the balanced objective, from the s-dependent release): post-processing.
+    Without `fairness` (lambda = 0): ``(g, None, None)``. With `noise_multiplier` 0 (a run without noise) each
+    release is its clipped sum / m."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (the public divisor m of the noisy sums), got {batch_size}")
+    sums = record_sums(
+        model,
+        data,
+        sensitive,
+        w=w,
+        prior=prior,
+        clip=clip,
+        noise_multiplier=noise_multiplier,
+        generator=generator,
+        sample=sample,
+        w_noise=w_noise,
+        fairness=fairness,
+    )
+    if sums.theta is None or sums.w is None:
+        return sums.loss / batch_size, None, None
+    w_sensitive = sums.w / batch_size
+    if sums.outputs is None:  # balanced: the whole W-gradient from the s-dependent release
+        w_gradient = w_sensitive + balanced_w_base(w, w_sensitive, prior)
+    else:
+        w_gradient = w_output_term(w, sums.outputs / batch_size, prior) + w_sensitive
+    return sums.loss / batch_size, sums.theta / batch_size, w_gradient
+
+
+#: The radius of one record's soft predictions F_i in its W block (||F_i||_2 <= ||F_i||_1 = 1): the `outputs`
+#: release of a whole-record round.
+OUTPUTS_RADIUS = 1.0
+
+
+def _fairness_sums(
+    model: nn.Module,
+    data: NonSensitiveDivision,
+    sensitive: SensitiveDivision,
+    idx: np.ndarray,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    clip: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The un-noised sums of the records `idx` that the sensitive division releases: the clipped theta-gradients of
+    psi and the s-dependent W-gradients; with the records' soft predictions F (None for no record) and labels."""
+    # Only the features go to the model's device (the forward and per-sample backward passes); the groups, labels and
+    # W stay on the CPU, with the cotangents and the W-sum computed from them, and the noise (`protocols.devices`).
+    x = torch.from_numpy(data.features[idx]).to(model_device(model))
+    y = torch.from_numpy(data.labels[idx])
+    s = torch.from_numpy(sensitive.groups[idx])
+    if not len(idx):
+        return clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y).cpu(), torch.zeros_like(w), None, y
+    theta_sum, probs = _clipped_theta_sum_and_outputs(model, x, s, w, prior, clip, y)
+    theta_sum, probs = theta_sum.cpu(), probs.cpu()
+    # d psi_i / d W at W = 0 is exactly the s-dependent term 2 [s_i = r] F_u / sqrt(p(r)): the only part of the
+    # W-gradient released here (the rest comes from the non-sensitive division, `w_gradient_base`). Inputs checked
+    # where they entered the silo (W at the message boundary, s and y with the silo's data, probs its own).
+    return theta_sum, psi_w_sensitive_sum_checked(probs, s, prior, labels=y), probs, y
 
 
 def w_release(

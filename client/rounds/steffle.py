@@ -10,6 +10,12 @@ on sensitive attributes: the one-off histogram, then T rounds of a Poisson-sampl
 parts) at the same noise multiplier. With `sampling = shuffle` (`protocols.shuffled_epochs`) the divisions take the
 rounds' batches of shuffled epochs instead, and the rounds are accounted without amplification: E_j = ceil(T / B_j)
 unsampled releases of the same two vectors, one per epoch, charged at the epoch's first round.
+
+Whole-record privacy (`protect = record`, issue 34; `client.algorithms.steffle.record_gradients`): the relation is
+add/remove of one whole record, the histogram's sensitivity 1, and each round makes its releases on ONE Poisson sample:
+the loss gradient (radius C), and with lambda > 0 the theta part (C), the s-dependent W part (R_W) and the soft
+predictions (radius 1; not for the balanced objective, whose W-gradient follows from its W part). The loss release is
+charged every round, lambda = 0 included. Shuffled epochs and separate parties are refused (`ProtectOptions`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,31 @@ from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
 
 #: The setup release: the (group, label) histogram, radius sqrt(2)/2 under replace-one (`histogram_sensitivity`).
 GROUP_COUNTS = "group-counts"
+#: Under whole-record privacy: the loss gradient's release (radius C) and the soft predictions' (radius 1).
+LOSS = "loss"
+OUTPUTS = "outputs"
+
+
+def protects_record(instr: msg.TrainInstruction) -> bool:
+    """Whether the job protects whole records (`protect = record`); an instruction without the field does not."""
+    return getattr(instr, "protect", "sensitive") == "record"
+
+
+def relation_of(instr: msg.TrainInstruction) -> str:
+    """The neighbouring relation of the job: add/remove of a whole record, or replace-one of s."""
+    return "add_remove" if protects_record(instr) else "replace_one"
+
+
+def record_releases(instr: msg.TrainInstruction, fairness: tuple[Release, ...]) -> tuple[Release, ...]:
+    """A whole-record round's releases: the loss gradient (radius C), then `fairness` (none with lambda = 0).
+    Refused (MessageError, from the message alone) with shuffled epochs, whose accounting does not hold under
+    add/remove (`protocols.options.ProtectOptions`)."""
+    if getattr(instr, "sampling", "poisson") != "poisson":
+        raise msg.MessageError(
+            "the server asked for 'protect' = 'record' with 'sampling' = 'shuffle': a record added or removed changes "
+            "every batch of a shuffled epoch, which the silo cannot account; it refuses (use sampling poisson)"
+        )
+    return (Release(LOSS, radius=instr.clip), *fairness)
 
 
 def sampling_of(records: int, sampling: str, batch_size: int, rounds: int) -> dict[str, object]:
@@ -58,25 +89,55 @@ def mechanism(records: int, instr: msg.TrainInstruction, releases: tuple[Release
     (`counts-share` of the budget), then per step two releases of the sensitive division's sample, the clipped theta
     part (radius C) and the s-dependent W part (its radius 2 / sqrt(rho), or per group rows, follows from the group
     prior, bound at its first round: `RoundPrivacy.bind`). Shuffled epochs also bind the run seed their
-    permutations come from: a seed changed mid-epoch could put a record in two batches of one epoch."""
+    permutations come from: a seed changed mid-epoch could put a record in two batches of one epoch.
+
+    Under whole-record privacy (`protect = record`) the relation is add/remove of a record and every round releases
+    the loss gradient first (:func:`record_releases`); SteFFLe's fairness releases are then :func:`record_fairness`'s.
+    The bound mechanism names the mode (`parameter.protect`), so the silo's state says which mode its releases were
+    made under and a later message asking for the other is refused."""
+    record = protects_record(instr)
+    if record:
+        releases = record_releases(instr, record_fairness(instr) if releases is None else releases)
     releases = releases or (Release("theta", radius=instr.clip), Release("w", radius=None))
     return _mechanism(
-        records, instr.sampling, instr.batch_size, instr.total_rounds, instr.seed, instr.counts_share, releases
+        records, instr.sampling, instr.batch_size, instr.total_rounds, instr.seed, instr.counts_share, releases, record
     )
+
+
+def record_fairness(instr: msg.TrainInstruction) -> tuple[Release, ...]:
+    """SteFFLe's fairness releases of a whole-record round: none with lambda = 0; else the theta part (radius C), the
+    s-dependent W part (radius from the prior) and, unless the objective is group-balanced, the soft predictions in
+    their W blocks (radius 1, `client.algorithms.steffle.OUTPUTS_RADIUS`)."""
+    if instr.lam <= 0:
+        return ()
+    fairness = (Release("theta", radius=instr.clip), Release("w", radius=None))
+    if instr.group_weight == "balanced":
+        return fairness
+    return (*fairness, Release(OUTPUTS, radius=algo.OUTPUTS_RADIUS))
 
 
 @functools.lru_cache(maxsize=64)
 def _mechanism(
-    records: int, sampling: str, batch: int, rounds: int, seed: int, share: float, releases: tuple[Release, ...]
+    records: int,
+    sampling: str,
+    batch: int,
+    rounds: int,
+    seed: int,
+    share: float,
+    releases: tuple[Release, ...],
+    record: bool = False,
 ) -> Mechanism:
     """:func:`mechanism` of these values (a Mechanism is immutable: the same one serves every round of a run)."""
     parameters: dict[str, str | int | float] = {"batch-size": batch}
     if sampling == "shuffle":
         parameters["epoch-seed"] = seed
+    if record:
+        parameters["protect"] = "record"
+    relation = "add_remove" if record else "replace_one"
     return Mechanism(
-        relation="replace_one",
+        relation=relation,
         releases=releases,
-        setup=(SetupRelease(GROUP_COUNTS, share=share, radius=histogram_sensitivity("replace_one")),),
+        setup=(SetupRelease(GROUP_COUNTS, share=share, radius=histogram_sensitivity(relation)),),
         parameters=parameters,
         **sampling_of(records, sampling, batch, rounds),  # type: ignore[arg-type]
     )
@@ -105,7 +166,7 @@ def group_counts(
         return counts, math.inf
     spent = privacy.charge_setup()
     release = GaussianMechanism(
-        sensitivity=histogram_sensitivity("replace_one"), noise_multiplier=privacy.setup_multiplier
+        sensitivity=histogram_sensitivity(relation_of(instr)), noise_multiplier=privacy.setup_multiplier
     )
     noisy = release.release(torch.from_numpy(counts), privacy.generator(server_round=0)).numpy()
     return noisy, spent
@@ -138,6 +199,8 @@ def train_round(
     rate = min(1.0, instr.batch_size / len(silo.train))
     privacy = open_privacy(context, silo, instr)
     privacy.bind("prior", digest(fair["prior"]))  # the W radius follows from it
+    if protects_record(instr):
+        return _record_round(model, silo, instr, context, privacy, w=w, prior=prior, rate=rate)
     spent = math.inf
     if instr.lam > 0 and privacy.private:
         # Charged BEFORE anything is computed or released: a refused answer releases nothing.
@@ -171,6 +234,44 @@ def train_round(
         # Balanced objective: h_w is the whole W-gradient (its -2 W F term depends on s; `algo.balanced_w_base`).
         w_gradient = h_w if prior.balanced else w_base + h_w
         fair_arrays["w"] = w_gradient.detach().numpy().astype(np.float32)
+        arrays[msg.FAIR_UPDATE] = fair_arrays
+    return arrays, privacy.report(num_examples=len(silo.train), sampling_rate=rate, spent=spent)
+
+
+def _record_round(
+    model: nn.Module,
+    silo: SiloData,
+    instr: msg.TrainInstruction,
+    context: Context,
+    privacy: RoundPrivacy,
+    *,
+    w: torch.Tensor,
+    prior: GroupPrior,
+    rate: float,
+) -> RoundResult:
+    """A round under whole-record privacy: charged first (every round, lambda = 0 included: the loss gradient is a
+    release), then every release noised on one Poisson sample (`client.algorithms.steffle.record_gradients`)."""
+    spent = privacy.charge() if privacy.private else math.inf  # BEFORE anything is computed or released
+    sample = batches.round_sample(context, instr, silo_id=silo.silo_id, records=len(silo.train), division="sensitive")
+    g, h_theta, h_w = algo.record_gradients(
+        model,
+        silo.train.nonsensitive,
+        silo.train.sensitive,
+        w=w,
+        prior=prior,
+        batch_size=instr.batch_size,
+        clip=instr.clip,
+        noise_multiplier=privacy.noise_multiplier,
+        generator=privacy.generator(randomness.NOISE),
+        sample=sample,
+        w_noise=w_noise_of(instr.w_noise),
+        fairness=instr.lam > 0,
+    )
+    spec = parameter_spec(model)
+    arrays = {msg.UPDATE: _named(g, spec)}
+    if h_theta is not None and h_w is not None:
+        fair_arrays = _named(h_theta, spec)
+        fair_arrays["w"] = h_w.detach().numpy().astype(np.float32)
         arrays[msg.FAIR_UPDATE] = fair_arrays
     return arrays, privacy.report(num_examples=len(silo.train), sampling_rate=rate, spent=spent)
 

@@ -30,7 +30,7 @@ from flwr.app import Context, Message, RecordDict
 from silofl.client import party_exchange, randomness
 from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
 from silofl.client.round_privacy import RoundPrivacy, digest
-from silofl.client.rounds.steffle import GROUP_COUNTS, _named, group_prior, w_noise_of
+from silofl.client.rounds.steffle import GROUP_COUNTS, _named, group_prior, protects_record, w_noise_of
 from silofl.protocols import messages as msg
 from silofl.protocols import parties as pm
 from silofl.protocols.ermi import GroupPrior
@@ -52,6 +52,18 @@ def mechanism(instr: msg.TrainInstruction, rate: float) -> Mechanism:
         releases=(Release("theta", radius=instr.clip), Release("w", radius=None)),
         setup=(SetupRelease(GROUP_COUNTS, share=instr.counts_share, radius=histogram_sensitivity("replace_one")),),
     )
+
+
+def refuse_record(instr: msg.TrainInstruction, what: str) -> None:
+    """Refuse whole-record privacy (`protect = record`, which the run config refuses with separate parties): a feature
+    party's loss gradient would leave it un-noised, and a record's releases would be split between two ledgers. From
+    the message alone, before anything is computed."""
+    if protects_record(instr):
+        raise msg.MessageError(
+            f"{what}: the server asked for 'protect' = 'record', which separate feature and sensitive parties do not "
+            "implement (a feature party sends its loss gradient un-noised); this party refuses (use topology silos "
+            "for whole-record privacy)"
+        )
 
 
 def open_privacy(context: Context, party: SensitivePartyData, instr: msg.TrainInstruction, rate: float) -> RoundPrivacy:
@@ -103,6 +115,7 @@ def feature_train(
     from silofl.client.algorithms.steffle import nonsensitive_step
 
     what = f"train message to feature party {party.party_id} in round {instr.server_round}"
+    refuse_record(instr, what)
     msg.check_records(message.content, {msg.CONFIG, msg.MODEL, msg.FAIRNESS}, what=what)
     prior, w, _ = _prior(message.content, party.info, instr, what)
     rate = min(1.0, instr.batch_size / len(party.train_ids))
@@ -127,6 +140,7 @@ def group_counts(
     """The (group, label) counts of the training records this party received in the sealed exchange; a Gaussian
     histogram of radius sqrt(2)/2 unless the run is non-private (as a silo's)."""
     what = f"groups message to sensitive party {party.party_id}"
+    refuse_record(instr, what)
     info = party.info
     msg.check_records(message.content, {msg.CONFIG}, what=what)
     records = party_exchange.stored(context, what)
@@ -157,6 +171,7 @@ def sensitive_round(
     from silofl.client.app import _model_from_arrays
 
     what = f"sensitive query to sensitive party {party.party_id} in round {instr.server_round}"
+    refuse_record(instr, what)
     msg.check_records(message.content, {msg.CONFIG, msg.FAIRNESS, msg.MODEL}, what=what)
     info = party.info
     prior, w, prior_digest = _prior(message.content, info, instr, what)

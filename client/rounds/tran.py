@@ -30,6 +30,12 @@ unsampled release of the two (no amplification; `protocols.shuffled_epochs`), ch
 
 Nothing else the silo sends (its number of records, its report) depends on s. The primal and dual steps are the
 server's (`strategies.tran`).
+
+Whole-record privacy (`protect = record`, issue 34): neighbours differ by one whole record added or removed, so g_j
+is a release too. The silo draws ONE Poisson sample per round and releases on it the per-record loss gradients
+clipped to C (`client.algorithms.steffle.loss_release`), then h_j and the group mass as above, all at one noise
+multiplier (three releases of one Poisson-subsampled Gaussian under add/remove, after the histogram of sensitivity 1),
+each sum divided by the public batch size m. Charged every round before anything is computed.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from torch import nn
 
 from silofl.client import batches, randomness
 from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
+from silofl.client.algorithms.steffle import loss_release
 from silofl.client.data.tabular import SiloData
 from silofl.client.gradients import mean_gradient, unflatten
 from silofl.client.round_privacy import digest
@@ -63,7 +70,8 @@ MASS = "mass"  # name of the group mass in the fair-update record
 def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:
     """The silo's run: SteFFLe's (the one-off histogram, then the steps of the sensitive division's sampler under the
     replace-one relation), with this algorithm's two releases per step: the clipped constraint gradient (radius C)
-    and the group mass (radius 1)."""
+    and the group mass (radius 1). Under whole-record privacy SteFFLe's add/remove mechanism, the loss gradient
+    first (`client.rounds.steffle.record_releases`)."""
     releases = (Release("constraint", radius=instr.clip), Release(MASS, radius=MASS_RADIUS))
     return steffle_round.mechanism(records, instr, releases)
 
@@ -86,9 +94,11 @@ def fairness_release(
     rng: np.random.Generator | None = None,
     generator: torch.Generator,
     sample: np.ndarray | None = None,
+    divisor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sensitive division's noised ``(h, group mass)``, each a sum over its own Poisson sample (or the given
-    `sample`, a shuffled epoch's batch) / (q n_j)."""
+    `sample`, a shuffled epoch's batch, or a whole-record round's one sample) / (q n_j), or / `divisor` (whole-record
+    privacy: the public batch size)."""
     data, sensitive = silo.train.nonsensitive, silo.train.sensitive
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
     # the features on the model's device (forward and per-sample backward passes); groups, labels, the multipliers,
@@ -108,7 +118,7 @@ def fairness_release(
         mass = GaussianMechanism(sensitivity=MASS_RADIUS, noise_multiplier=noise_multiplier).release(mass, generator)
         if active:
             h = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(h, generator)
-    expected = rate * len(sensitive.groups)
+    expected = rate * len(sensitive.groups) if divisor is None else divisor
     return h / expected, mass / expected
 
 
@@ -140,14 +150,26 @@ def train_round(
         spent = privacy.charge()
     sample = functools.partial(batches.round_sample, context, instr, silo_id=silo.silo_id, records=len(silo.train))
 
-    # Non-sensitive division: the loss gradient on its own sample or batch (never reads s), in the clear.
     data = silo.train.nonsensitive
-    idx = sample(division="nonsensitive")
-    if len(idx):
-        g = mean_gradient(model, *step_batch(model, data, idx)).cpu()
+    divisor = None
+    if steffle_round.protects_record(instr):
+        # Whole-record privacy: one sample for every release, the loss gradient clipped and noised first.
+        idx = sample(division="sensitive")
+        generator = privacy.generator(randomness.NOISE)
+        loss_sum = loss_release(
+            model, data, idx, clip=instr.clip, noise_multiplier=privacy.noise_multiplier, generator=generator
+        )
+        g, divisor, fair_sample = loss_sum / instr.batch_size, float(instr.batch_size), idx
     else:
-        g = torch.zeros(sum(p.numel() for p in model.parameters()))
-    # Sensitive division: an independent sample or batch; the clipped, noised constraint gradient and group mass.
+        # Non-sensitive division: the loss gradient on its own sample or batch (never reads s), in the clear.
+        idx = sample(division="nonsensitive")
+        if len(idx):
+            g = mean_gradient(model, *step_batch(model, data, idx)).cpu()
+        else:
+            g = torch.zeros(sum(p.numel() for p in model.parameters()))
+        generator, fair_sample = privacy.generator(randomness.NOISE), sample(division="sensitive")
+    # Sensitive division: an independent sample or batch (whole-record privacy: the same one); the clipped, noised
+    # constraint gradient and group mass.
     h, mass = fairness_release(
         model,
         silo,
@@ -156,8 +178,9 @@ def train_round(
         rate=rate,
         clip=instr.clip,
         noise_multiplier=privacy.noise_multiplier,
-        sample=sample(division="sensitive"),
-        generator=privacy.generator(randomness.NOISE),
+        sample=fair_sample,
+        generator=generator,
+        divisor=divisor,
     )
     spec = parameter_spec(model)
     fair_arrays = _named(h, spec)

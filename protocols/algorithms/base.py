@@ -110,6 +110,10 @@ class Algorithm:
     #: DP-FedSGD noises a silo's whole records; SteFFLe noises only the sensitive attribute, which is all a sensitive
     #: party holds but not all a silo holds (its loss gradient is in the clear).
     noised_for: tuple[str, ...] = ()
+    #: The roles added to `noised_for` for a job that protects whole records (the run option `protect` = record,
+    #: `protocols.options.ProtectOptions`): SteFFLe and Tran et al. then noise every release of a silo, its loss
+    #: gradient included.
+    noised_for_record: tuple[str, ...] = ()
     #: What a private run's (epsilon, delta) covers, in plain words for the console's last lines
     #: (`server.privacy_statement`): whose data, which part of a record, the neighbour relation when the privacy
     #: block names none, against whom. Empty: the algorithm adds no noise.
@@ -140,6 +144,13 @@ class Algorithm:
     def private(self) -> bool:
         """Whether the algorithm's silos can add noise (it takes a privacy target)."""
         return any(issubclass(group, PrivacyOptions) for group in self.options)
+
+    def noised_roles(self, job: Any = None) -> tuple[str, ...]:
+        """The roles for which every release of a job is noised over everything the node holds: `noised_for`, and
+        `noised_for_record` when the job (an instruction or a run configuration; or its `protect` value) protects
+        whole records."""
+        protect = job if isinstance(job, str) else getattr(job, "protect", "sensitive")
+        return self.noised_for + (self.noised_for_record if protect == "record" else ())
 
     def silo_handler(self, kind: str, role: str = "silo") -> Callable[..., Any] | None:
         """The function of a node of `role` for message kind `kind`, or None if the algorithm does not use it."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from silofl.protocols import shuffled_epochs
 from silofl.protocols.algorithms import register
-from silofl.protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
+from silofl.protocols.algorithms.base import EXACT_EVALUATION, RECORD_PROTECTED, SENSITIVE_PROTECTED, Algorithm
 from silofl.protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
 from silofl.protocols.options import (
     ClipOptions,
@@ -22,6 +22,7 @@ from silofl.protocols.options import (
     GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
+    ProtectOptions,
     SamplingOptions,
     SgdOptions,
     TabularModelOptions,
@@ -30,6 +31,10 @@ from silofl.protocols.options import (
 from silofl.protocols.shuffled_epochs import ACCOUNTING_NOTE
 
 RELATION = "replace_one (the sensitive attribute of one record)"
+#: The relation of `protect` = record (`client.rounds.steffle.mechanism`).
+RECORD_RELATION = "add_remove (one whole record: its features, label and sensitive attribute)"
+#: What the privacy block's `protected` says, per `protect`.
+PROTECTED = {"sensitive": "the sensitive attribute", "record": "the whole record"}
 PARTIES_REPORT = (
     'separate parties with sealed records (SECURITY.md, "`steffle` with separate parties"): at setup '
     "each feature party sends each sensitive party the (pseudonym, features, label) of the records whose sensitive "
@@ -44,14 +49,21 @@ PARTIES_REPORT = (
 
 
 def label(config: Mapping[str, Any]) -> str:
-    """The papers' names: DP-FERMI / FERMI for one silo, SteFFLe otherwise."""
+    """The papers' names: DP-FERMI / FERMI for one silo, SteFFLe otherwise; "(whole record)" after a private run
+    under `protect` = record, whose epsilon means another thing."""
     epsilon = config.get("epsilon", math.inf)
     private = math.isfinite(
         float(epsilon) if not isinstance(epsilon, str) else float(epsilon.replace("infinity", "inf"))
     )
+    record = " (whole record)" if private and config.get("protect") == "record" else ""
     if int(config.get("num-silos", 3)) == 1:
-        return "dp-fermi" if private else "fermi"
-    return "steffle" if private else "steffle (non-private)"
+        return ("dp-fermi" if private else "fermi") + record
+    return ("steffle" if private else "steffle (non-private)") + record
+
+
+def tran_label(config: Mapping[str, Any]) -> str:
+    """Tran et al.'s name, with "(whole record)" under `protect` = record (as :func:`label`)."""
+    return "tran (whole record)" if config.get("protect") == "record" else "tran"
 
 
 SILOS_MECHANISM = (
@@ -85,8 +97,97 @@ PARTIES_MECHANISM = (
 )
 
 
+RECORD_MECHANISM = (
+    "privacy of whole records (add/remove relation: one record's features, label and sensitive attribute; "
+    "protect record, DP-FERMI Theorem D.2, second part). Each silo: a Gaussian histogram of its (group, label) counts "
+    "(sensitivity 1, spending counts-share of epsilon), then each round one Poisson sample q = m/n_j (DP-FERMI's "
+    "minibatch B_t, used by both divisions) and on it {releases}, noised at one multiplier sigma ({count} releases "
+    "of one Poisson-subsampled Gaussian, accounted as one mechanism of multiplier sigma/sqrt({count})), each sum "
+    "divided by the public batch size m. Nothing that depends on a record leaves un-noised but the record count n_j"
+)
+#: The releases of a round under `protect` = record, per (lambda > 0, group-weight balanced).
+RECORD_RELEASES = {
+    False: "per-record loss gradients clipped to C",
+    True: "per-record loss gradients clipped to C, per-record theta-gradients of psi clipped to C, the s-dependent "
+    "W-gradients (radius 2/sqrt(rho); with w-noise per-group each group's row at its own radius) and each record's "
+    "soft predictions F(x_i) in its W block (radius 1: the silo computes the -2 W (.) F part of the W-gradient from "
+    "them after the noise)",
+    "balanced": "per-record loss gradients clipped to C, per-record theta-gradients of psi clipped to C and the "
+    "s-dependent W-gradients (radius 2/(sqrt(k) rho); the whole W-gradient follows from them after the noise)",
+}
+
+
+def record_mechanism(config: Any, fairness_releases: str, fairness_count: int) -> str:
+    """The mechanism text of `protect` = record: the loss gradient and the algorithm's fairness releases."""
+    if not fairness_releases:
+        return RECORD_MECHANISM.format(releases=RECORD_RELEASES[False], count=1)
+    return RECORD_MECHANISM.format(releases=fairness_releases, count=1 + fairness_count)
+
+
+def protects_record(config: Any) -> bool:
+    """Whether the run protects whole records (`protect` = record)."""
+    return getattr(config, "protect", "sensitive") == "record"
+
+
+def protection_report(config: Any, in_clear: str) -> dict[str, Any]:
+    """The privacy block's entries that say what is protected, per `protect`: `protect`, `protected` (the sensitive
+    attribute or the whole record), `protects` and `in_clear` (what the console prints)."""
+    record = protects_record(config)
+    return {
+        "protect": "record" if record else "sensitive",
+        "protected": PROTECTED["record" if record else "sensitive"],
+        "protects": RECORD_PROTECTED if record else SENSITIVE_PROTECTED,
+        "in_clear": "" if record else in_clear,
+    }
+
+
+def replace_one_report(config: Any, history: Any, rounds: int, delta: float, releases: int) -> dict[str, Any]:
+    """Under `protect` = record: what each silo's run costs under REPLACING one whole record, the relation of
+    `protect` = sensitive (changing a record's s is a replacement) and of the silos' lifetime ledgers, beside the
+    add/remove epsilon the run was calibrated for: the same events (`Mechanism.replace_one_events`: the histogram's
+    Gaussian at its multiplier for `counts-share` x epsilon, then `rounds` Poisson-subsampled Gaussians of `releases`
+    releases at the silo's reported multiplier), composed by PLD under replace_one. Empty for a run without noise."""
+    from silofl.protocols.privacy.accountant import calibrate_noise
+    from silofl.protocols.privacy.composition import composed_epsilon
+    from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+
+    if not config.private or not history.silo_reports:
+        return {}
+    share = config.counts_share
+    setup = calibrate_noise(share * config.epsilon, delta, 1.0, 1, relation="add_remove").noise_multiplier
+    figures: dict[str, float] = {}
+    for silo_id, report in sorted(history.silo_reports.items()):
+        if not report.noise_multiplier > 0:
+            continue
+        run = Mechanism(
+            relation="add_remove",
+            sampling="poisson",
+            sampling_rate=report.sampling_rate,
+            steps=rounds,
+            releases=tuple(Release(f"release-{i}", radius=1.0) for i in range(releases)),
+            setup=(SetupRelease("group-counts", share=share, radius=1.0),),
+        )
+        events = run.replace_one_events(report.noise_multiplier, (setup,))
+        figures[str(silo_id)] = composed_epsilon(events, delta, "replace_one")
+    if not figures:
+        return {}
+    return {
+        "epsilon_replace_one": max(figures.values()),
+        "epsilon_replace_one_note": "the same run under replacing one whole record (e.g. changing its sensitive "
+        "attribute: the relation of protect sensitive, and of the silos' lifetime ledgers), PLD over the events the "
+        "silos ran (largest over silos; the histogram's multiplier for the run's epsilon, larger under a silo "
+        "policy's cap, so this is an upper bound then); epsilon_spent is under add/remove, as DP-FedSGD's and "
+        "FedFDP's",
+    }
+
+
 def mechanism(config: Any) -> str:
     """What the silos (or the sensitive parties) release, and how it is noised."""
+    if protects_record(config):
+        if config.lam <= 0:
+            return record_mechanism(config, "", 0)
+        balanced = config.group_weight == "balanced"
+        return record_mechanism(config, RECORD_RELEASES["balanced" if balanced else True], 3 - balanced)
     if config.topology == "silos":
         return SILOS_MECHANISM.format(**SAMPLERS[config.sampling])
     return PARTIES_MECHANISM.format(topology=config.topology)
@@ -102,7 +203,15 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
 
     from silofl.protocols.privacy.closed_form import steffle_closed_form
 
-    out: dict[str, Any] = {"relation": RELATION, **sampling_report(config, history, rounds)}
+    record = protects_record(config)
+    out: dict[str, Any] = {
+        "relation": RECORD_RELATION if record else RELATION,
+        **protection_report(config, IN_CLEAR),
+        **sampling_report(config, history, rounds),
+    }
+    if record:
+        releases = 1 if config.lam <= 0 else (3 if config.group_weight == "balanced" else 4)
+        out.update(replace_one_report(config, history, rounds, delta, releases))
     if config.topology != "silos":
         out["parties"] = PARTIES_REPORT
         out["per_silo_role"] = "sensitive parties (the feature parties add no noise and spend no budget)"
@@ -115,20 +224,40 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     balanced = config.group_weight == "balanced"
     w_bound = 2.0 / (math.sqrt(prior.shape[-1]) * rho) if balanced else 2.0 / math.sqrt(rho)
     per_silo = {}
+    labels = prior.shape[0] if prior.ndim == 2 else len(history.server_state["w"][0])
     for silo_id, report in sorted(history.silo_reports.items()):
         m = max(1, round(report.sampling_rate * report.num_examples))
-        expected = report.sampling_rate * report.num_examples
-        paper = steffle_closed_form(config.epsilon, delta, report.num_examples, m, rounds, rho, 1.0, config.w_radius)
+        # the divisor of the released sums: q n_j, or under protect record the public batch size m
+        expected = config.batch_size if record else report.sampling_rate * report.num_examples
+        paper = steffle_closed_form(
+            config.epsilon,
+            delta,
+            report.num_examples,
+            m,
+            rounds,
+            rho,
+            1.0,
+            config.w_radius,
+            whole_record=record,
+            num_labels=labels,
+        )
         per_silo[str(silo_id)] = {
+            **({"silofl_sigma_loss": report.noise_multiplier * config.clip / expected} if record else {}),
             "silofl_sigma_theta": report.noise_multiplier * config.clip / expected,
             "silofl_sigma_w": report.noise_multiplier * w_bound / expected,
             "papers_sigma_theta": paper["sigma_theta"],
             "papers_sigma_w": paper["sigma_w"],
             "papers_conditions_hold": paper["valid"],
         }
+    theorem = (
+        "Theorem D.2's second part (DP of all features; it adds no noise to the loss gradient, which silofl clips "
+        "and noises as it does theta's)"
+        if record
+        else "Theorem 3.3"
+    )
     out["closed_form"] = {
         "note": "noise std per coordinate on the batch mean; the run uses silofl's (from the accountant); the papers' "
-        "Theorem 3.3 evaluated with L = 1, D = w-radius, rho = the smallest prior probability",
+        f"{theorem} evaluated with L = 1, D = w-radius, rho = the smallest prior probability",
         "per_silo": per_silo,
     }
     return out
@@ -137,6 +266,11 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
 def sampling_report(config: Any, history: Any, rounds: int) -> dict[str, Any]:
     """The privacy block's `sampling` (which sampler ran) and, for shuffled epochs, each silo's B_j and E_j with the
     accounting (`per_silo`, merged into the block's per-silo entries by `server.result`)."""
+    if config.sampling != "shuffle" and protects_record(config):
+        return {
+            "sampling": "poisson: every round one fresh Poisson sample, the same for every release (protect record: "
+            "one Poisson-subsampled Gaussian per round)"
+        }
     if config.sampling != "shuffle":
         return {
             "sampling": "poisson: every round a fresh Poisson sample per division (the mechanism says what the "
@@ -160,7 +294,9 @@ def sampling_report(config: Any, history: Any, rounds: int) -> dict[str, Any]:
 
 def check(config: Any) -> None:
     """Options of the parties that only some topologies read."""
-    problem = config.sampling_problem(config.topology_name)
+    problem = config.sampling_problem(config.topology_name) or config.protect_problem(
+        config.topology_name, config.sampling
+    )
     if problem:
         raise ValueError(problem)
     if config.topology != "general" and config.sensitive_parties != 1:
@@ -180,6 +316,12 @@ def check(config: Any) -> None:
         )
 
 
+#: What neither mode covers (SteFFLe's and Tran's): the evaluations (unless the silos' policies noise them) and n_j.
+NOT_COVERED = (
+    EXACT_EVALUATION + "; each silo's number of training records n_j (public: sent at setup and in every report, "
+    "and the sampling rate q = m / n_j is computed from it)"
+)
+
 #: What leaves a silo un-noised (the console says it is not protected).
 IN_CLEAR = (
     "the features and labels: each silo's (or feature party's) loss gradient and the s-independent part of its "
@@ -190,7 +332,8 @@ IN_CLEAR = (
 SPEC = register(
     Algorithm(
         name="steffle",
-        summary="SteFFLe: private and fair FL (ERMI; --num-silos 1 is DP-FERMI), noise on the sensitive attributes",
+        summary="SteFFLe: private and fair FL (ERMI; --num-silos 1 is DP-FERMI), noise on the sensitive attributes "
+        "(--protect record: on whole records)",
         options=(
             PrivacyOptions,
             TabularModelOptions,
@@ -202,11 +345,13 @@ SPEC = register(
             ClipOptions,
             FairnessOptions,
             ErmiOptions,
+            ProtectOptions,
             TopologyOptions,
         ),
         defaults=MINIBATCH_DEFAULTS,
         check=check,
         noised_for=("sensitive",),
+        noised_for_record=("silo",),
         strategy="silofl.strategies.steffle:build",
         silo={
             "train": "silofl.client.rounds.steffle:train_round",
@@ -221,5 +366,6 @@ SPEC = register(
         mechanism=mechanism,
         protects=SENSITIVE_PROTECTED,
         in_clear=IN_CLEAR,
+        not_covered=NOT_COVERED,
     )
 )

@@ -9,7 +9,18 @@ from typing import Any
 from silofl.protocols.algorithms import register
 from silofl.protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
 from silofl.protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
-from silofl.protocols.algorithms.steffle import RELATION, SAMPLERS, sampling_report
+from silofl.protocols.algorithms.steffle import (
+    NOT_COVERED,
+    RECORD_RELATION,
+    RELATION,
+    SAMPLERS,
+    protection_report,
+    protects_record,
+    record_mechanism,
+    replace_one_report,
+    sampling_report,
+    tran_label,
+)
 from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
@@ -18,6 +29,7 @@ from silofl.protocols.options import (
     GroupReportOptions,
     LrDecayOptions,
     PrivacyOptions,
+    ProtectOptions,
     SamplingOptions,
     SgdOptions,
     TabularModelOptions,
@@ -35,19 +47,38 @@ MECHANISM = (
 )
 
 
+#: The releases of a round under `protect` = record (`client.rounds.tran`), after the loss gradient.
+RECORD_RELEASES = (
+    "per-record loss gradients clipped to C, the per-record gradients of the Lagrangian's constraint term clipped to "
+    "C and each record's soft predictions in its group's row of the group mass (radius 1)"
+)
+
+
 def mechanism(config: Any) -> str:
-    """What the silos release, and how it is noised, for the run's `sampling`."""
+    """What the silos release, and how it is noised, for the run's `sampling` and `protect`."""
+    if protects_record(config):
+        return record_mechanism(config, RECORD_RELEASES, 2)
     return MECHANISM.format(**SAMPLERS[config.sampling])
 
 
 def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict[str, Any]:
-    """The relation, which sampler ran and, for shuffled epochs, each silo's epochs (as SteFFLe's)."""
-    return {"relation": RELATION, **sampling_report(config, history, rounds)}
+    """The relation, what is protected, which sampler ran and, for shuffled epochs, each silo's epochs (as
+    SteFFLe's)."""
+    record = protects_record(config)
+    return {
+        "relation": RECORD_RELATION if record else RELATION,
+        **protection_report(config, IN_CLEAR),
+        **sampling_report(config, history, rounds),
+        **(replace_one_report(config, history, rounds, delta, 3) if record else {}),
+    }
 
 
 def check(config: Any) -> None:
-    """Shuffled epochs on silos only (`SamplingOptions.sampling_problem`; Tran et al. runs on silos)."""
-    problem = config.sampling_problem(config.topology_name)
+    """Shuffled epochs on silos only (`SamplingOptions.sampling_problem`; Tran et al. runs on silos); whole-record
+    privacy with Poisson sampling only (`ProtectOptions.protect_problem`)."""
+    problem = config.sampling_problem(config.topology_name) or config.protect_problem(
+        config.topology_name, config.sampling
+    )
     if problem:
         raise ValueError(problem)
 
@@ -59,7 +90,8 @@ IN_CLEAR = "the features and labels: each silo's loss gradient reaches the serve
 SPEC = register(
     Algorithm(
         name="tran",
-        summary="Tran et al. 2021 (Lagrangian dual for fairness), noise on the sensitive attributes in each silo",
+        summary="Tran et al. 2021 (Lagrangian dual for fairness), noise on the sensitive attributes in each silo "
+        "(--protect record: on whole records)",
         options=(
             PrivacyOptions,
             TabularModelOptions,
@@ -71,6 +103,7 @@ SPEC = register(
             ClipOptions,
             FairnessOptions,
             DualOptions,
+            ProtectOptions,
         ),
         defaults=MINIBATCH_DEFAULTS,
         aliases=("tran2021", "pf-ld"),
@@ -83,7 +116,10 @@ SPEC = register(
         privacy_report="silofl.protocols.algorithms.tran:privacy_report",
         mechanism=mechanism,
         protects=SENSITIVE_PROTECTED,
+        noised_for_record=("silo",),
         in_clear=IN_CLEAR,
+        not_covered=NOT_COVERED,
+        label=tran_label,
         check=check,
     )
 )

@@ -10,7 +10,15 @@ Theorem 3.3 (SteFFLe; DP-FERMI Theorem 3.3, restated as D.2): let ``eps <= 2 ln(
     sigma_theta^2 >= 16 L^2 D^2 ln(1/delta) T / (eps^2 n^2 rho)
 
 makes Algorithm 1 ``(eps, delta)``-DP with respect to the sensitive attributes (SteFFLe: ISRL-DP, per silo, with ``n``
-the silo's record count ``n~``).
+the silo's record count ``n~``). Its second part (DP with respect to all features, neighbours differing in one whole
+record ``z_i = (x_i, s_i, y_i)``; silofl's `protect` = record) asks for
+
+    sigma_W^2     >= 32 T ln(1/delta) / (eps^2 n^2) (1/rho + D^2)
+    sigma_theta^2 >= 64 L^2 D^2 ln(1/delta) T / (eps^2 n^2 rho) + 32 D^4 L^2 l^2 T ln(1/delta) / (eps^2 n^2)
+
+with ``l`` the number of labels (``whole_record=True``). The theorem noises the fairness gradients only: Algorithm 1
+adds no noise to the loss gradient, which depends on ``x_i`` and ``y_i``; silofl clips it per record and noises it as
+theta's (the loss release of `client.algorithms.steffle.record_gradients`).
 
 What sigma is. The std, per coordinate, of the Gaussian noise added to the batch MEAN of the per-record fairness
 gradients: SteFFLe Algorithm 1 line 8, ``h_{t,j,w} = (1/|B_t|) sum_{i in B_t} grad_W psi_ji + V_{t,j}`` with
@@ -67,9 +75,20 @@ def _count(value: object, name: str, *, minimum: int = 1) -> int:
 
 
 def steffle_closed_form(
-    epsilon: float, delta: float, n: int, m: int, T: int, rho: float, L: float, D: float
+    epsilon: float,
+    delta: float,
+    n: int,
+    m: int,
+    T: int,
+    rho: float,
+    L: float,
+    D: float,
+    *,
+    whole_record: bool = False,
+    num_labels: int = 2,
 ) -> dict[str, float | bool]:
-    """The papers' Theorem 3.3 noise for one silo, and what it is in our terms (see the module docstring).
+    """The papers' Theorem 3.3 noise for one silo, and what it is in our terms (see the module docstring);
+    ``whole_record``: Theorem D.2's second part (DP of the whole record; ``num_labels`` is its ``l``).
 
     Args:
         epsilon, delta: the target privacy, per silo.
@@ -80,8 +99,10 @@ def steffle_closed_form(
             ``||W||_F <= D``).
 
     Returns:
-        ``sigma_w``, ``sigma_theta``: noise std per coordinate on the batch MEAN (the theorem's lower bounds);
-        ``sensitivity_w``, ``sensitivity_theta``: the papers' ``Delta`` (distance of neighbours' batch means);
+        ``sigma_w``, ``sigma_theta``: noise std per coordinate on the batch MEAN (the theorem's lower bounds; with
+        ``whole_record`` its second part's);
+        ``sensitivity_w``, ``sensitivity_theta``: the papers' ``Delta`` (distance of neighbours' batch means; for the
+        sensitive attributes);
         ``sampling_rate``: ``m / n``;
         ``noise_multiplier``: ``sigma / Delta`` for either stream, the add/remove multiplier the proof assumes;
         ``min_steps``: ``(n sqrt(eps) / (2 m))^2``, the smallest ``T`` the theorem covers;
@@ -101,16 +122,24 @@ def steffle_closed_form(
     lipschitz = _positive(L, "L")
     bound = _positive(D, "D")
 
+    labels = _count(num_labels, "num_labels", minimum=2)
+
     log_term = math.log(1.0 / d)
     variance_w = 16.0 * steps * log_term / (eps**2 * records**2 * share)
     sigma_w = math.sqrt(variance_w)
     sigma_theta = math.sqrt(variance_w * lipschitz**2 * bound**2)
+    if whole_record:  # Theorem D.2, second part
+        scale = steps * log_term / (eps**2 * records**2)
+        record_w = math.sqrt(32.0 * scale * (1.0 / share + bound**2))
+        record_theta = math.sqrt(
+            64.0 * lipschitz**2 * bound**2 * scale / share + 32.0 * bound**4 * lipschitz**2 * labels**2 * scale
+        )
     sensitivity_w = math.sqrt(8.0 / share) / batch
     sensitivity_theta = sensitivity_w * bound * lipschitz
     min_steps = (records * math.sqrt(eps) / (2.0 * batch)) ** 2
     return {
-        "sigma_w": sigma_w,
-        "sigma_theta": sigma_theta,
+        "sigma_w": record_w if whole_record else sigma_w,
+        "sigma_theta": record_theta if whole_record else sigma_theta,
         "sensitivity_w": sensitivity_w,
         "sensitivity_theta": sensitivity_theta,
         "sampling_rate": batch / records,
