@@ -10,6 +10,7 @@ why not when the factory cannot be imported again.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from silofl.protocols.ssl_encoder import check_encoder
 from silofl.protocols.ssl_models import SSLModel, build_ssl_model
 from silofl.server.cli import main
 from tests import custom_models
+from tests import malicious_server as ms
 
 ENCODER = "tests.custom_models:small_encoder"
 DIGITS = (1, 8, 8)
@@ -126,12 +128,44 @@ def test_the_run_check_dispatches_on_the_algorithm() -> None:
         check_run_model(config, 7, 10)
 
 
+@pytest.mark.slow  # ~2.5-5 s: the run machinery's first import
 def test_silofl_run_refuses_a_bad_encoder_before_the_run(tmp_path: Path, capsys) -> None:
     argv = ["run", "fedsc", "--model", "tests.custom_models:encoder_batch_mixing", "--rounds", "1"]
     assert main([*argv, "--no-progress", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "--model tests.custom_models:encoder_batch_mixing" in err and "GroupNorm" in err
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+# -- at the silo --------------------------------------------------------------------------------------------------
+
+
+def _correlation(model: str) -> object:
+    spec = parameter_spec(build_ssl_model(ENCODER, DIGITS, projection_dim=8))
+    params = {name: np.zeros(shape, np.float32) for name, shape in spec}
+    fields = {"total_rounds": 1, "projection_dim": 8, "views": 2, "calr_sampling_rate": 1.0, "planned_shares": 1}
+    return ms.correlation(params, server_round=1, model=model, **fields)
+
+
+def test_a_simulated_silo_answers_with_the_user_encoder_or_says_why_not(tmp_path: Path) -> None:
+    node = ms.SimulatedNode(ms.make_silo(40, num_features=64))
+    node.info = node.setup()
+    reply = node.send(msg.CORRELATION, _correlation(ENCODER), 1)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    other = ms.SimulatedNode(ms.make_silo(40, num_features=64))  # a new job: the first one's model is bound
+    other.info = other.setup()
+    reason = ms.error_reason(other.send(msg.CORRELATION, _correlation("nosuch_pkg_xyz.enc:small"), 1))
+    assert "correlation query to silo" in reason and "module 'nosuch_pkg_xyz.enc' cannot be imported" in reason
+
+
+def test_a_deployed_silo_imports_a_user_encoder_only_with_its_operators_consent(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("SILOFL_TEST_UNTRUSTED_IMPORTED", raising=False)
+    monkeypatch.delitem(sys.modules, "tests.custom_model_untrusted", raising=False)
+    node = ms.Node(ms.make_silo(40, num_features=64), tmp_path / "silo", **{"state-dir": str(tmp_path / "state")})
+    node.info = node.setup()
+    reason = ms.error_reason(node.send(msg.CORRELATION, _correlation("tests.custom_model_untrusted:small_encoder"), 1))
+    assert 'model-modules = ["tests.custom_model_untrusted"]' in reason
+    assert "tests.custom_model_untrusted" not in sys.modules  # refused before the module was imported
 
 
 # -- through the real entry point ------------------------------------------------------------------------------------
