@@ -1,7 +1,8 @@
 """Small user models for the tests of `--model module:factory` (docs/CUSTOM_MODEL.md): what a user would write.
 
-Each factory has the signature silofl calls, ``factory(num_features, num_labels) -> torch.nn.Module``, and returns
-logits ``(n, num_labels)``.
+The tabular factories have the signature silofl calls, ``factory(num_features, num_labels) -> torch.nn.Module``, and
+return logits ``(n, num_labels)``; FedSC's encoders (the ``*encoder*`` factories below) are ``factory(image_shape)``
+and return a backbone from images ``(N, C, H, W)`` to features ``(N, D)``.
 """
 
 from __future__ import annotations
