@@ -4,6 +4,8 @@ Pure and light (no torch): the run options (`protocols.options`) and the message
 validate names with it, and a deployed ClientApp, a fresh process per message, imports it on every message.
 
 * ``logreg`` and ``mlp`` are silofl's own models (`protocols.models.build_model`);
+* ``cnn`` and ``resnet20`` are FedSC's backbones (`protocols.ssl_models`); there ``module.path:factory`` names a
+  function ``factory(image_shape) -> torch.nn.Module``, the user's backbone (`protocols.ssl_encoder`);
 * ``module.path:factory`` names a function ``factory(num_features: int, num_labels: int) -> torch.nn.Module``
   importable as ``module.path`` wherever the model is built: at the server (its starting weights and the checks of
   `protocols.models.check_model`) and at every silo (docs/CUSTOM_MODEL.md). Only the form is checked here; nothing is
@@ -31,6 +33,13 @@ MODEL_HELP = (
     "model-modules)"
 )
 
+#: The self-supervised algorithms' flag description.
+SSL_MODEL_HELP = (
+    "backbone: cnn (28x28 and 8x8 images), resnet20 (CIFAR-10), or your own encoder as MODULE:FACTORY, a function "
+    "FACTORY(image_shape) -> torch.nn.Module mapping images (N, C, H, W) to features (N, D), importable at the server "
+    "and at every silo (docs/CUSTOM_MODEL.md)"
+)
+
 
 def is_custom_model(kind: str) -> bool:
     """Whether `kind` names a user's factory (``module:factory``) rather than a built-in model."""
@@ -51,6 +60,18 @@ def check_tabular_model_name(value: str) -> str:
     raise ValueError(
         f"{value!r} is neither a built-in model ({', '.join(MODEL_KINDS)}) nor MODULE:FACTORY (e.g. "
         "mypkg.models:tiny, a function (num_features, num_labels) -> torch.nn.Module; docs/CUSTOM_MODEL.md)"
+    )
+
+
+def check_ssl_model_name(value: str) -> str:
+    """The `model` option of FedSC and FedAvg+SC: a built-in backbone or a user's encoder ``module:factory``, a
+    function ``factory(image_shape) -> torch.nn.Module`` (`protocols.ssl_encoder`)."""
+    if value in SSL_KINDS or is_custom_model(value):
+        return value
+    raise ValueError(
+        f"{value!r} is neither a built-in backbone ({', '.join(SSL_KINDS)}) nor MODULE:FACTORY (e.g. "
+        "mypkg.encoders:small, a function (image_shape) -> torch.nn.Module mapping images (N, C, H, W) to features "
+        "(N, D); docs/CUSTOM_MODEL.md)"
     )
 
 

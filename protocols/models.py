@@ -144,10 +144,11 @@ def build_model(kind: str, num_features: int, num_labels: int, *, hidden: int = 
 _MODEL_DOC = "docs/CUSTOM_MODEL.md"
 
 
-def load_factory(kind: str) -> Callable[[int, int], nn.Module]:
+def load_factory(kind: str, signature: str = "(num_features, num_labels)") -> Callable[..., nn.Module]:
     """The factory a custom model's name (``module.path:factory``) names, imported; ModelError naming ``--model``,
     the module and the fix when it cannot be (the module is not installed where this process runs, or lacks the
-    attribute, or the attribute is not callable)."""
+    attribute, or the attribute is not callable). `signature` is the call the errors describe: a tabular model's
+    ``(num_features, num_labels)``, FedSC's encoder's ``(image_shape)`` (`protocols.ssl_encoder`)."""
     module_name, _, attribute = kind.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -165,12 +166,11 @@ def load_factory(kind: str) -> Callable[[int, int], nn.Module]:
     if factory is None:
         raise ModelError(
             f"--model {kind}: module {module_name!r} has no attribute {attribute!r}; name a function "
-            f"{attribute}(num_features, num_labels) -> torch.nn.Module defined in it ({_MODEL_DOC})"
+            f"{attribute}{signature} -> torch.nn.Module defined in it ({_MODEL_DOC})"
         )
     if not callable(factory):
         raise ModelError(
-            f"--model {kind}: {kind} is an object of type {type(factory).__name__}, not a function "
-            "(num_features, num_labels)"
+            f"--model {kind}: {kind} is an object of type {type(factory).__name__}, not a function {signature}"
         )
     return factory
 

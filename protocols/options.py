@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from silofl.protocols.devices import Device
 from silofl.protocols.fairness_metrics import MIN_SUPPORT
 from silofl.protocols.messages import MAX_SERVER_VALUE
-from silofl.protocols.model_names import MODEL_HELP, check_tabular_model_name
+from silofl.protocols.model_names import MODEL_HELP, SSL_MODEL_HELP, check_ssl_model_name, check_tabular_model_name
 
 #: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
 SILO: dict[str, Any] = {"silo": True}
@@ -219,6 +219,9 @@ class PrivacyOptions(OptionGroup):
 #: A tabular model's name: ``logreg``, ``mlp`` or a user's ``module:factory`` (`protocols.model_names`). A type, not a
 #: validator of the group, so that the train instruction's copy of the field checks it too.
 TabularModelName = Annotated[str, AfterValidator(check_tabular_model_name)]
+
+#: FedSC's backbone: ``cnn``, ``resnet20`` or a user's encoder ``module:factory`` (`protocols.ssl_encoder`).
+SslModelName = Annotated[str, AfterValidator(check_ssl_model_name)]
 
 
 class TabularModelOptions(OptionGroup):
@@ -532,9 +535,7 @@ class SslOptions(OptionGroup):
 
     heading: ClassVar[str] = "self-supervised learning (images)"
 
-    model: Literal["cnn", "resnet20"] = Field(
-        default="cnn", description="backbone: cnn (28x28 and 8x8 images) or resnet20 (CIFAR-10)", json_schema_extra=SILO
-    )
+    model: SslModelName = Field(default="cnn", max_length=300, description=SSL_MODEL_HELP, json_schema_extra=SILO)
     local_steps: int = Field(
         default=0,
         ge=0,

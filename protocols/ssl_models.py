@@ -2,7 +2,8 @@
 
 The paper's representation ``z(x; theta) in R^H`` (Section 3, the SC objective) is the
 projector's output; the linear probe and the kNN monitor read the backbone's features instead (Section 7.1; the usual
-SimCLR/SC protocol). :func:`build_ssl_model` builds the two architectures silofl supports:
+SimCLR/SC protocol). :func:`build_ssl_model` builds the two architectures silofl supports, or wraps a user's backbone
+(``module:factory``, `protocols.ssl_encoder`) with the same projector:
 
 * ``"resnet20"``: the CIFAR ResNet-20 of He et al. (2016, Section 4.2): a 3x3 stem, then 3 stages of 3 basic blocks
   with ``16, 32, 64`` channels (times ``width``), strides 1, 2, 2, global average pooling. ``width=8`` gives the
@@ -34,6 +35,8 @@ import math
 import numpy as np
 import torch
 from torch import nn
+
+from silofl.protocols.model_names import is_custom_model
 
 __all__ = [
     "SSL_MODEL_KINDS",
@@ -204,16 +207,21 @@ def build_ssl_model(
 ) -> SSLModel:
     """Build a float32 :class:`SSLModel` for images of ``image_shape`` (C, H, W).
 
-    kind: ``"cnn"`` (feature dim ``128 * width``) or ``"resnet20"`` (feature dim ``64 * width``; ``width=8`` is the
-    paper's 512). projection_dim: H, the size of the representation z (the paper: 512). seed: initialization seed; the
-    same seed gives identical weights and the global RNG is left untouched.
+    kind: ``"cnn"`` (feature dim ``128 * width``), ``"resnet20"`` (feature dim ``64 * width``; ``width=8`` is the
+    paper's 512) or a user's ``"module:factory"``, whose ``factory(image_shape)`` returns the backbone (feature dim
+    measured on a probe batch; ``width`` does not apply; `protocols.ssl_encoder`, docs/CUSTOM_MODEL.md).
+    projection_dim: H, the size of the representation z (the paper: 512). seed: initialization seed; the same seed
+    gives identical weights and the global RNG is left untouched.
     """
-    if kind not in SSL_MODEL_KINDS:
-        raise ValueError(f"kind must be one of {SSL_MODEL_KINDS}, got {kind!r}")
+    custom = is_custom_model(kind)
+    if not custom and kind not in SSL_MODEL_KINDS:
+        raise ValueError(f"kind must be one of {SSL_MODEL_KINDS} or MODULE:FACTORY, got {kind!r}")
     shape = _check_shape(image_shape)
     projection_dim = _check_int("projection_dim", projection_dim, 1)
     width = _check_int("width", width, 1)
     seed = _check_int("seed", seed, 0)
+    if custom:
+        return _with_projector(kind, shape, projection_dim, seed)
     with torch.random.fork_rng(devices=[]):  # default inits below would otherwise consume the global RNG
         make = _cnn_backbone if kind == "cnn" else _resnet20_backbone
         backbone, dim = make(shape[0], width)
@@ -221,6 +229,19 @@ def build_ssl_model(
         model = SSLModel(backbone, projector, dim, shape)
     _initialize(model, torch.Generator().manual_seed(seed))
     return model.float()
+
+
+def _with_projector(kind: str, shape: tuple[int, int, int], projection_dim: int, seed: int) -> SSLModel:
+    """A user's backbone (`protocols.ssl_encoder.build_backbone`: ``factory(shape)``, its weights the factory's under
+    torch's global RNG seeded by `seed`) with silofl's projector ``Linear(D, 2D) - ReLU - Linear(2D, H)``, initialised
+    as the built-in models' projector (PyTorch-default Linear from a private generator seeded by `seed`)."""
+    from silofl.protocols.ssl_encoder import build_backbone  # imports the user's module: only for MODULE:FACTORY
+
+    backbone, dim = build_backbone(kind, shape, seed=seed)
+    with torch.random.fork_rng(devices=[]):
+        projector = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, projection_dim))
+    _initialize(projector, torch.Generator().manual_seed(seed))
+    return SSLModel(backbone, projector.float(), dim, shape)
 
 
 def feature_dim(model: nn.Module) -> int:

@@ -11,7 +11,8 @@ Two kinds of run have a model to export:
 * a FedSC / FedAvg+SC run (its encoder in model.npz beside result.json): input ``pixels``, float32
   ``(batch, C*H*W)``, a flattened image with values in [0, 1] (the loaders' layout: `protocols.ssl_models`); outputs
   ``features`` (the backbone's, what the linear probe and the kNN monitor read) and ``z`` (the projector's
-  representation).
+  representation). A user's encoder (``--model module:factory``) is built again by importing its factory
+  (`protocols.ssl_encoder`): the module must be importable where `silofl export` runs.
 
 The batch dimension is dynamic. The exporter is torch's `torch.export`-based one (`torch.onnx.export(dynamo=True)`,
 which needs `onnxscript`); it runs offline. Every export is run once with onnxruntime on random inputs and compared to
@@ -114,24 +115,36 @@ def _tabular(run: Path) -> tuple[nn.Module, str, int, tuple[str, ...], dict[str,
 def _encoder(
     run: Path, result: dict[str, Any]
 ) -> tuple[nn.Module, str, int, tuple[str, ...], dict[str, str], str, np.ndarray]:
-    from silofl.protocols.ssl_models import SSL_MODEL_KINDS, build_ssl_model, image_shape
+    from silofl.protocols.model_names import check_ssl_model_name, is_custom_model
+    from silofl.protocols.models import ModelError
+    from silofl.protocols.ssl_models import build_ssl_model, image_shape
 
     config, federation = result["config"], result["federation"]
-    if config.get("model") not in SSL_MODEL_KINDS:
+    try:
+        check_ssl_model_name(config.get("model"))
+    except ValueError:
         raise ArtifactError(
             f"{run}: the {config.get('algorithm')} run's model {config.get('model')!r} is neither a tabular model nor "
             "an image encoder; silofl cannot export it"
-        )
+        ) from None
     npz = run / "model.npz"
     if not npz.is_file():
         raise ArtifactError(f"{npz}: missing; a {config.get('algorithm')} run keeps its encoder there: rerun it")
     width = int(federation["num_features"])
-    model = build_ssl_model(
-        config["model"],
-        image_shape(width),
-        projection_dim=int(config.get("projection-dim", 128)),
-        width=int(config.get("width", 1)),
-    )
+    if is_custom_model(config["model"]):
+        _current_folder_importable()
+    try:
+        model = build_ssl_model(
+            config["model"],
+            image_shape(width),
+            projection_dim=int(config.get("projection-dim", 128)),
+            width=int(config.get("width", 1)),
+        )
+    except ModelError as exc:
+        raise ArtifactError(
+            f"{run}: the run trained your own encoder, which silofl export builds again to load model.npz into it: "
+            f"{exc}"
+        ) from None
     from silofl.protocols.models import set_parameters
 
     with np.load(npz) as stored:
@@ -148,6 +161,17 @@ def _encoder(
     sample = np.random.default_rng(0).random((_CHECK_ROWS, width), dtype=np.float32)
     what = f"{config.get('algorithm')} {config['model']} encoder ({width} pixels -> {model.feature_dim} features)"
     return _Encoder(model), "pixels", width, ("features", "z"), meta, what, sample
+
+
+def _current_folder_importable() -> None:
+    """Let a user's encoder (``module:factory``) come from the current folder, as `silofl run` lets it
+    (`server.cli`): the folder goes at the END of the import path, so an installed package of that name wins."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def export_onnx(run_dir: str | Path, out: str | Path) -> ExportReport:

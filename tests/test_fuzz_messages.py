@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from silofl.protocols import algorithms
 from silofl.protocols import messages as msg
-from silofl.protocols.model_names import check_evaluated_model_name, check_tabular_model_name
+from silofl.protocols.model_names import check_evaluated_model_name, check_ssl_model_name, check_tabular_model_name
 from tests import fuzz_cases
 
 #: Every schema a message is read with, and the record kind it travels in (reports are MetricRecords).
@@ -96,6 +96,7 @@ def _bounds(field: Any) -> dict[str, float | int | None]:
 MODEL_NAMES = {
     check_tabular_model_name: ("logreg", "mlp", "pkg.models:tiny", "m:f"),
     check_evaluated_model_name: ("logreg", "mlp", "cnn", "resnet20", "pkg.models:tiny"),
+    check_ssl_model_name: ("cnn", "resnet20", "pkg.encoders:small"),
 }
 
 

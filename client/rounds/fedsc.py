@@ -35,7 +35,7 @@ from silofl.client.rounds import RoundResult, with_records
 from silofl.protocols import messages as msg
 from silofl.protocols.devices import resolve_device
 from silofl.protocols.fedsc import normalize_rows
-from silofl.protocols.models import get_parameters, parameter_spec, set_parameters
+from silofl.protocols.models import ModelError, get_parameters, parameter_spec, set_parameters
 from silofl.protocols.privacy.calr import (
     accountant_relation,
     dp_calr,
@@ -72,7 +72,10 @@ def silo_images(silo: SiloData) -> torch.Tensor:
 def model_from_message(message: Message, silo: SiloData, instr: msg.TrainInstruction, what: str) -> SSLModel:
     """The global model of the message, on the run's device."""
     shape = image_shape(silo.info.num_features)
-    model = _shell(instr.model, shape, instr.projection_dim, instr.width)
+    try:
+        model = _shell(instr.model, shape, instr.projection_dim, instr.width)
+    except ModelError as exc:  # a user's encoder (--model module:factory) that does not import or build here
+        raise msg.MessageError(f"{what}: {exc}") from None
     params = msg.check_arrays(
         message.content, msg.MODEL, parameter_spec(model), what=what, max_abs=msg.MAX_SERVER_VALUE
     )
