@@ -100,11 +100,27 @@ def read_result(run_dir: str | Path) -> dict[str, Any]:
 
 
 def is_tabular_result(result: Mapping[str, Any]) -> bool:
-    """Whether a result holds a logistic regression or MLP inline (the runs that get an artifact)."""
+    """Whether a result holds a tabular classifier inline (the runs that get an artifact): a logistic regression, an
+    MLP, or a user's `module:factory` model, which reading the artifact rebuilds by importing that factory again."""
+    from silofl.protocols.model_names import is_custom_model
     from silofl.protocols.models import MODEL_KINDS
 
     config = result.get("config")
-    return isinstance(config, Mapping) and config.get("model") in MODEL_KINDS and isinstance(result.get("model"), dict)
+    if not isinstance(config, Mapping) or not isinstance(result.get("model"), dict):
+        return False
+    model = config.get("model")
+    return model in MODEL_KINDS or (isinstance(model, str) and is_custom_model(model))
+
+
+def user_code_importable() -> None:
+    """Let a user's model (``module:factory``) come from the current folder, as `silofl run` lets it (`server.cli`):
+    the folder goes at the END of the import path, so an installed package of that name wins."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def _hidden(config: Mapping[str, Any]) -> int | None:
@@ -118,14 +134,15 @@ def _result_arrays(result: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
     config, federation = result["config"], result["federation"]
     hidden = _hidden(config)
+    user_code_importable()
     try:
         spec = parameter_spec(
             build_model(
                 config["model"], int(federation["num_features"]), int(federation["num_labels"]), hidden=hidden or 64
             )
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"result.json does not describe a tabular model ({exc})") from exc
+    except (KeyError, TypeError, ValueError, ImportError) as exc:
+        raise ArtifactError(f"result.json does not describe a tabular model silofl can build here ({exc})") from exc
     model = result["model"]
     if [name for name, _ in spec] != list(model):
         raise ArtifactError(
@@ -386,14 +403,6 @@ def _not_tabular_message(run: Path, result: Mapping[str, Any]) -> str:
         return (
             f"{run} is a {algorithm} run: its model is an image encoder ({model}, in model.npz), not a classifier; "
             f"export it with `silofl export {run} --format onnx --out FILE`"
-        )
-    from silofl.protocols.model_names import is_custom_model
-
-    if isinstance(model, str) and is_custom_model(model):
-        return (
-            f"{run}: the {algorithm} run trained your own model ({model}); silofl's artifact, predict, evaluate and "
-            "export rebuild only its own models (logreg, mlp). Load the weights of result.json's `model` into your "
-            "module as docs/CUSTOM_MODEL.md shows"
         )
     return f"{run}: the {algorithm} run's model ({model!r}) is not a logistic regression or MLP held in result.json"
 

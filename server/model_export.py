@@ -35,7 +35,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from silofl.server.model_artifact import MANIFEST_FILE, ArtifactError, is_tabular_result, read_result
+from silofl.server.model_artifact import (
+    MANIFEST_FILE,
+    ArtifactError,
+    is_tabular_result,
+    read_result,
+    user_code_importable,
+)
 
 __all__ = ["TOLERANCE", "ExportReport", "export_onnx"]
 
@@ -132,7 +138,7 @@ def _encoder(
         raise ArtifactError(f"{npz}: missing; a {config.get('algorithm')} run keeps its encoder there: rerun it")
     width = int(federation["num_features"])
     if is_custom_model(config["model"]):
-        _current_folder_importable()
+        user_code_importable()
     try:
         model = build_ssl_model(
             config["model"],
@@ -161,17 +167,6 @@ def _encoder(
     sample = np.random.default_rng(0).random((_CHECK_ROWS, width), dtype=np.float32)
     what = f"{config.get('algorithm')} {config['model']} encoder ({width} pixels -> {model.feature_dim} features)"
     return _Encoder(model), "pixels", width, ("features", "z"), meta, what, sample
-
-
-def _current_folder_importable() -> None:
-    """Let a user's encoder (``module:factory``) come from the current folder, as `silofl run` lets it
-    (`server.cli`): the folder goes at the END of the import path, so an installed package of that name wins."""
-    import os
-    import sys
-
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
 
 
 def export_onnx(run_dir: str | Path, out: str | Path) -> ExportReport:

@@ -88,15 +88,23 @@ class TrainedModel:
         arrays: dict[str, np.ndarray],
         preprocessing: Preprocessing | None,
     ) -> None:
-        from silofl.protocols.models import build_model, set_parameters
+        from silofl.protocols.models import ModelError, build_model, set_parameters
+        from silofl.server.model_artifact import user_code_importable
 
         spec = manifest["model"]
         self.run_dir = run_dir
         self.manifest = manifest
         self.preprocessing = preprocessing
-        self.module = build_model(
-            spec["kind"], int(spec["num_features"]), int(spec["num_labels"]), hidden=spec.get("hidden") or 64
-        )
+        user_code_importable()  # a user's model (module:factory) is rebuilt by importing its factory again
+        try:
+            self.module = build_model(
+                spec["kind"], int(spec["num_features"]), int(spec["num_labels"]), hidden=spec.get("hidden") or 64
+            )
+        except ModelError as exc:
+            raise ArtifactError(
+                f"{run_dir}: the run trained your model {spec['kind']!r}, which must be importable to use it: {exc}; "
+                "run silofl from the folder that holds its module, or install it"
+            ) from exc
         set_parameters(self.module, arrays)
         self.module.eval()
 

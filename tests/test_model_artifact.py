@@ -598,3 +598,36 @@ def test_a_model_without_preprocessing_says_how_to_get_one(trained, test_rows, t
     model = load_model(copy)  # the model itself still loads and scores encoded rows
     features = load_model(run).encode(test_rows[1]).features
     np.testing.assert_array_equal(model.logits_of(features), load_model(run).logits_of(features))
+
+
+@pytest.mark.slow
+def test_a_user_models_artifact_is_rebuilt_from_its_factory(tmp_path, loans_csv, test_rows, capsys, monkeypatch):
+    """A run of a user's model (`--model module:factory`) gets the artifact too: predict, evaluate and export import
+    the factory again, and say which module they could not import."""
+    import onnxruntime as ort
+
+    run = tmp_path / "user"
+    argv = ["run", "fedavg", "--dataset", str(loans_csv), "--target", "approved", "--sensitive", "sex"]
+    argv += ["--model", "tests.custom_models:tiny", "--silos", "2", "--rounds", "4", "--seed", str(SEED)]
+    assert main([*argv, "--out", str(run)]) == 0
+    result = json.loads((run / "result.json").read_text())
+    assert (run / MANIFEST_FILE).is_file()
+    path, rows = test_rows
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--data", str(path), "--json"]) == 0
+    report = _json_out(capsys)
+    assert report["accuracy"] == pytest.approx(result["final"]["accuracy"], abs=1e-12)
+    assert report["demographic_parity_difference"] == pytest.approx(result["final"]["dp_violation"], abs=1e-12)
+    out = tmp_path / "user.onnx"
+    assert main(["export", str(run), "--format", "onnx", "--out", str(out)]) == 0
+    model = load_model(run)
+    features = model.encode(rows).features
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(["logits"], {"features": features})[0], model.logits_of(features), atol=1e-5)
+    # where the factory's module cannot be imported, the error names it
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tests.custom_models", None)
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--data", str(path)]) == 2
+    assert "tests.custom_models" in capsys.readouterr().err
