@@ -189,13 +189,11 @@ def _user_model_path(config: RunConfig) -> None:
     """Let `--model module:factory` name a module in the current folder, as `python -m` would: the folder is added
     at the END of the import path (an installed package of the same name wins), for the in-process silos and, through
     Flower's PYTHONPATH, a local Ray's workers. A deployed silo imports it from its own installation instead."""
-    import os
-
     from silofl.protocols.model_names import is_custom_model
+    from silofl.server.model_artifact import user_code_importable
 
-    cwd = os.getcwd()
-    if is_custom_model(str(getattr(config, "model", ""))) and cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
+    if is_custom_model(str(getattr(config, "model", ""))):
+        user_code_importable()
 
 
 def _silo_node_configs(config: RunConfig, args: argparse.Namespace) -> list[dict] | None:
