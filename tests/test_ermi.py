@@ -1,4 +1,4 @@
-"""Tests for protocols.ermi: the ERMI objective, its maximiser, per-sample gradients, clipping and projection."""
+"""Tests for protocols.steffle: the ERMI objective, its maximiser, per-sample gradients, clipping and projection."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from silofl.protocols.ermi import (
+from silofl.protocols.models import build_model, parameter_spec
+from silofl.protocols.steffle import (
     FAIRNESS_NOTIONS,
     GroupPrior,
     block_weights,
@@ -25,7 +26,6 @@ from silofl.protocols.ermi import (
     psi_w_sensitive_sum_checked,
     w_shape,
 )
-from silofl.protocols.models import build_model, parameter_spec
 from tests.generic_module import NotTabular
 
 SHAPES = [(2, 2), (3, 3), (3, 2), (2, 4)]  # (k groups, l labels)
