@@ -98,7 +98,6 @@ from silofl.client.sealed_records import SealedRecords
 from silofl.protocols import messages as msg
 from silofl.protocols import mu2fl as mu2fl_math
 from silofl.protocols import parties as pm
-from silofl.protocols.ermi import GroupPrior
 from silofl.protocols.models import (
     build_model,
     flatten_parameters,
@@ -117,6 +116,7 @@ from silofl.protocols.privacy.calr import (
     release_noise_scale,
 )
 from silofl.protocols.privacy.gaussian import histogram_sensitivity
+from silofl.protocols.steffle import GroupPrior
 
 DELTA = 1e-5
 BROKEN = 0.1  # the broken mechanism's noise scale

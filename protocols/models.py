@@ -395,7 +395,8 @@ def clip_factors(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
     is left bit-for-bit unchanged (no epsilon in the denominator, unlike Opacus' ``C / (||g|| + 1e-6)``); exactly 0
     for a row whose norm is not finite (NaN, or inf: a NaN or inf entry, or finite entries whose norm overflowed).
 
-    Shared by DP-SGD's per-sample clipping (`client.gradients`) and SteFFLe's fairness gradients (`protocols.ermi`).
+    Shared by DP-SGD's per-sample clipping (`client.gradients`) and SteFFLe's fairness gradients
+    (`protocols.steffle.theta`).
 
     Why 0: the accounting (add/remove and replace-one alike) needs every record's term in the ball of radius C around
     0, and a term that is not finite is in no ball. The old rule kept a NaN norm's factor at 1, and the factor 0 of an
@@ -445,7 +446,8 @@ def linear_stack_clipped_sum(
     clipped sum is ``(f * delta)^T a`` and ``f^T delta`` with the clip factors ``f``. One backward pass of the total
     gives every ``delta_i``, at a fraction of ``vmap(grad)``'s per-call dispatch (~0.1-0.2 vs ~0.6-0.7 ms at m = 256,
     d = 102). Why our own: DP-FedSGD, SteFFLe and DP-mu2-FL take one step per round over thousands of rounds. Used by
-    `client.gradients` (the loss) and `protocols.ermi` (the fairness term); tests check both against ``torch.func``.
+    `client.gradients` (the loss) and `protocols.steffle.theta` (the fairness term); tests check both against
+    ``torch.func``.
 
     A record whose per-sample gradient (or its norm) is not finite, e.g. under huge parameters from the server,
     contributes exactly 0 (:func:`clip_factors`); the forward and backward passes are row by row, so its inf or NaN

@@ -21,7 +21,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from silofl.protocols import messages as msg
-from silofl.protocols.ermi import PRIOR_FLOOR, project_frobenius
+from silofl.protocols.steffle import PRIOR_FLOOR, project_frobenius
 from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
 from silofl.strategies.lr_schedule import StepSchedule, step_schedule
 
@@ -117,7 +117,7 @@ class SteffleStrategy(SiloflStrategy):
 
 def build(inputs: StrategyInputs) -> SteffleStrategy:
     """SteFFLe's server (the `steffle` registry entry): the prior from the silos' noised group counts."""
-    from silofl.protocols.ermi import GroupPrior, w_shape
+    from silofl.protocols.steffle import GroupPrior, w_shape
 
     config, info = inputs.config, inputs.federation.info
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)

@@ -290,7 +290,7 @@ def ssl_model(num_features: int, *, projection_dim: int, width: int = 1, kind: s
 
 
 def fairness_shapes(info: msg.SiloInfo, fairness: str = "dp") -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(W or multipliers shape, prior shape) for the fairness notion (`protocols.ermi.w_shape`)."""
+    """(W or multipliers shape, prior shape) for the fairness notion (`protocols.steffle.w_shape`)."""
     k, labels = info.num_groups, info.num_labels
     prior = (k,) if fairness == "dp" else (labels, k)
     w = (labels, k, labels) if fairness == "eo" else (k, labels)

@@ -156,7 +156,7 @@ def test_dp_sgd_clipped_sums_agree_with_the_built_in_route() -> None:
 
 def test_fairness_gradients_agree_with_the_built_in_route() -> None:
     from silofl.protocols import tran
-    from silofl.protocols.ermi import GroupPrior, clipped_psi_theta_sum
+    from silofl.protocols.steffle import GroupPrior, clipped_psi_theta_sum
 
     builtin, user = _twins()
     x, y, s = _batch()

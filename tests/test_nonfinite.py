@@ -26,7 +26,8 @@ from silofl.client.algorithms import dp_fedsgd, steffle
 from silofl.client.algorithms import fedfdp as fedfdp_algo
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from silofl.client.gradients import clip_rows, clipped_gradient_sum, weighted_clipped_gradient_sum
-from silofl.protocols import ermi, fedfdp, fedsc, models, mu2fl, tran
+from silofl.protocols import fedfdp, fedsc, models, mu2fl, tran
+from silofl.protocols import steffle as steffle_maths
 from silofl.protocols.models import build_model, clip_factors, head_clipped_sum, linear_stack_clipped_sum
 from silofl.protocols.privacy.gaussian import GaussianMechanism
 from tests.generic_module import NotTabular
@@ -291,8 +292,8 @@ def test_fedfdp_never_raises_with_a_huge_model_and_releases_finite_values(kind: 
 # ERMI / SteFFLe
 
 
-def _prior() -> ermi.GroupPrior:
-    return ermi.GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
+def _prior() -> steffle_maths.GroupPrior:
+    return steffle_maths.GroupPrior("dp", np.array([0.5, 0.5]), num_labels=2)
 
 
 def _s_attack_mlp() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -327,10 +328,10 @@ def test_clipped_psi_theta_sum_drops_the_overflowing_record(route: str) -> None:
     x, _ = _batch()
     s = _groups()
     w = torch.tensor([[0.3, -0.2], [0.1, 0.4]])
-    got = ermi.clipped_psi_theta_sum(model, x, s, w, _prior(), 1.0)
+    got = steffle_maths.clipped_psi_theta_sum(model, x, s, w, _prior(), 1.0)
     assert _finite(got)
     x_rest, s_rest = _without_target(x, s)
-    torch.testing.assert_close(got, ermi.clipped_psi_theta_sum(model, x_rest, s_rest, w, _prior(), 1.0))
+    torch.testing.assert_close(got, steffle_maths.clipped_psi_theta_sum(model, x_rest, s_rest, w, _prior(), 1.0))
 
 
 @pytest.mark.parametrize("notion", ["dp", "eo", "eopp"])
@@ -340,21 +341,21 @@ def test_psi_w_sensitive_sum_leaves_out_a_non_finite_row_of_f(notion: str) -> No
     s = _groups()
     y = torch.randint(0, 2, (N,), generator=g)
     labels = None if notion == "dp" else y
-    prior = ermi.GroupPrior.from_counts(notion, np.array([[10.0, 30.0], [25.0, 15.0]]))
-    clean = ermi.psi_w_sensitive_sum_checked(F, s, prior, labels)
+    prior = steffle_maths.GroupPrior.from_counts(notion, np.array([[10.0, 30.0], [25.0, 15.0]]))
+    clean = steffle_maths.psi_w_sensitive_sum_checked(F, s, prior, labels)
     for bad in (math.nan, math.inf):
         dirty = F.clone()
         dirty[TARGET, 1] = bad
-        got = ermi.psi_w_sensitive_sum_checked(dirty, s, prior, labels)
+        got = steffle_maths.psi_w_sensitive_sum_checked(dirty, s, prior, labels)
         F_rest, s_rest, y_rest = _without_target(F, s, y)
-        expected = ermi.psi_w_sensitive_sum_checked(F_rest, s_rest, prior, None if notion == "dp" else y_rest)
+        expected = steffle_maths.psi_w_sensitive_sum_checked(F_rest, s_rest, prior, None if notion == "dp" else y_rest)
         assert _finite(got)
         torch.testing.assert_close(got, expected)
         # (c): replacing the target's F by 0 gives the same sum up to rounding, and the clean batch is unchanged
         zeroed = F.clone()
         zeroed[TARGET] = 0.0
-        torch.testing.assert_close(got, ermi.psi_w_sensitive_sum_checked(zeroed, s, prior, labels))
-    reference = ermi.psi_w_gradients(F, s, torch.zeros(prior.w_shape()), prior, labels).sum(dim=0)
+        torch.testing.assert_close(got, steffle_maths.psi_w_sensitive_sum_checked(zeroed, s, prior, labels))
+    reference = steffle_maths.psi_w_gradients(F, s, torch.zeros(prior.w_shape()), prior, labels).sum(dim=0)
     assert torch.equal(clean, reference)
 
 

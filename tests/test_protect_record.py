@@ -35,14 +35,14 @@ from silofl.client.silo_policy import node_policy
 from silofl.protocols import messages as msg
 from silofl.protocols.algorithms import steffle as steffle_entry
 from silofl.protocols.config import ConfigError, RunConfig
-from silofl.protocols.ermi import (
+from silofl.protocols.models import build_model, set_parameters
+from silofl.protocols.steffle import (
     GroupPrior,
     clipped_psi_theta_sum,
     output_block_sums_checked,
     psi_w_sensitive_sum_checked,
     w_output_term,
 )
-from silofl.protocols.models import build_model, set_parameters
 from tests import malicious_server as ms
 
 N = 60

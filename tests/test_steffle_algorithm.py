@@ -10,7 +10,7 @@ import torch
 
 from silofl.client.algorithms.steffle import group_label_counts, w_gradient_base, w_radius_of
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from silofl.protocols.ermi import GroupPrior, psi_w_gradients, w_shape
+from silofl.protocols.steffle import GroupPrior, psi_w_gradients, w_shape
 
 
 @pytest.mark.parametrize(
@@ -61,8 +61,8 @@ def test_fairness_gradients_keep_f_from_the_clipped_sums_forward_pass_bit_for_bi
     """The sensitive division's theta-sum and F, from one forward pass, are the bits of `clipped_psi_theta_sum` and
     of a separate forward pass: the round's results do not depend on the shortcut."""
     from silofl.client.algorithms.steffle import _clipped_theta_sum_and_outputs
-    from silofl.protocols.ermi import clipped_psi_theta_sum
     from silofl.protocols.models import build_model
+    from silofl.protocols.steffle import clipped_psi_theta_sum
 
     gen = torch.Generator().manual_seed(3)
     n, d, k = 40, 7, 2
@@ -85,8 +85,8 @@ def test_balanced_w_gradient_is_the_whole_mean_gradient_from_the_sensitive_relea
     its -2 W F term recovered from the s-dependent release (`balanced_w_base`); the theta part is the clipped sum of
     the weighted per-sample gradients; and every record's s-dependent W-gradient lies within w_radius_of."""
     from silofl.client.algorithms.steffle import balanced_w_base, fairness_gradients
-    from silofl.protocols.ermi import clipped_psi_theta_sum
     from silofl.protocols.models import build_model
+    from silofl.protocols.steffle import clipped_psi_theta_sum
 
     gen = torch.Generator().manual_seed(5)
     n, d = 60, 4

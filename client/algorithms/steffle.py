@@ -8,8 +8,8 @@
 * The sensitive division holds the sensitive attributes. It draws its own Poisson sample B2, independent of B1 (the
   paper's line 6 draws one minibatch for both divisions; silofl draws two so that amplification by sampling holds for
   the noised releases although g_j is released in the clear), computes the per-sample fairness gradients of psi_i
-  (Lemma D.1; `protocols.ermi`), clips the theta-part to C, sums, and adds Gaussian noise to both parts before they
-  leave (line 8).
+  (Lemma D.1; `protocols.steffle.gradients`), clips the theta-part to C, sums, and adds Gaussian noise to both parts
+  before they leave (line 8).
 
 Privacy is w.r.t. the sensitive attributes (DP-FERMI Definition 2.2; SteFFLe Definition 2.3): neighbours differ in one
 record's s_i. Record i's contribution to the theta-sum lies in the ball of radius C around 0 whatever s_i is; its
@@ -33,8 +33,8 @@ sample (the paper's minibatch B_t; there is nothing un-noised left that its ampl
 and releases on it, each at the same noise multiplier sigma: the per-record loss gradients clipped to C, the
 theta-gradients of psi clipped to C, the s-dependent W-gradients (radius R_W as above) and, in place of the
 s-independent -2 W (.) F_i (whose norm grows with the server's W), each record's soft predictions F_i in its W block
-(radius 1, `protocols.ermi.output_block_sums_checked`); the -2 W (.) F part is computed from that noised sum
-(post-processing, `protocols.ermi.w_output_term`). Four releases of one Poisson-subsampled Gaussian under add/remove,
+(radius 1, `protocols.steffle.output_block_sums_checked`); the -2 W (.) F part is computed from that noised sum
+(post-processing, `protocols.steffle.w_output_term`). Four releases of one Poisson-subsampled Gaussian under add/remove,
 one mechanism of multiplier sigma / 2 for the accountant. Every sum is divided by the run's public batch size m, never
 by the silo's own count: under add/remove a divisor min(m, n_j) would move with the record (`client.algorithms.
 dp_fedsgd`). With lambda = 0 the round releases the loss gradient alone.
@@ -55,7 +55,9 @@ from torch import nn
 from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from silofl.client.gradients import clipped_gradient_sum, mean_gradient_and_logits
-from silofl.protocols.ermi import (
+from silofl.protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
+from silofl.protocols.privacy.gaussian import GaussianMechanism
+from silofl.protocols.steffle import (
     GroupPrior,
     clipped_psi_theta_sum,
     output_block_sums_checked,
@@ -64,15 +66,13 @@ from silofl.protocols.ermi import (
     psi_w_sensitive_sum_checked,
     w_output_term,
 )
-from silofl.protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
-from silofl.protocols.privacy.gaussian import GaussianMechanism
 
 
 def w_radius_of(prior: GroupPrior) -> float:
     """R_W = 2 / sqrt(rho): the radius of the ball that record i's s-dependent W-gradient lies in (rho: the smallest
-    prior probability the objective uses; ||F_i||_2 <= 1). For the group-balanced objective (`protocols.ermi`) a
-    record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior 1/k: R_W = 2 / (sqrt(k) rho)
-    (`GroupPrior.w_gradient_bound`)."""
+    prior probability the objective uses; ||F_i||_2 <= 1). For the group-balanced objective
+    (`protocols.steffle.prior`) a record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior
+    1/k: R_W = 2 / (sqrt(k) rho) (`GroupPrior.w_gradient_bound`)."""
     if prior.balanced:
         return prior.w_gradient_bound()
     return 2.0 / math.sqrt(prior.rho)
@@ -165,7 +165,7 @@ def fairness_gradients(
     Whatever finite model and W the server sends, both sums stay finite: a record whose theta term or its norm is not
     finite (huge parameters can overflow it for s_i = 1 and not for s_i = 0) and one whose F_i = softmax(logits) is
     not finite contribute exactly 0, the centre of both balls (`protocols.models.clip_factors`,
-    `protocols.ermi.psi_w_sensitive_sum_checked`), and the noise is added to a finite value
+    `protocols.steffle.psi_w_sensitive_sum_checked`), and the noise is added to a finite value
     (`protocols.privacy.gaussian`).
     """
     idx = step_sample(len(sensitive.groups), rate, rng, sample)
@@ -362,7 +362,7 @@ def _clipped_theta_sum_and_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)` and F = softmax(model(x)) (detached).
 
-    For a TabularModel this is `protocols.ermi`'s own route for it (cotangents a_i, one backward pass of
+    For a TabularModel this is `protocols.steffle.theta`'s own route for it (cotangents a_i, one backward pass of
     sum_i <a_i, F(x_i)> through `protocols.models.linear_stack_clipped_sum`) with F kept from that pass's forward,
     where a second forward pass would compute the very same values; the inputs are the silo's own records and the
     checked W, so `clipped_psi_theta_sum`'s checks of its arguments are not repeated (the cotangents come from

@@ -37,10 +37,10 @@ from silofl.client.round_privacy import RoundPrivacy, digest
 from silofl.client.rounds import RoundResult, with_records
 from silofl.protocols import messages as msg
 from silofl.protocols import shuffled_epochs
-from silofl.protocols.ermi import MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior
 from silofl.protocols.models import parameter_spec
 from silofl.protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
 from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+from silofl.protocols.steffle import MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior
 
 #: The setup release: the (group, label) histogram, radius sqrt(2)/2 under replace-one (`histogram_sensitivity`).
 GROUP_COUNTS = "group-counts"
@@ -285,9 +285,9 @@ def w_noise_of(w_noise: str) -> str:
 
 def group_prior(notion: str, probs: np.ndarray, num_labels: int, *, balanced: bool = False) -> GroupPrior:
     """The validated group prior of a train message (raises ValueError for an invalid one); ``balanced``: the
-    group-balanced objective (the run's `group-weight`, `protocols.ermi`).
+    group-balanced objective (the run's `group-weight`, `protocols.steffle.prior`).
 
-    A prior with an entry below `protocols.ermi.MIN_SILO_PRIOR` is refused: the W radius and the noise it scales grow
+    A prior with an entry below `protocols.steffle.MIN_SILO_PRIOR` is refused: the W radius and the noise it scales grow
     as 1 / sqrt(rho) (1 / rho balanced), and a server's tiny prior would make them overflow. The server sends the
     same prior every round: a prior is validated once per distinct (notion, bytes, shape, number of labels,
     balanced) and the (immutable) GroupPrior reused."""

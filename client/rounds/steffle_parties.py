@@ -33,10 +33,10 @@ from silofl.client.round_privacy import RoundPrivacy, digest
 from silofl.client.rounds.steffle import GROUP_COUNTS, _named, group_prior, protects_record, w_noise_of
 from silofl.protocols import messages as msg
 from silofl.protocols import parties as pm
-from silofl.protocols.ermi import GroupPrior
 from silofl.protocols.models import parameter_spec
 from silofl.protocols.privacy.gaussian import GaussianMechanism, histogram_sensitivity
 from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
+from silofl.protocols.steffle import GroupPrior
 
 
 def mechanism(instr: msg.TrainInstruction, rate: float) -> Mechanism:
@@ -80,7 +80,7 @@ def _keys(party_id: int, instr: msg.TrainInstruction, server_round: int) -> dict
 def _prior(content: RecordDict, info, instr: msg.TrainInstruction, what: str) -> tuple[GroupPrior, torch.Tensor, str]:
     """The group prior, W and the prior's digest (`RoundPrivacy.bind`) of a request (shapes from the fairness
     notion), as the silo mode reads them."""
-    from silofl.protocols.ermi import w_shape
+    from silofl.protocols.steffle import w_shape
 
     prior_shape = (info.num_groups,) if instr.fairness == "dp" else (info.num_labels, info.num_groups)
     shape = w_shape(instr.fairness, info.num_groups, info.num_labels)

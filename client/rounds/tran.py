@@ -58,10 +58,10 @@ from silofl.client.rounds import RoundResult, with_records
 from silofl.client.rounds import steffle as steffle_round
 from silofl.protocols import messages as msg
 from silofl.protocols import tran
-from silofl.protocols.ermi import GroupPrior
 from silofl.protocols.models import model_device, parameter_spec
 from silofl.protocols.privacy.gaussian import GaussianMechanism
 from silofl.protocols.privacy.mechanism import Mechanism, Release
+from silofl.protocols.steffle import GroupPrior
 
 MASS_RADIUS = 1.0  # ||F(x_i)||_2 <= ||F(x_i)||_1 = 1: the ball record i's group-mass contribution lies in
 MASS = "mass"  # name of the group mass in the fair-update record
