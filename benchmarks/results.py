@@ -17,8 +17,8 @@ violation at matched test error against each baseline (:func:`server.analysis.ma
 paper's claims.
 
 This script is the command line; the document is made by `benchmarks/results_document.py` from one module per study
-(`results_steffle`, `results_headline`, `results_tran_gap`, `results_topologies`, `results_silos`, `results_race`,
-`results_mu2`, `results_fedsc`), on the statistics of `server/analysis.py`.
+(`results_steffle`, `results_headline`, `results_tran_gap`, `results_topologies`, `results_silos`,
+`results_heterogeneity`, `results_race`, `results_mu2`, `results_fedsc`), on the statistics of `server/analysis.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # after the path insert: the script runs from anywhere
-from benchmarks import results_race, results_tran_gap  # noqa: E402
+from benchmarks import results_heterogeneity, results_race, results_tran_gap  # noqa: E402
 from benchmarks.results_document import build_document, steffle_part  # noqa: E402
 from benchmarks.results_mu2 import MU2_HEADING  # noqa: E402
 from benchmarks.results_runs import RunFiles, rel  # noqa: E402
@@ -64,6 +64,7 @@ def sweeps_read(only: str | None) -> list[str]:
         "sealed": [SEALED_SWEEP[0]],
         "silos": [SILOS_SWEEP[0]],
         "race": race,
+        "heterogeneity": [name for name, _, _ in results_heterogeneity.HETEROGENEITY_SWEEPS],
     }
     if only is not None:
         return by_mode[only]
@@ -86,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "tran-gap", "sealed", "silos", "race", "parkinsons"],
+        choices=["steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     parser.add_argument(
@@ -167,14 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         if not out.is_file():
             parser.error(f"--only updates an existing document: {out} does not exist (run without --only)")
-        race = results_race
+        race, het = results_race, results_heterogeneity
         make, heading = {
             "sealed": (sealed_section, SEALED_HEADING),
             "silos": (silos_section, SILOS_HEADING),
             "race": (race.race_section, race.RACE_HEADING),
+            "heterogeneity": (het.heterogeneity_section, het.HETEROGENEITY_HEADING),
         }[args.only]
         section, files = make(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
-        if isinstance(files, dict):  # a section of several sweeps (race)
+        if isinstance(files, dict):  # a section of several sweeps (race, heterogeneity)
             total = RunFiles()
             for part in files.values():
                 total.merge(part)
@@ -186,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {files.runs} runs; the header's counts "
             "are those of the last full regeneration.",
         ]
-        before = SILOS_HEADING if args.only == "sealed" else MU2_HEADING  # build_document's order
+        before = {  # build_document's order
+            "sealed": SILOS_HEADING,
+            "heterogeneity": race.RACE_HEADING,
+        }.get(args.only, MU2_HEADING)
         out.write_text(replace_section(out.read_text(), heading, section, before))
         print(f"wrote the section '{heading[3:]}' of {out} ({files.runs} runs)")
         return 0

@@ -5,6 +5,7 @@ tests/test_analysis.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -18,6 +19,7 @@ from benchmarks import (
     results,
     results_document,
     results_fedsc,
+    results_heterogeneity,
     results_runs,
     results_silos,
     results_steffle,
@@ -136,8 +138,9 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     # missing sections say so and name the command
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo", "steffle_parkinsons_dp"):
         assert f"silofl sweep {results_runs.rel(tmp_path / 'no-sweep-files' / name, results_runs.ROOT)}.toml" in text
-    # five SteFFLe sweeps, the sealed-records sweep, the number-of-silos sweep, the two many-valued sweeps, mu2, FedSC
-    assert text.count("Not generated yet: run `") == 11
+    # five SteFFLe sweeps, the sealed-records sweep, the number-of-silos sweep, the two heterogeneity sweeps, the two
+    # many-valued sweeps, mu2, FedSC
+    assert text.count("Not generated yet: run `") == 13
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
@@ -458,6 +461,48 @@ def test_silos_section_tables_error_and_violation_against_the_number_of_silos(tm
         assert (tmp_path / "docs" / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_heterogeneity_section_finds_a_trend_only_beyond_the_seeds_spread(tmp_path: Path):
+    """The heterogeneity section (the SteFFLe paper's Figure 2 a, b) from known runs: on Credit Card the error rises
+    with h by the same amount for every seed (a trend, though smaller than the spread between seeds) while the
+    violation moves by +-0.01 with the seed (flat); the table holds the means; Adult without runs says so."""
+    from silofl.protocols.config import RunConfig
+
+    out = tmp_path / "sweeps" / "steffle_credit_heterogeneity"
+    for h, lam, eps, seed in itertools.product((0.0, 0.5, 0.9), (0.0, 1.0), (1.0, "inf"), (0, 1, 2)):
+        name = f"steffle__h={h}_lambda={lam}_epsilon={eps}_seed={seed}"
+        values = {
+            "algorithm": "steffle",
+            "dataset": "credit",
+            "num-silos": 3,
+            "heterogeneity": h,
+            "partition": "attribute",
+            "fairness": "dp",
+            "epsilon": eps,
+            "lambda": lam,
+            "seed": seed,
+            "out-dir": str(out / name),
+        }
+        config = RunConfig.parse(values).to_json()
+        error = 0.15 + 0.05 * seed + 0.02 * h  # seeds far apart, the same rise with h for each
+        violation = 0.05 + (0.01 if (seed + int(10 * h)) % 2 else -0.01)  # up or down with the seed
+        _write_run(out / name, "steffle", config, {"error": error, "dp_violation": violation}, 10.0)
+    lines, files = results_heterogeneity.heterogeneity_section(
+        tmp_path / "sweeps", tmp_path / "no-sweep-files", tmp_path / "docs" / "figures", tmp_path / "docs"
+    )
+    text = "\n".join(lines)
+    assert files["steffle_credit_heterogeneity"].runs == 36 and files["steffle_adult_heterogeneity"].runs == 0
+    assert "silofl sweep" in text and "Not generated yet" in text  # Adult: no runs
+    # the table: epsilon 1, lambda 1, means over the seeds at h 0, 0.5, 0.9 (errors 0.20, 0.21, 0.218)
+    assert "| 1 | 1 | 3 | 0.2000 / 0.0467 | 0.2100 / 0.0533 | 0.2180 / 0.0533 |" in text
+    assert "epsilon 1, lambda 1: error +0.0180 ± 0.0000 (rises), violation +0.0067 ± 0.0133 (flat)" in text
+    assert "Here 4 of the 8 changes above are rises." in text
+    links = re.findall(r"!\[SteFFLe against silo heterogeneity\]\(([^)]+)\)", text)
+    assert len(links) == 2
+    for link in links:
+        assert (tmp_path / "docs" / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path):
     """`--only parkinsons` writes the Parkinsons sections from their runs into an existing document, before the
     summary, leaving the rest as it was; a second call replaces them in place."""
@@ -482,7 +527,9 @@ def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path
     assert "Not generated yet" in text[text.index("### Parkinsons, equalized odds") :]
 
 
-@pytest.mark.parametrize("only", [None, "steffle", "tran-gap", "sealed", "silos", "race", "parkinsons"])
+@pytest.mark.parametrize(
+    "only", [None, "steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "parkinsons"]
+)
 def test_without_the_sweeps_runs_nothing_is_written_and_the_error_names_them(tmp_path: Path, capsys, only) -> None:
     """A fresh checkout has no run folders: regenerating would replace the documented results with "not run yet".
     The script refuses, names the sweeps and their commands, and leaves the document byte for byte as it was."""
