@@ -18,7 +18,8 @@ paper's claims.
 
 This script is the command line; the document is made by `benchmarks/results_document.py` from one module per study
 (`results_steffle`, `results_headline`, `results_tran_gap`, `results_topologies`, `results_silos`,
-`results_heterogeneity`, `results_race`, `results_mu2`, `results_fedsc`), on the statistics of `server/analysis.py`.
+`results_heterogeneity`, `results_record`, `results_race`, `results_mu2`, `results_fedsc`), on the statistics of
+`server/analysis.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # after the path insert: the script runs from anywhere
-from benchmarks import results_heterogeneity, results_race, results_tran_gap  # noqa: E402
+from benchmarks import results_heterogeneity, results_race, results_record, results_tran_gap  # noqa: E402
 from benchmarks.results_document import build_document, steffle_part  # noqa: E402
 from benchmarks.results_mu2 import MU2_HEADING  # noqa: E402
 from benchmarks.results_runs import RunFiles, rel  # noqa: E402
@@ -65,6 +66,7 @@ def sweeps_read(only: str | None) -> list[str]:
         "silos": [SILOS_SWEEP[0]],
         "race": race,
         "heterogeneity": [name for name, _, _ in results_heterogeneity.HETEROGENEITY_SWEEPS],
+        "record": [name for name, _, _ in results_record.RECORD_SWEEPS],
     }
     if only is not None:
         return by_mode[only]
@@ -87,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "parkinsons"],
+        choices=["steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "record", "parkinsons"],
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     parser.add_argument(
@@ -174,9 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "silos": (silos_section, SILOS_HEADING),
             "race": (race.race_section, race.RACE_HEADING),
             "heterogeneity": (het.heterogeneity_section, het.HETEROGENEITY_HEADING),
+            "record": (results_record.record_section, results_record.RECORD_HEADING),
         }[args.only]
         section, files = make(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
-        if isinstance(files, dict):  # a section of several sweeps (race, heterogeneity)
+        if isinstance(files, dict):  # a section of several sweeps (race, heterogeneity, record)
             total = RunFiles()
             for part in files.values():
                 total.merge(part)
@@ -190,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         before = {  # build_document's order
             "sealed": SILOS_HEADING,
-            "heterogeneity": race.RACE_HEADING,
+            "heterogeneity": results_record.RECORD_HEADING,
+            "record": race.RACE_HEADING,
         }.get(args.only, MU2_HEADING)
         out.write_text(replace_section(out.read_text(), heading, section, before))
         print(f"wrote the section '{heading[3:]}' of {out} ({files.runs} runs)")

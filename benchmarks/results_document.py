@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks import results_headline, results_heterogeneity, results_race, results_tran_gap
+from benchmarks import results_headline, results_heterogeneity, results_race, results_record, results_tran_gap
 from benchmarks.results_fedsc import fedsc_section
 from benchmarks.results_mu2 import mu2_section
 from benchmarks.results_not_reproduced import not_reproduced_section
@@ -145,6 +145,8 @@ def build_document(
     body += silos_lines
     het_lines, het_files = results_heterogeneity.heterogeneity_section(sweeps, sweep_files, figures, doc_dir)
     body += het_lines
+    record_lines, record_files = results_record.record_section(sweeps, sweep_files, figures, doc_dir)
+    body += record_lines
     race = results_race
     race_lines, race_files = race.race_section(sweeps, sweep_files, figures, doc_dir)
     body += race_lines
@@ -154,6 +156,7 @@ def build_document(
     files[SEALED_SWEEP[0]] = sealed_files
     files[SILOS_SWEEP[0]] = silos_files
     files.update(het_files)
+    files.update(record_files)
     files.update(race_files)
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files

@@ -20,6 +20,7 @@ from benchmarks import (
     results_document,
     results_fedsc,
     results_heterogeneity,
+    results_record,
     results_runs,
     results_silos,
     results_steffle,
@@ -139,8 +140,9 @@ def test_document_from_known_result_files(tmp_path: Path, old_style: bool):
     for name in ("steffle_credit_dp", "steffle_adult_eo", "steffle_credit_eo", "steffle_parkinsons_dp"):
         assert f"silofl sweep {results_runs.rel(tmp_path / 'no-sweep-files' / name, results_runs.ROOT)}.toml" in text
     # five SteFFLe sweeps, the sealed-records sweep, the number-of-silos sweep, the two heterogeneity sweeps, the two
-    # many-valued sweeps, mu2, FedSC
+    # many-valued sweeps, mu2, FedSC; the record section's two sweeps
     assert text.count("Not generated yet: run `") == 13
+    assert "Adult: not generated yet: run `" in text and "Credit Card: not generated yet: run `" in text
     assert sweeps[0].panels[0].reductions["tran"].mean == pytest.approx(0.45)
 
 
@@ -503,6 +505,57 @@ def test_heterogeneity_section_finds_a_trend_only_beyond_the_seeds_spread(tmp_pa
         assert (tmp_path / "docs" / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_record_section_compares_each_steffle_mode_with_fedfdp_at_their_matched_error(tmp_path: Path):
+    """SteFFLe --protect record against FedFDP from known runs (Adult, epsilon 1, two seeds): the matched error is
+    the best both reach (FedFDP's 0.165), SteFFLe-record's violation there is interpolated on its front (0.075 on the
+    means) against FedFDP's 0.12: 37.5% lower; each seed's own rule gives 39.1% and 36.0%; Credit has no runs."""
+    from silofl.protocols.config import RunConfig
+
+    out = tmp_path / "sweeps" / "steffle_adult_record"
+    known = {  # (method, lambda) -> (error, violation), the mean of two seeds (violation +-0.005)
+        ("steffle-record", 0.0): (0.16, 0.10),
+        ("steffle-record", 1.0): (0.17, 0.05),
+        ("steffle", 0.0): (0.15, 0.12),
+        ("steffle", 1.0): (0.155, 0.04),
+        ("fedfdp", 0.1): (0.165, 0.12),
+        ("fedfdp", 0.5): (0.18, 0.10),
+    }
+    for (method, lam), (error, violation) in known.items():
+        for seed, sign in ((0, -1), (1, 1)):
+            name = f"{method}__lambda={lam}_seed={seed}"
+            values = {
+                "algorithm": "fedfdp" if method == "fedfdp" else "steffle",
+                "dataset": "adult",
+                "num-silos": 3,
+                "heterogeneity": 0.0,
+                "fairness": "dp",
+                "epsilon": 1.0,
+                "lambda": lam,
+                "seed": seed,
+                "out-dir": str(out / name),
+            }
+            if method == "steffle-record":
+                values["protect"] = "record"
+            config = RunConfig.parse(values).to_json()
+            final = {"error": error, "dp_violation": violation + sign * 0.005}
+            _write_run(out / name, method, config, final, 10.0)
+    lines, files = results_record.record_section(
+        tmp_path / "sweeps", tmp_path / "no-sweep-files", tmp_path / "docs" / "figures", tmp_path / "docs"
+    )
+    text = "\n".join(lines)
+    assert files["steffle_adult_record"].runs == 12 and files["steffle_credit_record"].runs == 0
+    assert "Credit Card: not generated yet" in text
+    assert (
+        "| Adult | 1 | steffle-record (the whole record) | 0.1650 (fedfdp) | 0.0750 | 0.1200 | 37.5% | 39.1%, 36.0% |"
+        in text
+    )
+    # SteFFLe protecting s: both reach 0.165; its front there is (0.155, 0.04): 1 - 0.04 / 0.12
+    assert "| Adult | 1 | steffle (the sensitive attribute) | 0.1650 (fedfdp) | 0.0400 | 0.1200 | 66.7% |" in text
+    assert "SteFFLe protecting the whole record against FedFDP: 37.5% lower violation" in text
+    links = re.findall(r"!\[SteFFLe protecting the whole record against FedFDP\]\(([^)]+)\)", text)
+    assert len(links) == 1 and (tmp_path / "docs" / links[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path):
     """`--only parkinsons` writes the Parkinsons sections from their runs into an existing document, before the
     summary, leaving the rest as it was; a second call replaces them in place."""
@@ -528,7 +581,7 @@ def test_only_parkinsons_replaces_its_sections_before_the_summary(tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    "only", [None, "steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "parkinsons"]
+    "only", [None, "steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "record", "parkinsons"]
 )
 def test_without_the_sweeps_runs_nothing_is_written_and_the_error_names_them(tmp_path: Path, capsys, only) -> None:
     """A fresh checkout has no run folders: regenerating would replace the documented results with "not run yet".
