@@ -65,7 +65,7 @@ class Preprocessing:
     dataset's reader did to its file's rows before encoding them (empty for a file dataset).
 
     The table this applies to is the file as silofl reads it: a CSV/Parquet dataset's as read
-    (`client.data.generic.read_table`), a built-in's original file (its `recoding` applied first: credit's SEX 1/2
+    (`client.data.table_files.read_table`), a built-in's original file (its `recoding` applied first: credit's SEX 1/2
     read as Male/Female, ...) or the table its reader cleaned (`client.data.loaders`; recoding it again changes
     nothing). docs/MODEL.md lists what each reader does.
     """
