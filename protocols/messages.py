@@ -199,7 +199,7 @@ class DataSpec(_Schema):
     features: str = ""
     missing: Literal["error", "drop"] = "error"
     #: How a .csv dataset is read (`csv-sep`, `csv-encoding`): "" detects them, as the command line's checks did
-    #: (`client.data.generic.csv_format`), so a silo reads the file as they did either way.
+    #: (`client.data.table_files.csv_format`), so a silo reads the file as they did either way.
     csv_sep: str = Field(default="", max_length=1)
     csv_encoding: str = Field(default="", max_length=64)
     num_silos: int = Field(ge=1, le=1000)

@@ -10,7 +10,7 @@
 RUN is a run folder (`silofl run --out`). predict and evaluate read its artifact (`server.model_artifact`, written by
 `silofl run`; `silofl model pack` writes it for a deployed run or an older folder), encode the raw rows of FILE as the
 training data was encoded (`protocols.preprocessing`) and score them (`server.trained_model`). A CSV FILE is read as
-`silofl run` reads a CSV dataset (`client.data.generic.read_table_with_format`): with `--csv-sep` / `--csv-encoding`
+`silofl run` reads a CSV dataset (`client.data.table_files.read_table_with_format`): with `--csv-sep` / `--csv-encoding`
 where given, else detected, a detected separator or encoding other than ',' and utf-8 said on one `silofl: warning:`
 line. export writes an ONNX file (`server.model_export`). Bad input (a missing file or column, an unseen category, a
 run folder without an artifact) is a ValueError or FileNotFoundError naming the file or the column and the fix:
@@ -177,10 +177,10 @@ def _csv_options(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _read(args: argparse.Namespace):
-    """The rows of --data, read as `silofl run` reads a CSV dataset (`client.data.generic.read_table_with_format`,
+    """The rows of --data, read as `silofl run` reads a CSV dataset (`client.data.table_files.read_table_with_format`,
     with --csv-sep and --csv-encoding, "" detecting them); a detected separator or encoding other than ',' and utf-8
     is said on one line, as `silofl run`'s checks say it."""
-    from silofl.client.data.generic import read_table_with_format
+    from silofl.client.data.table_files import read_table_with_format
 
     path = args.data
     sep, encoding = _csv_options(args)

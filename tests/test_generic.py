@@ -1,4 +1,5 @@
-"""Tests for client/data/generic.py: preprocessing of arbitrary tables, CSV/Parquet loading, clear errors."""
+"""Tests for client/data/generic.py (preprocessing of arbitrary tables), client/data/table_files.py (CSV/Parquet
+loading) and client/data/numeric_columns.py (numeric columns read as text): clear errors."""
 
 from __future__ import annotations
 
@@ -13,13 +14,11 @@ from silofl.client.data.generic import (
     build_dataset,
     categorical_labels,
     load_table_dataset,
-    mostly_numeric_columns,
-    read_table,
-    read_table_with_format,
-    sniff_separator,
     split_indices,
 )
 from silofl.client.data.loaders import load_dataset
+from silofl.client.data.numeric_columns import mostly_numeric_columns
+from silofl.client.data.table_files import read_table, read_table_with_format, sniff_separator
 from silofl.client.data.tabular import DataError
 
 

@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from silofl.client.data.generic import read_table, recording_preprocessing, split_indices
+from silofl.client.data.generic import recording_preprocessing, split_indices
 from silofl.client.data.loaders import load_dataset
+from silofl.client.data.table_files import read_table
 from silofl.protocols.preprocessing import (
     CategoricalFeature,
     ContinuousFeature,

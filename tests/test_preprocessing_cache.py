@@ -1,8 +1,9 @@
 """The preprocessing a run's data load records, kept for its model artifact (issue 32: no second load after a run).
 
 `silofl run`'s checks load the data for the silos inside `client.data.preprocessing_cache.recording`; the artifact
-takes the record from there. Counted here by the reads of the table (`generic.read_table`): one per run, where the
-artifact used to read it a second time; a sweep's worker reads it once per data spec.
+takes the record from there. Counted here by the reads of the table (`read_table` where `generic.load_table_dataset`
+looks it up): one per run, where the artifact used to read it a second time; a sweep's worker reads it once per data
+spec.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def _no_load():
 
 @pytest.fixture()
 def reads(monkeypatch) -> list[str]:
-    """The tables read by the loaders (`generic.read_table`: the silos' load, the artifact's; not the column check)."""
+    """The tables read by the loaders (`table_files.read_table` as `generic.load_table_dataset` calls it: the silos'
+    load, the artifact's; not the column check)."""
     calls: list[str] = []
     real = generic.read_table
 

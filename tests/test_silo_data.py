@@ -48,7 +48,7 @@ def test_a_deployed_silo_is_loaded_once_and_again_when_its_files_change(tmp_path
 def test_the_silos_read_a_csv_file_with_the_runs_separator(tmp_path) -> None:
     """A ';'-separated file that also splits on ',' into as many fields: detection picks ',' (the first of a tie);
     `csv-sep = ";"` must reach the simulated silos through the setup round's DataSpec."""
-    from silofl.client.data.generic import csv_format
+    from silofl.client.data.table_files import csv_format
 
     rows = ["f,1,2;sex;y"] + [f"{i},5,7;{'FM'[i % 2]};{i % 3 == 0:d}" for i in range(200)]
     path = tmp_path / "t.csv"

@@ -18,28 +18,23 @@ The authors' code does the same (pandas.get_dummies on the pooled table).
 Missing values are an error (naming the column): silently dropping or imputing would change what the papers measure.
 Built-in loaders clean their files (e.g. Adult's '?') before calling `build_dataset`.
 
-A CSV file is read with the separator and encoding given (`--csv-sep`, `--csv-encoding`), else detected
-(:func:`csv_format`): the separator among , ; tab | from the file's first lines, the encoding utf-8, or latin-1 when
-the file is not valid UTF-8. :meth:`CsvFormat.note` says what was detected when it is not the default, and
-:func:`mostly_numeric_columns` finds the numeric columns that one stray word turned into text (both reported by the
+The table of a file dataset is read by `client.data.table_files` (CSV format detection included);
+`client.data.numeric_columns` finds the numeric columns that one stray word turned into text (both reported by the
 command line's checks, `client.data.preflight`).
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
 import math
-import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from silofl.client.data.table_files import read_table
 from silofl.client.data.tabular import DataError, DatasetInfo, TabularDataset, make_split
 from silofl.protocols.preprocessing import (
     CategoricalFeature,
@@ -53,20 +48,13 @@ from silofl.protocols.preprocessing import (
 )
 
 __all__ = [
-    "CSV_SEPARATORS",
     "MAX_LABELS",
-    "MOSTLY_NUMERIC",
-    "CsvFormat",
     "LabelEncoder",
-    "MostlyNumeric",
     "above_train_median",
     "build_dataset",
     "categorical_labels",
-    "csv_format",
+    "is_categorical",
     "load_table_dataset",
-    "mostly_numeric_columns",
-    "read_table",
-    "read_table_with_format",
     "recording_preprocessing",
     "split_indices",
 ]
@@ -221,7 +209,8 @@ def _encode_features(
     return np.ascontiguousarray(np.hstack(blocks), dtype=np.float32), tuple(names)
 
 
-def _is_categorical(series: pd.Series) -> bool:
+def is_categorical(series: pd.Series) -> bool:
+    """Whether the encoder one-hot encodes the column by its type: non-numeric and boolean columns."""
     return not pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
 
 
@@ -320,7 +309,7 @@ def build_dataset(
     train_idx, test_idx = split_indices(len(frame), test_fraction, seed)
     labels, label_names = (label_encoder or categorical_labels())(frame[target], train_idx)
     groups, group_names = _encode_groups(frame, sensitive)
-    cat = set(categorical) | {c for c in features if _is_categorical(frame[c])}
+    cat = set(categorical) | {c for c in features if is_categorical(frame[c])}
     x, feature_names = _encode_features(frame, features, cat, train_idx)
     if _RECORDING.get() is not None:
         encoded = (x, labels, label_names, groups)
@@ -428,236 +417,6 @@ def _record_preprocessing(
     if not same:  # a bug, not bad data: the record and the encoder above disagree
         raise DataError(f"{name}: the recorded preprocessing does not reproduce the encoding (report this bug)")
     recorded.append(record)
-
-
-#: The separators detected in a CSV file when none is given (`--csv-sep`); the first wins a tie.
-CSV_SEPARATORS = (",", ";", "\t", "|")
-#: The encoding tried first when none is given (`--csv-encoding`), and the one read when the file is not valid in
-#: it: latin-1 decodes every byte, so a file in another 8-bit encoding (cp1252, ...) reads with at most a few wrong
-#: letters instead of failing.
-DEFAULT_ENCODING = "utf-8"
-FALLBACK_ENCODING = "latin-1"
-#: What is read of a CSV file to detect its separator: its first bytes, at most its first lines.
-_SNIFF_BYTES = 1 << 16
-_SNIFF_LINES = 50
-
-
-def separator_name(sep: str) -> str:
-    """A separator as `--csv-sep` takes it: 'tab' for a tab, else the character quoted for a shell (';' -> "';'")."""
-    return "tab" if sep == "\t" else shlex.quote(sep)
-
-
-@dataclass(frozen=True)
-class CsvFormat:
-    """How a CSV file is read: its separator and its encoding, each given (`--csv-sep`, `--csv-encoding`) or
-    detected (:func:`csv_format`)."""
-
-    sep: str
-    encoding: str
-    sep_detected: bool
-    encoding_detected: bool
-
-    def note(self, path: str | Path) -> str | None:
-        """One line saying what was detected where it is not the default (',' and utf-8), and the flags that set it;
-        None when the file reads as a comma-separated UTF-8 file or as the flags said."""
-        found, flags = [], []
-        if self.sep_detected and self.sep != ",":
-            found.append(f"separator {separator_name(self.sep)}")
-            flags.append(f"--csv-sep {separator_name(self.sep)}")
-        if self.encoding_detected and self.encoding != DEFAULT_ENCODING:
-            found.append(f"encoding {self.encoding} (the file is not valid UTF-8)")
-            flags.append(f"--csv-encoding {self.encoding}")
-        if not found:
-            return None
-        return f"{path}: read with the detected {' and '.join(found)}; {' '.join(flags)} sets it explicitly"
-
-
-def _decodes(path: Path, encoding: str) -> bool:
-    """Whether the whole file is valid text in `encoding` (read in 1 MiB chunks; nothing is kept)."""
-    decoder = codecs.getincrementaldecoder(encoding)()
-    try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                decoder.decode(chunk)
-            decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def sniff_separator(text: str) -> str | None:
-    """The separator of the CSV text `text` (its first lines) among :data:`CSV_SEPARATORS`, or None when none splits
-    its header (a one-column table).
-
-    A candidate that splits every sampled line into as many fields as the header (quotes respected) beats one that
-    does not, then more fields win, then the earlier candidate: a comma-separated file whose text holds semicolons
-    reads as commas, a semicolon-separated one with decimal commas ('1,5') as semicolons (its header has no comma).
-    """
-    lines = [line for line in text.splitlines() if line.strip()][:_SNIFF_LINES]
-    best: tuple[tuple[bool, int], str] | None = None
-    for sep in CSV_SEPARATORS if lines else ():
-        rows = list(csv.reader(lines, delimiter=sep))
-        width = len(rows[0])
-        if width < 2:
-            continue
-        score = (all(len(row) == width for row in rows), width)
-        if best is None or score > best[0]:
-            best = (score, sep)
-    return None if best is None else best[1]
-
-
-def csv_format(path: str | Path, *, sep: str = "", encoding: str = "") -> CsvFormat:
-    """How to read the CSV file `path`: `sep` and `encoding` where given, else detected. The encoding: utf-8 when
-    the whole file is valid UTF-8 (a byte-order mark included), else latin-1. The separator: :func:`sniff_separator`
-    on the file's first 64 KiB, ',' when it finds none. Raises DataError for an encoding Python does not know and
-    OSError when the file cannot be read."""
-    path = Path(path)
-    if encoding:
-        try:
-            codecs.lookup(encoding)
-        except LookupError:
-            raise DataError(
-                f"--csv-encoding {encoding!r} is not an encoding Python knows; give e.g. utf-8, latin-1 or cp1252, "
-                "or leave it empty to detect it"
-            ) from None
-    chosen = encoding or (DEFAULT_ENCODING if _decodes(path, DEFAULT_ENCODING) else FALLBACK_ENCODING)
-    detected = ""
-    if not sep:
-        with open(path, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
-        if len(head) == _SNIFF_BYTES and b"\n" in head:  # the file goes on: drop its last, maybe cut, line
-            head = head[: head.rindex(b"\n") + 1]
-        detected = sniff_separator(head.decode(chosen, errors="replace")) or ","
-    return CsvFormat(sep=sep or detected, encoding=chosen, sep_detected=not sep, encoding_detected=not encoding)
-
-
-def read_table_with_format(
-    path: str | Path, *, csv_sep: str = "", csv_encoding: str = ""
-) -> tuple[pd.DataFrame, CsvFormat | None]:
-    """Read a `.csv` (with a header row) or `.parquet` file, and say how a CSV file was read (None for Parquet).
-
-    csv_sep / csv_encoding: the CSV file's separator and encoding (`--csv-sep`, `--csv-encoding`); "" detects them
-    (:func:`csv_format`). Errors name the file and the flag that fixes them: FileNotFoundError when it is missing,
-    DataError for another file type, an undecodable or unparsable file, or CSV options given for a Parquet file.
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".parquet"):
-        raise DataError(
-            f"{path}: unsupported file type {suffix or '(none)'}; use a .csv (with a header row) or a .parquet file"
-        )
-    if suffix != ".csv" and (csv_sep or csv_encoding):
-        raise DataError(f"{path}: --csv-sep and --csv-encoding apply to a .csv file, not to {suffix}: drop them")
-    if path.is_dir():
-        raise DataError(f"{path} is a folder; give a .csv or .parquet file")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; check the path (relative paths start at {Path.cwd()})")
-    if suffix == ".parquet":
-        try:
-            return pd.read_parquet(path), None
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{path}: cannot read it as parquet: {exc}") from exc
-    try:
-        fmt = csv_format(path, sep=csv_sep, encoding=csv_encoding)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
-    try:
-        # skipinitialspace: tolerate "a, b" style files such as UCI's.
-        frame = pd.read_csv(path, sep=fmt.sep, encoding=fmt.encoding, skipinitialspace=True)
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path}: not valid {exc.encoding} text ({exc.reason}); give the file's encoding with --csv-encoding "
-            "(e.g. latin-1 or cp1252), or leave it empty to detect it"
-        ) from exc
-    except pd.errors.EmptyDataError as exc:
-        raise DataError(f"{path} is empty: it has no header row and no records") from exc
-    except (pd.errors.ParserError, ValueError) as exc:
-        raise DataError(
-            f"{path}: cannot read it as CSV with separator {separator_name(fmt.sep)} and encoding {fmt.encoding}: "
-            f"{exc}; --csv-sep and --csv-encoding set them"
-        ) from exc
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
-    return frame, fmt
-
-
-def read_table(path: str | Path, *, csv_sep: str = "", csv_encoding: str = "") -> pd.DataFrame:
-    """Read a `.csv` (with a header row) or `.parquet` file: :func:`read_table_with_format` without the format."""
-    return read_table_with_format(path, csv_sep=csv_sep, csv_encoding=csv_encoding)[0]
-
-
-#: A text column whose non-missing values are numbers at least this often is reported as numeric-looking.
-MOSTLY_NUMERIC = 0.9
-#: A decimal number as a CSV file writes one, and one written with a decimal comma ('1,5').
-_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_DECIMAL_COMMA_NUMBER = r"[+-]?\d+(?:,\d+)?"
-
-
-@dataclass(frozen=True)
-class MostlyNumeric:
-    """A column read as text (so one-hot encoded, one feature per distinct value) whose values are mostly numbers:
-    `numbers` of its `values` non-missing values parse as numbers (`share`); of the `not_numbers` distinct values
-    that do not, the most frequent first in `offending` (at most 5); `distinct` values in all; `decimal_comma` when
-    they parse only with ',' read as the decimal point."""
-
-    column: str
-    values: int
-    numbers: int
-    offending: tuple[str, ...]
-    not_numbers: int
-    distinct: int
-    decimal_comma: bool = False
-
-    @property
-    def share(self) -> float:
-        return self.numbers / self.values
-
-    @property
-    def records(self) -> int:
-        """Records whose value is not a number."""
-        return self.values - self.numbers
-
-
-def mostly_numeric_columns(
-    frame: pd.DataFrame, columns: Sequence[str], threshold: float = MOSTLY_NUMERIC
-) -> list[MostlyNumeric]:
-    """The text columns among `columns` whose values are numbers in at least `threshold` of the records: one stray
-    word ('?', 'unknown') in a numeric column makes pandas read the whole column as text, and the preprocessing then
-    one-hot encodes it (a feature per distinct value) instead of z-scoring it, silently.
-
-    A number is a decimal literal (sign, digits, a point, an exponent), matched on each distinct value once, so a
-    column costs one count of its values (Adult's 45,222 records: ~10 ms a column)."""
-    out: list[MostlyNumeric] = []
-    for column in columns:
-        series = frame[column]
-        if not _is_categorical(series) or pd.api.types.is_bool_dtype(series):
-            continue
-        counts = series.dropna().astype(str).str.strip().value_counts()
-        total = int(counts.sum())
-        if not total:
-            continue
-        distinct = counts.index.to_series().astype(str)
-        comma = False
-        numeric = distinct.str.fullmatch(_NUMBER).to_numpy(dtype=bool)
-        if counts[numeric].sum() < threshold * total:
-            numeric = distinct.str.fullmatch(_DECIMAL_COMMA_NUMBER).to_numpy(dtype=bool)
-            comma = True
-        numbers = int(counts[numeric].sum())
-        if numbers < threshold * total:
-            continue
-        bad = counts[~numeric]
-        out.append(
-            MostlyNumeric(
-                column=str(column),
-                values=total,
-                numbers=numbers,
-                offending=tuple(str(v) for v in bad.index[:5]),
-                not_numbers=len(bad),
-                distinct=int(series.nunique()),
-                decimal_comma=comma,
-            )
-        )
-    return out
 
 
 def _default_sort_key(frame: pd.DataFrame) -> str | None:

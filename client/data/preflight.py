@@ -63,13 +63,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from silofl.client.data.generic import (
-    CSV_SEPARATORS,
-    MostlyNumeric,
-    mostly_numeric_columns,
-    read_table_with_format,
-    separator_name,
-)
+from silofl.client.data.numeric_columns import MostlyNumeric, mostly_numeric_columns
+from silofl.client.data.table_files import CSV_SEPARATORS, read_table_with_format, separator_name
 from silofl.client.data.tabular import DataError, DatasetInfo
 from silofl.protocols.algorithms.common import check_run_model
 from silofl.protocols.config import ConfigError
