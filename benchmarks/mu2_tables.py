@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#: Tables 1 (untrusted) and 2 (trusted) of the paper, as transcribed in shared/specs/mu2fl.md: (loss, accuracy %).
+#: Tables 1 (untrusted) and 2 (trusted) of the paper, as the paper prints them: (loss, accuracy %).
 PAPER = {
     "untrusted": {
         (4, 1): (2.256, 69.9),

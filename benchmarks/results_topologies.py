@@ -1,4 +1,4 @@
-"""SteFFLe with the sensitive attributes held apart (issues 18 and 31, ../shared/specs/steffle-hybrid.md) in
+"""SteFFLe with the sensitive attributes held apart (issues 18 and 31; docs/algorithms/steffle.md, separate parties) in
 docs/RESULTS.md: the first version's section kept as history, and the sealed-records sweep against silos (the noise
 each topology puts on the fairness gradient, and the silos' violation at the same test error)."""
 
@@ -45,12 +45,12 @@ SEALED_HEADING = "## SteFFLe with separate sensitive parties, sealed records (th
 
 
 SEALED_INTRO = (
-    "The parties' protocol since issue 31 (the second version of ../shared/specs/steffle-hybrid.md; the first "
-    "version's row modes, the previous section, are removed): at setup each feature party sends each sensitive party "
-    "the (pseudonym, features, label) of the records whose sensitive attribute it holds, encrypted end to end (the "
-    "server relays bytes it cannot read); each round a sensitive party computes F and J_F from the broadcast model on "
-    "its own secret Poisson sample at the silos' rate q = m / (n / N), and sends noised means: the silos' amplified "
-    "mechanism. The server sees the model, W, means, counts and sealed bytes, no record id, feature, label, output or "
+    "The parties' protocol since issue 31 (the second version of the parties' design, docs/algorithms/steffle.md; the "
+    "first version's row modes, the previous section, are removed): at setup each feature party sends each sensitive "
+    "party the (pseudonym, features, label) of the records whose sensitive attribute it holds, encrypted end to end "
+    "(the server relays bytes it cannot read); each round a sensitive party computes F and J_F from the broadcast model"
+    " on its own secret Poisson sample at the silos' rate q = m / (n / N), and sends noised means: the silos' amplified"
+    " mechanism. The server sees the model, W, means, counts and sealed bytes, no record id, feature, label, output or "
     "Jacobian (SECURITY.md: what each party learns over a run). Same base as the previous section (3 parties, 40 "
     "epochs, batch 256); bytes and time per round against silos: `benchmarks/steffle_parties.py` "
     "(benchmarks/README.md)."

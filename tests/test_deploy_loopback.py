@@ -1,7 +1,7 @@
 """silofl on Flower's deployment runtime, on loopback: a SuperLink and 3 SuperNodes as separate processes with TLS
 and SuperNode authentication (`server.deploy.local`), runs submitted with `flwr run . silofl-local`, and the
 `silofl silo start` command line (`client.silo_cli`); also a census-style federation of separate parties (three
-feature parties and one sensitive party, ../shared/specs/steffle-hybrid.md) running SteFFLe.
+feature parties and one sensitive party; docs/algorithms/steffle.md) running SteFFLe.
 
 The silos' federation is started once for the module and always torn down. It runs silofl's SuperNode runtime
 (`silofl silo start --runtime long-lived`, the default: short polls, one long-lived ClientApp process per SuperNode,

@@ -1,6 +1,6 @@
-"""SteFFLe with separate feature and sensitive parties (../shared/specs/steffle-hybrid.md), end to end through the
-real ServerApp and ClientApp: what the parties send, checked on the real messages (nothing a feature party sends
-depends on s; one record's s moves only the sensitive party's noised releases); bad federations refused before
+"""SteFFLe with separate feature and sensitive parties (docs/algorithms/steffle.md, separate parties), end to end
+through the real ServerApp and ClientApp: what the parties send, checked on the real messages (nothing a feature party
+sends depends on s; one record's s moves only the sensitive party's noised releases); bad federations refused before
 anything private is computed; budgets and policies at a sensitive party. The sealed record exchange itself and the
 server's whole view: tests/test_sealed_parties.py."""
 
