@@ -56,7 +56,8 @@ from flwr.common.logger import log
 from silofl.protocols import messages as msg
 from silofl.protocols.config import ConfigError, RunConfig
 from silofl.protocols.record_codec import decode_record, encode_record
-from silofl.strategies.base import Federation, RoundError, RoundRecord, RunHistory, SiloflStrategy
+from silofl.strategies.base import SiloflStrategy
+from silofl.strategies.federation import Federation, RoundError, RoundRecord, RunHistory
 
 FORMAT = 1
 CHECKPOINT_DIR = "checkpoint"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from silofl.protocols.config import ConfigError, RunConfig
-from silofl.strategies.base import RoundError
+from silofl.strategies.federation import RoundError
 
 #: Flags whose name is not the run-config key (the key is accepted as a flag too).
 _FLAG_NAMES = {"num_silos": "--silos", "out_dir": "--out"}

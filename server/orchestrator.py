@@ -35,18 +35,9 @@ from silofl.protocols.algorithms.base import resolve
 from silofl.protocols.algorithms.common import check_run_model
 from silofl.protocols.config import RunConfig
 from silofl.server.result import build_result, write_result
-from silofl.strategies.base import (
-    Federation,
-    ProgressCallback,
-    RoundError,
-    RoundRecord,
-    RunHistory,
-    SiloEntry,
-    SiloflStrategy,
-    StrategyInputs,
-    collect_replies,
-    superlink_error,
-)
+from silofl.strategies.base import ProgressCallback, SiloflStrategy, StrategyInputs
+from silofl.strategies.federation import Federation, RoundError, RoundRecord, RunHistory, SiloEntry
+from silofl.strategies.replies import collect_replies, superlink_error
 
 SETUP_TIMEOUT = 600.0
 

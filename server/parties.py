@@ -20,7 +20,8 @@ from flwr.serverapp import Grid
 from silofl.protocols import messages as msg
 from silofl.protocols import parties as pm
 from silofl.protocols import party_keys as pk
-from silofl.strategies.base import Federation, RoundError, collect_replies
+from silofl.strategies.federation import Federation, RoundError
+from silofl.strategies.replies import collect_replies
 
 
 def send_to(grid: Grid, federation: Federation, entries, records: dict, kind: str, timeout: float):

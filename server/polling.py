@@ -139,7 +139,7 @@ def bounded_object_pulls(max_time: float | None) -> Iterator[None]:
     limit, 2 h): the objects of a reply whose SuperNode died while pushing it never come, and Flower's Grid would wait
     for them far past the round's timeout. A reply whose objects did not come in time becomes Flower's error reply
     ("Reply message objects are unavailable", from the SuperLink's node), which the round then names as the silo's
-    missing reply (`strategies.base.collect_replies`)."""
+    missing reply (`strategies.replies.collect_replies`)."""
     if max_time is None:
         yield
         return

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from silofl.protocols.config import RunConfig
-from silofl.strategies.base import Federation, RoundRecord
+from silofl.strategies.federation import Federation, RoundRecord
 
 
 class RunProgress:

@@ -26,7 +26,7 @@ from silofl.server.run_result import (
     SiloEntry,
     Timing,
 )
-from silofl.strategies.base import Federation, RunHistory
+from silofl.strategies.federation import Federation, RunHistory
 
 
 def build_run_result(

@@ -1,10 +1,12 @@
-"""What every silofl strategy shares: the federation it runs on, reply checking, federated evaluation, the run loop.
+"""The round loop every silofl strategy runs on (:class:`SiloflStrategy`), and what an algorithm's strategy builder
+is given (:class:`StrategyInputs`).
 
 A silofl strategy is a Flower Message-API :class:`~flwr.serverapp.strategy.Strategy`. It talks to every silo of the
 federation each round (cross-silo: all silos take part unless the algorithm samples them), checks every reply on
 receipt (the silo that sent it, the round, the shapes, dtypes and finite values) and refuses the round, naming the
 silo, if anything is wrong: nothing of a bad round is applied, so the server's state stays that of the last good
-round.
+round. The federation and the run's records are in :mod:`strategies.federation`; collecting and checking replies
+and the evaluation metrics in :mod:`strategies.replies`.
 
 `start` runs the rounds like Flower's own loop, but evaluates on a schedule (every `eval_every` rounds and at the end,
 since a federated evaluation costs a full round trip) and reports progress through a callback. A strategy may ask
@@ -19,146 +21,21 @@ continues bit for bit.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from silofl.protocols import messages as msg
-from silofl.protocols.fairness_metrics import fairness_from_counts
-
-
-class RoundError(RuntimeError):
-    """A round could not be completed; the message names the silo(s) and the round. State is that of the last round."""
-
-
-@dataclass(frozen=True)
-class SiloEntry:
-    """One silo of the federation: the Flower node it runs on and what it said about itself at setup."""
-
-    node_id: int
-    info: msg.SiloInfo
-
-    @property
-    def kind(self) -> str:
-        """The node's kind in messages: "silo", "features party" or "sensitive party"."""
-        return "silo" if self.info.role == "silo" else f"{self.info.role} party"
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind} {self.info.silo_id} (node {self.node_id})"
-
-
-@dataclass(frozen=True)
-class Federation:
-    """The nodes of a run, sorted by id: the silos (or feature parties), which train, and the separate sensitive
-    parties of a topology (`protocols.parties`; none when silos hold both divisions). Sorted order is the order every
-    aggregate is summed in, for reproducibility."""
-
-    silos: tuple[SiloEntry, ...]
-    sensitive: tuple[SiloEntry, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.silos:
-            raise RoundError("no silo (or feature party) answered the setup round")
-        first = self.silos[0].info
-        for entry in (*self.silos[1:], *self.sensitive):
-            if entry.info.schema_hash != first.schema_hash:
-                raise RoundError(
-                    f"{entry.name} describes its data differently from {self.silos[0].name} (features, labels or "
-                    "sensitive groups differ): every node must be prepared with the same schema"
-                )
-        roles = {e.info.role for e in self.silos}
-        if len(roles) > 1:
-            raise RoundError(
-                "the federation mixes silos (both divisions on one node) and feature parties: "
-                + ", ".join(f"node {e.node_id} is a {e.info.role}" for e in self.silos)
-                + "; start every node with the same kind of data"
-            )
-        if self.sensitive and roles != {"features"}:
-            raise RoundError("sensitive parties need feature parties beside them, not silos")
-        if roles == {"features"} and not self.sensitive:
-            raise RoundError(
-                "feature parties answered but no sensitive party: the sensitive attributes are held by none; start "
-                "the sensitive party (role 'sensitive')"
-            )
-        for group in (self.silos, self.sensitive):
-            ids = [e.info.silo_id for e in group]
-            if len(set(ids)) != len(ids):
-                raise RoundError(f"two nodes claim the same {group[0].kind} id: {', '.join(e.name for e in group)}")
-
-    @property
-    def info(self) -> msg.SiloInfo:
-        return self.silos[0].info
-
-    @property
-    def n_train(self) -> int:
-        return sum(e.info.n_train for e in self.silos)
-
-    @property
-    def by_node(self) -> dict[int, SiloEntry]:
-        return {e.node_id: e for e in (*self.silos, *self.sensitive)}
-
-
-@dataclass
-class RoundRecord:
-    """What the server learned in one round (one row of `rounds` in result.json)."""
-
-    server_round: int
-    seconds: float
-    lr: float | None = None
-    epsilon_spent: float | None = None
-    evaluation: dict[str, float] | None = None
-    #: The summed (group, label, prediction) test counts of this round's evaluation (not in `to_json`: result.json
-    #: reports the last one as `fairness_groups`; not kept in checkpoints).
-    counts: np.ndarray | None = field(default=None, compare=False, repr=False)
-    #: silo id -> the noise std of its evaluation counts this round (0: exact; `client.noised_evaluation`); None when
-    #: unknown (no evaluation, a strategy that does not record it, a round read back from a checkpoint)
-    evaluation_noise: dict[int, float] | None = field(default=None, compare=False, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"round": self.server_round, "seconds": self.seconds}
-        if self.lr is not None:
-            out["lr"] = self.lr
-        if self.epsilon_spent is not None:
-            out["epsilon_spent"] = _json_float(self.epsilon_spent)
-        if self.evaluation is not None:
-            out.update(self.evaluation)
-        return out
-
-
-@dataclass
-class RunHistory:
-    """The result of `start`: final arrays, per-round records, per-silo privacy reports."""
-
-    arrays: ArrayRecord
-    rounds: list[RoundRecord] = field(default_factory=list)
-    silo_reports: dict[int, msg.TrainReport] = field(default_factory=dict)
-    server_state: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def last_evaluation(self) -> dict[str, float] | None:
-        for record in reversed(self.rounds):
-            if record.evaluation is not None:
-                return record.evaluation
-        return None
-
-    @property
-    def last_evaluation_counts(self) -> np.ndarray | None:
-        """The summed test counts ``(groups, labels, labels)`` of the last evaluation (None if it did not keep them)."""
-        for record in reversed(self.rounds):
-            if record.evaluation is not None:
-                return record.counts
-        return None
+from silofl.strategies.federation import Federation, RoundError, RoundRecord, RunHistory, SiloEntry
+from silofl.strategies.replies import Arrays, SiloUpdate, check_evaluation_counts, collect_replies, evaluation_metrics
 
 
 @dataclass
@@ -201,116 +78,8 @@ class StrategyInputs:
         return self.group_counts
 
 
+#: What :meth:`SiloflStrategy.start` calls with each completed round's record.
 ProgressCallback = Callable[[RoundRecord], None]
-Arrays = dict[str, np.ndarray]
-#: One silo's checked train reply: who sent it, its array records by name, its report.
-SiloUpdate = tuple[SiloEntry, dict[str, Arrays], msg.TrainReport]
-
-
-def weighted_sum(weights: Sequence[float], updates: list[SiloUpdate], record: str, name: str) -> np.ndarray:
-    """sum_j w_j * (array `name` of record `record` of silo j), in float64, in the given (silo-id) order."""
-    return sum(
-        (w * arrays[record][name].astype(np.float64) for w, (_, arrays, _) in zip(weights, updates, strict=True)),
-        start=np.zeros((), dtype=np.float64),
-    )
-
-
-def _json_float(value: float) -> float | str:
-    return "inf" if math.isinf(value) else value
-
-
-def superlink_error(reply: Message) -> str | None:
-    """The reason, if `reply` is an error the SuperLink wrote itself in place of a node's reply (Flower 1.39: source
-    node SUPERLINK_NODE_ID, e.g. "Node Unavailable" for a SuperNode that stopped sending heartbeats); else None."""
-    if reply.metadata.src_node_id != SUPERLINK_NODE_ID or not reply.has_error():
-        return None
-    return str(reply.error.reason)
-
-
-def collect_replies(
-    federation: Federation,
-    server_round: int,
-    replies: Iterable[Message],
-    kind: str,
-    timeout: float,
-    entries: Sequence[SiloEntry] | None = None,
-) -> list[tuple[SiloEntry, Message]]:
-    """Match replies to the nodes asked (`entries`; default the silos); refuse the round on an error reply, an
-    unknown sender, a duplicate or a missing node.
-
-    Returned in id order so that every sum is taken in the same order on every engine.
-    """
-    asked = tuple(federation.silos if entries is None else entries)
-    by_node = {e.node_id: e for e in asked}
-    got: dict[int, Message] = {}
-    unreachable: list[str] = []
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        entry = by_node.get(node)
-        if entry is None and (reason := superlink_error(reply)) is not None:
-            unreachable.append(reason)
-            continue
-        if entry is None:
-            raise RoundError(
-                f"round {server_round}: a {kind} reply came from node {node}, which was not asked "
-                f"(asked: {sorted(by_node)})"
-            )
-        if reply.has_error():
-            raise RoundError(f"{entry.name} failed in round {server_round} ({kind}): {reply.error.reason}")
-        if node in got:
-            raise RoundError(f"{entry.name} answered twice in round {server_round} ({kind})")
-        got[node] = reply
-    missing = [e.name for e in asked if e.node_id not in got]
-    if missing and unreachable:
-        raise RoundError(
-            f"round {server_round} ({kind}): no reply from {', '.join(missing)}; the SuperLink reports "
-            f"{'; '.join(sorted(set(unreachable)))!r}; start it again (a `silofl deploy up` federation: `silofl "
-            "deploy restart --dir DIR`), then continue the run with resume=true; the server's model is kept as of "
-            "the previous round"
-        )
-    if missing:
-        raise RoundError(
-            f"round {server_round} ({kind}): no reply from {', '.join(missing)} within {timeout:g} s; the "
-            "server's model is kept as of the previous round"
-        )
-    return [(e, got[e.node_id]) for e in asked]
-
-
-#: The most a noised count may exceed the test split's size, in noise standard deviations (a Gaussian draw beyond it
-#: has probability below 1e-20: a silo claiming it is not adding the noise it reports).
-NOISED_COUNT_SLACK = 10.0
-
-
-def check_evaluation_counts(c: np.ndarray, report: msg.EvaluateReport, what: str) -> None:
-    """Exact counts (``noise_std`` 0) are non-negative and sum to num-examples; a noised evaluation's counts
-    (`client.noised_evaluation`: rounded, clipped at 0) are non-negative and each within the noise of the split."""
-    if report.noise_std == 0.0:
-        # Each count is at most num-examples, so the int64 sum cannot wrap around.
-        if (c < 0).any() or (c > report.num_examples).any() or int(c.sum()) != report.num_examples:
-            raise RoundError(f"{what}: counts must be non-negative and sum to num-examples={report.num_examples}")
-        return
-    limit = report.num_examples + NOISED_COUNT_SLACK * report.noise_std + 1
-    if (c < 0).any() or (c > limit).any():
-        raise RoundError(
-            f"{what}: noised counts (noise std {report.noise_std:g}) must be non-negative and at most "
-            f"num-examples + {NOISED_COUNT_SLACK:g} std = {limit:g}"
-        )
-
-
-def evaluation_metrics(counts: np.ndarray, loss_sum: float, n: int) -> MetricRecord:
-    """A federated evaluation's metrics from the summed (group, label, prediction) counts and losses."""
-    fair = fairness_from_counts(counts)
-    return MetricRecord(
-        {
-            "accuracy": fair.accuracy,
-            "error": fair.error,
-            "loss": loss_sum / max(n, 1),
-            "dp_violation": fair.dp_violation,
-            "eo_violation": fair.eo_violation,
-            "eopp_violation": fair.eopp_violation,
-            "num_examples": n,
-        }
-    )
 
 
 def check_state_arrays(owner: str, arrays: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:

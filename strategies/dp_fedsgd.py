@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from silofl.protocols import messages as msg
-from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.base import SiloflStrategy, StrategyInputs
 from silofl.strategies.lr_schedule import StepSchedule, step_schedule
+from silofl.strategies.replies import Arrays, SiloUpdate, weighted_sum
 
 
 class DpFedSgdStrategy(SiloflStrategy):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from silofl.protocols import messages as msg
-from silofl.strategies.base import Arrays, RoundError, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.base import SiloflStrategy, StrategyInputs
+from silofl.strategies.federation import RoundError
+from silofl.strategies.replies import Arrays, SiloUpdate, weighted_sum
 
 
 class FedAvg(SiloflStrategy):

@@ -13,7 +13,8 @@ import numpy as np
 
 from silofl.protocols import fedfdp
 from silofl.protocols import messages as msg
-from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
+from silofl.strategies.base import SiloflStrategy, StrategyInputs
+from silofl.strategies.replies import Arrays, SiloUpdate
 
 VALUE = "value"
 SCALAR = (1,)

@@ -41,20 +41,9 @@ from flwr.serverapp import Grid
 from silofl.protocols import fedsc
 from silofl.protocols import messages as msg
 from silofl.protocols.privacy.calr import normalize_release
-from silofl.strategies.base import (
-    Arrays,
-    Federation,
-    RoundError,
-    RoundRecord,
-    SiloEntry,
-    SiloflStrategy,
-    SiloUpdate,
-    StrategyInputs,
-    _json_float,
-    check_state_arrays,
-    collect_replies,
-    weighted_sum,
-)
+from silofl.strategies.base import SiloflStrategy, StrategyInputs, check_state_arrays
+from silofl.strategies.federation import Federation, RoundError, RoundRecord, SiloEntry, _json_float
+from silofl.strategies.replies import Arrays, SiloUpdate, collect_replies, weighted_sum
 from silofl.strategies.server_optimizer import ServerOptimizer
 
 #: The prefix of FedAdam's moments among the strategy's checkpointed arrays.

@@ -27,7 +27,8 @@ from flwr.serverapp import Grid
 from silofl.protocols import messages as msg
 from silofl.protocols import mu2fl
 from silofl.protocols.models import flatten_parameters, unflatten_parameters
-from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs
+from silofl.strategies.base import SiloflStrategy, StrategyInputs
+from silofl.strategies.replies import Arrays, SiloUpdate
 
 
 class Mu2flStrategy(SiloflStrategy):

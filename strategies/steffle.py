@@ -22,8 +22,9 @@ from flwr.app import ArrayRecord
 
 from silofl.protocols import messages as msg
 from silofl.protocols.steffle import PRIOR_FLOOR, project_frobenius
-from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.base import SiloflStrategy, StrategyInputs
 from silofl.strategies.lr_schedule import StepSchedule, step_schedule
+from silofl.strategies.replies import Arrays, SiloUpdate, weighted_sum
 
 
 class SteffleStrategy(SiloflStrategy):

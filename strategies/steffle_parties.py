@@ -33,10 +33,9 @@ from flwr.serverapp import Grid
 
 from silofl.protocols import messages as msg
 from silofl.protocols import parties as pm
-from silofl.strategies.base import (
+from silofl.strategies.federation import RoundError, SiloEntry
+from silofl.strategies.replies import (
     Arrays,
-    RoundError,
-    SiloEntry,
     SiloUpdate,
     check_evaluation_counts,
     collect_replies,

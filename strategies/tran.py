@@ -23,8 +23,9 @@ from flwr.app import ArrayRecord
 from silofl.protocols import messages as msg
 from silofl.protocols import tran
 from silofl.protocols.steffle import GroupPrior
-from silofl.strategies.base import Arrays, SiloflStrategy, SiloUpdate, StrategyInputs, weighted_sum
+from silofl.strategies.base import SiloflStrategy, StrategyInputs
 from silofl.strategies.lr_schedule import StepSchedule, step_schedule
+from silofl.strategies.replies import Arrays, SiloUpdate, weighted_sum
 
 MASS = "mass"  # the group mass in the silos' fair-update record (`client.rounds.tran.MASS`)
 

@@ -27,7 +27,7 @@ from silofl.server import checkpoint
 from silofl.server.app import make_server_app
 from silofl.server.engines import run_job
 from silofl.server.inprocess_grid import InProcessGrid, deliver
-from silofl.strategies.base import RoundError
+from silofl.strategies.federation import RoundError
 
 SILOS = 3
 BASE: dict[str, Any] = {"num-silos": SILOS, "rounds": 5, "batch-size": 64, "eval-every": 2, "checkpoint-every": 1}

@@ -16,7 +16,7 @@ from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
 from silofl.server.inprocess_grid import InProcessGrid
 from silofl.server.orchestrator import run_federation
-from silofl.strategies.base import RoundError
+from silofl.strategies.federation import RoundError
 from silofl.strategies.fedsc import FedscStrategy, cosine_lr, sharing_rounds
 from silofl.strategies.server_optimizer import ServerOptimizer
 from tests.test_fuzz_replies import make_fedsc

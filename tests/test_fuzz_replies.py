@@ -43,9 +43,9 @@ from silofl.protocols.config import RunConfig
 from silofl.protocols.models import build_model, get_parameters
 from silofl.server.inprocess_grid import copy_content, deliver
 from silofl.server.orchestrator import groups_round, setup_round
-from silofl.strategies.base import Federation, RoundError, SiloEntry
 from silofl.strategies.dp_fedsgd import DpFedSgdStrategy
 from silofl.strategies.fedavg import FedAvg
+from silofl.strategies.federation import Federation, RoundError, SiloEntry
 from silofl.strategies.fedsc import FedscStrategy
 from silofl.strategies.lr_schedule import StepSchedule
 from silofl.strategies.steffle import SteffleStrategy

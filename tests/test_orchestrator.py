@@ -13,7 +13,7 @@ from silofl.protocols.config import RunConfig
 from silofl.server.app import make_server_app
 from silofl.server.engines import run_job
 from silofl.server.inprocess_grid import InProcessGrid
-from silofl.strategies.base import RoundError
+from silofl.strategies.federation import RoundError
 
 
 def _hit(message, partition: int, victim: int, at: int) -> bool:

@@ -26,7 +26,7 @@ from silofl.protocols.messages import MessageError
 from silofl.server.engines import run_job
 from silofl.server.inprocess_grid import InProcessGrid
 from silofl.server.orchestrator import run_federation
-from silofl.strategies.base import RoundError
+from silofl.strategies.federation import RoundError
 from tests.recording_grid import RecordingGrid
 
 

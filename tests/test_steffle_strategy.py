@@ -10,7 +10,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
 from silofl.server.engines import run_job
-from silofl.strategies.base import Federation, SiloEntry
+from silofl.strategies.federation import Federation, SiloEntry
 from silofl.strategies.lr_schedule import StepSchedule
 from silofl.strategies.steffle import SteffleStrategy
 

@@ -22,7 +22,7 @@ from silofl.protocols.config import RunConfig
 from silofl.server.engines import run_job
 from silofl.server.inprocess_grid import InProcessGrid, deliver
 from silofl.server.orchestrator import run_federation
-from silofl.strategies.base import RoundError
+from silofl.strategies.federation import RoundError
 from tests.recording_grid import RecordingGrid
 
 #: One party secret for every run of a comparison: the parties' pseudonyms (not the sealed boxes, which are random)

@@ -8,9 +8,9 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.protocols import messages as msg
-from silofl.strategies.base import Federation, RoundError, SiloEntry
 from silofl.strategies.dp_fedsgd import DpFedSgdStrategy
 from silofl.strategies.fedavg import FedAvg
+from silofl.strategies.federation import Federation, RoundError, SiloEntry
 from silofl.strategies.lr_schedule import StepSchedule
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
