@@ -218,7 +218,11 @@ def build_strategy(
     group_counts: np.ndarray | None = None,
     engine: str = "",
 ) -> SiloflStrategy:
-    """The algorithm's server strategy, from its registry entry's builder."""
+    """The algorithm's server strategy, from its registry entry's builder (with the server's own evaluator, from the
+    entry's `server_evaluator`, when it has one)."""
+    from silofl.protocols.algorithms.base import resolve
+
+    evaluator_ref = config.spec.server_evaluator
     inputs = StrategyInputs(
         config=config,
         federation=federation,
@@ -228,6 +232,7 @@ def build_strategy(
         eval_instruction=evaluate_instruction(config),
         group_counts=group_counts,
         engine=engine,
+        evaluator=resolve(evaluator_ref)(config) if evaluator_ref else None,
     )
     return config.spec.build_strategy(inputs)
 

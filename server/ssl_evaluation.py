@@ -26,6 +26,12 @@ MONITOR_MEMORY = 10_000
 MONITOR_QUERIES = 2_000
 
 
+def central_evaluator(config: RunConfig) -> CentralEvaluator | None:
+    """The registry's `server_evaluator` of FedSC and FedAvg+SC: the evaluator on the server's labelled data with
+    `eval-data central`, None with `none`."""
+    return CentralEvaluator(config) if config.eval_data == "central" else None
+
+
 class CentralEvaluator:
     """kNN monitor and linear probe on the backbone's features of a labelled dataset held by the server."""
 

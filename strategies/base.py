@@ -42,7 +42,8 @@ from silofl.strategies.replies import Arrays, SiloUpdate, check_evaluation_count
 class StrategyInputs:
     """What an algorithm's strategy builder (its registry entry's `strategy`) is given: the run's configuration, the
     federation that answered the setup round, the run's length and delta, the instruction every silo receives, and
-    the (noised) group counts of the algorithms that ask the silos for them (`query.groups`)."""
+    the (noised) group counts of the algorithms that ask the silos for them (`query.groups`), and the server's own
+    evaluator where the algorithm's entry has one."""
 
     config: Any  # the algorithm's protocols.config.RunConfig
     federation: Federation
@@ -52,6 +53,8 @@ class StrategyInputs:
     eval_instruction: msg.EvaluateInstruction
     group_counts: np.ndarray | None = None
     engine: str = ""
+    #: The server's own evaluator of the run, built from the registry entry's `server_evaluator` (None without one).
+    evaluator: Any = None
 
     @property
     def common(self) -> dict[str, Any]:

@@ -348,11 +348,9 @@ def _build(inputs: StrategyInputs, *, sharing: bool) -> FedscStrategy:
     model = build_ssl_model(
         config.model, shape, projection_dim=config.projection_dim, width=config.width, seed=config.seed
     )
-    evaluator = None
-    if config.eval_data == "central":
-        from silofl.server.ssl_evaluation import CentralEvaluator
-
-        evaluator = CentralEvaluator(config)
+    evaluator = inputs.evaluator  # the ServerApp's (server.ssl_evaluation.central_evaluator): None with eval-data none
+    if config.eval_data == "central" and evaluator is None:
+        raise ValueError(f"{config.algorithm} with eval-data central needs the server's evaluator (StrategyInputs)")
     schedule = (
         {
             "share_start": config.share_start,

@@ -1,7 +1,7 @@
-"""The import rules, checked by ruff's banned-api rule (TID251): every module imports silofl's own code by its
-installed name (`silofl.server`, ...; pyproject.toml bans the bare folder names), and from each layer's own
-`ruff.toml`: strategies (the server side) never import the silo side (`silofl.client`), the silo never imports the
-server or its strategies, and protocols/ (what both use) imports neither side.
+"""The import rules, checked by ruff's banned-api rule (TID251): every module imports silofl's own code by its installed
+name (`silofl.server`, ...; pyproject.toml bans the bare folder names), and from each layer's own `ruff.toml`:
+strategies (the server side) never import the silo side (`silofl.client`) nor the ServerApp's `silofl.server`, the silo
+never imports the server or its strategies, and protocols/ (what both use) imports neither side.
 
 Only TID251 is run here: the rest of `ruff check` is a habit of the project, not a CI gate (a new ruff release may
 add a rule to a selected family)."""
@@ -40,6 +40,7 @@ def test_no_module_imports_across_a_ban() -> None:
         ("strategies/example.py", "def f():\n    from silofl.client.app import app\n    return app\n", "silofl.client"),
         ("client/data/example.py", "import silofl.server.cli\n\nprint(silofl.server.cli)\n", "silofl.server"),
         ("client/example.py", "from silofl.strategies import base\n\nprint(base)\n", "silofl.strategies"),
+        ("strategies/example.py", "def f():\n    from silofl.server import cli\n    return cli\n", "silofl.server"),
         ("protocols/privacy/example.py", "from silofl.client import app\n\nprint(app)\n", "silofl.client"),
         ("protocols/example.py", "from silofl.strategies import base\n\nprint(base)\n", "silofl.strategies"),
         ("protocols/example.py", "from silofl.server import cli\n\nprint(cli)\n", "silofl.server"),

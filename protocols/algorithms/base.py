@@ -131,6 +131,10 @@ class Algorithm:
     #: -> dict (an ``epsilon_spent`` entry there replaces the silos' largest; a ``per_silo`` entry, silo id -> dict,
     #: is merged into the block's per-silo entries).
     privacy_report: str = ""
+    #: ``"module:function"`` building the server's own evaluator of the run, (config) -> object or None, e.g. FedSC's
+    #: linear probe on labelled data the server holds. The ServerApp (server/) builds it and hands it to the strategy
+    #: as :attr:`strategies.base.StrategyInputs.evaluator`, so that a strategy imports no server or silo code.
+    server_evaluator: str = ""
     #: A plot label for a run without a sweep method name: config dict -> label (default: the name).
     label: Callable[[Mapping[str, Any]], str] | None = None
     config_model: type[RunConfig] = field(init=False, repr=False, compare=False)

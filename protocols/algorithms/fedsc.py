@@ -68,6 +68,7 @@ SSL_ENTRY: dict[str, Any] = {
     "progress_metrics": SSL_PROGRESS,
     "plots": ("fedsc",),
     "federated_evaluation": False,  # the encoder is evaluated on the server's own probe data
+    "server_evaluator": "silofl.server.ssl_evaluation:central_evaluator",
 }
 
 
