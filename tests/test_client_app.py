@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.client.app import app
 from silofl.protocols import messages as msg
@@ -17,9 +16,7 @@ from silofl.server.inprocess_grid import deliver
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _context(partition: int = 0, **node_config) -> Context:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.client import randomness
 from silofl.client.algorithms import dp_fedsgd
@@ -37,6 +36,8 @@ from silofl.server.cli import main
 from silofl.server.inprocess_grid import deliver
 
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
+
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _data(n: int = 300, d: int = 6, seed: int = 0) -> NonSensitiveDivision:
@@ -251,11 +252,6 @@ def test_calibration_with_the_loss_release_and_the_ledger_admit_exactly_T_rounds
 
 
 # -- the real silo's messages -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
 
 
 def _context() -> Context:

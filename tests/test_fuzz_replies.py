@@ -76,10 +76,7 @@ def _report_cases(request: pytest.FixtureRequest) -> None:
     )
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    """Messages read the run identity that a ServerApp process has (set by every Flower engine)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _ran(test: Callable[[], None], planned: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
@@ -17,9 +16,7 @@ from silofl.strategies.steffle import SteffleStrategy
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _strategy(lam: float, radius: float = 10.0) -> SteffleStrategy:

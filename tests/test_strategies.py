@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.protocols import messages as msg
 from silofl.strategies.base import Federation, RoundError, SiloEntry
@@ -16,10 +15,7 @@ from silofl.strategies.lr_schedule import StepSchedule
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    """Messages read the run identity that a ServerApp process has (set by every Flower engine)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _federation(sizes=(100, 300)) -> Federation:
