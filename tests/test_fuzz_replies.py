@@ -50,6 +50,7 @@ from silofl.strategies.fedsc import FedscStrategy
 from silofl.strategies.lr_schedule import StepSchedule
 from silofl.strategies.steffle import SteffleStrategy
 from tests import fuzz_cases
+from tests.factories import silo_info
 
 SPEC = [("head.weight", (2, 3)), ("head.bias", (2,))]
 NODES = (10, 11, 12)
@@ -113,20 +114,7 @@ def fingerprint(obj: Any) -> Any:
 def federation() -> Federation:
     silos = []
     for i, (node, n) in enumerate(zip(NODES, SIZES, strict=True)):
-        info = msg.SiloInfo(
-            silo_id=i,
-            role="silo",
-            dataset="t",
-            num_features=3,
-            num_labels=2,
-            num_groups=2,
-            n_train=n,
-            n_test=10,
-            schema_hash="abc",
-            label_names=("0", "1"),
-            group_names=("a", "b"),
-            evaluation="exact",
-        )
+        info = silo_info(i, n, num_features=3, n_test=10)
         silos.append(SiloEntry(node_id=node, info=info))
     return Federation(silos=tuple(silos))
 
