@@ -67,3 +67,12 @@ def setup_silo(context: Context, spec: msg.DataSpec = SYNTHETIC_SPEC) -> msg.Sil
     reports."""
     reply = deliver_to_silo(context, RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP)
     return msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
+
+
+def every_algorithms_keys(config: dict) -> dict:
+    """`config` as result.json files of versions before the algorithm registry stored it: every key of every
+    algorithm (here each algorithm's default), the run's own values over them."""
+    from silofl.protocols import algorithms
+    from silofl.server.plots.runs import config_defaults
+
+    return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
