@@ -76,3 +76,18 @@ def every_algorithms_keys(config: dict) -> dict:
     from silofl.server.plots.runs import config_defaults
 
     return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
+
+
+def copy_message(message: Message) -> Message:
+    """A copy of `message` to deliver to a second (twin) silo: its content deep-copied, the same destination node,
+    message type, group id and message id."""
+    from silofl.server.inprocess_grid import copy_content
+
+    twin = type(message)(
+        copy_content(message.content),
+        message.metadata.dst_node_id,
+        message.metadata.message_type,
+        group_id=message.metadata.group_id,
+    )
+    twin.metadata.__dict__["_message_id"] = message.metadata.message_id
+    return twin
