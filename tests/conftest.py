@@ -19,3 +19,13 @@ def data_dir() -> Path:
             pytest.fail(f"real datasets not found at {path} in CI; set SILOFL_DATA_DIR")
         pytest.skip(f"real datasets not found at {path}; set SILOFL_DATA_DIR")
     return path
+
+
+@pytest.fixture
+def task_identity() -> None:
+    """Set the run identity that a ServerApp process has (set by every Flower engine) and that Messages read:
+    task 1, run 1, node 1. Modules that build Messages outside an engine use it for every test with
+    `pytestmark = pytest.mark.usefixtures("task_identity")`."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1

@@ -7,40 +7,15 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
-from silofl.client.app import app
 from silofl.protocols import messages as msg
 from silofl.protocols.models import build_model, get_parameters
-from silofl.server.inprocess_grid import deliver
+from tests.factories import deliver_to_silo, setup_silo, silo_context
 
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-
-
-def _context(partition: int = 0, **node_config) -> Context:
-    return Context(
-        run_id=1,
-        node_id=5,
-        node_config={"partition-id": partition, "num-partitions": 2, **node_config},
-        state=RecordDict(),
-        run_config={},
-    )
-
-
-def _call(context: Context, content: RecordDict, kind: str) -> Message:
-    message = Message(content, 5, kind, group_id="1")
-    message.metadata.__dict__["_message_id"] = "m"
-    return deliver(app, message, context)
-
-
-def _setup(context: Context) -> msg.SiloInfo:
-    reply = _call(context, RecordDict({msg.CONFIG: SPEC.to_config_record()}), msg.SETUP)
-    return msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _train(context: Context, info: msg.SiloInfo, server_round: int, **overrides) -> Message:
@@ -58,18 +33,18 @@ def _train(context: Context, info: msg.SiloInfo, server_round: int, **overrides)
     content = RecordDict(
         {msg.MODEL: msg.arrays_record(get_parameters(model)), msg.CONFIG: instruction.to_config_record()}
     )
-    return _call(context, content, msg.TRAIN)
+    return deliver_to_silo(context, content, msg.TRAIN)
 
 
 def test_setup_describes_the_silo_without_sensitive_counts() -> None:
-    info = _setup(_context())
+    info = setup_silo(silo_context())
     assert info.silo_id == 0 and info.num_labels == 2 and info.n_train > 0
     assert set(info.model_dump()) == set(msg.SiloInfo.model_fields)  # nothing else leaves the silo at setup
 
 
 def test_dp_fedsgd_reply_holds_only_the_noised_update_and_public_report() -> None:
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     reply = _train(context, info, 1)
     assert not reply.has_error()
     assert set(reply.content.keys()) == {msg.UPDATE, msg.REPORT}
@@ -77,8 +52,8 @@ def test_dp_fedsgd_reply_holds_only_the_noised_update_and_public_report() -> Non
     assert 0 < report.epsilon_spent <= 1.0 and report.noise_multiplier > 0
     assert report.sampling_rate == pytest.approx(64 / info.n_train)
     # the same round without noise: the noise is visible at the scale sigma * C / (q n) per coordinate
-    quiet = _context()
-    _setup(quiet)
+    quiet = silo_context()
+    setup_silo(quiet)
     reply_inf = _train(quiet, info, 1, epsilon=math.inf)
     noisy = reply.content[msg.UPDATE]["head.weight"].numpy()
     clean = reply_inf.content[msg.UPDATE]["head.weight"].numpy()
@@ -88,10 +63,10 @@ def test_dp_fedsgd_reply_holds_only_the_noised_update_and_public_report() -> Non
 
 
 def test_operator_cap_means_more_noise_and_refusal_past_the_budget() -> None:
-    capped = _context(**{"epsilon-budget": 0.4})  # the operator's cap, below the run's epsilon = 1
-    free = _context()
-    info = _setup(capped)
-    _setup(free)
+    capped = silo_context(**{"epsilon-budget": 0.4})  # the operator's cap, below the run's epsilon = 1
+    free = silo_context()
+    info = setup_silo(capped)
+    setup_silo(free)
     first = msg.read_config(_train(capped, info, 1).content, msg.TrainReport, record=msg.REPORT)
     uncapped = msg.read_config(_train(free, info, 1).content, msg.TrainReport, record=msg.REPORT)
     assert first.noise_multiplier > uncapped.noise_multiplier
@@ -111,29 +86,29 @@ def test_operator_cap_means_more_noise_and_refusal_past_the_budget() -> None:
 
 
 def test_changing_privacy_parameters_mid_run_is_refused() -> None:
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     assert not _train(context, info, 1).has_error()
     reply = _train(context, info, 2, epsilon=5.0)
     assert reply.has_error() and "changed 'epsilon'" in reply.error.reason
 
 
 def test_replayed_round_is_not_charged_twice() -> None:
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     assert not _train(context, info, 1).has_error()
     reply = _train(context, info, 1)
     assert reply.has_error() and "already charged" in reply.error.reason
 
 
 def test_malformed_model_is_refused_before_any_charge() -> None:
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     instruction = msg.TrainInstruction.for_algorithm(
         "dp-fedsgd", server_round=1, total_rounds=10, batch_size=64, lr=0.1, epsilon=1.0, delta=1e-6
     )
     bad = {"head.weight": np.zeros((1, info.num_features + 1), np.float32), "head.bias": np.zeros(1, np.float32)}
-    reply = _call(
+    reply = deliver_to_silo(
         context, RecordDict({msg.MODEL: msg.arrays_record(bad), msg.CONFIG: instruction.to_config_record()}), msg.TRAIN
     )
     assert reply.has_error() and "shape" in reply.error.reason
@@ -141,10 +116,10 @@ def test_malformed_model_is_refused_before_any_charge() -> None:
 
 
 def test_train_before_setup_and_bad_instruction_are_clear_errors() -> None:
-    context = _context()
-    reply = _call(context, RecordDict({msg.CONFIG: ConfigRecord({"x": 1})}), msg.TRAIN)
+    context = silo_context()
+    reply = deliver_to_silo(context, RecordDict({msg.CONFIG: ConfigRecord({"x": 1})}), msg.TRAIN)
     assert reply.has_error() and "query.setup" in reply.error.reason
-    info = _setup(context)
+    info = setup_silo(context)
     model = build_model("logreg", info.num_features, info.num_labels)
     content = RecordDict(
         {
@@ -152,10 +127,10 @@ def test_train_before_setup_and_bad_instruction_are_clear_errors() -> None:
             msg.CONFIG: ConfigRecord({"algorithm": "dp-fedsgd", "server-round": -1}),
         }
     )
-    reply = _call(context, content, msg.TRAIN)
+    reply = deliver_to_silo(context, content, msg.TRAIN)
     assert reply.has_error() and "server-round" in reply.error.reason
     instruction = msg.TrainInstruction.for_algorithm("dp-fedsgd", server_round=1, total_rounds=2, batch_size=8, lr=0.1)
-    reply = _call(context, RecordDict({msg.CONFIG: instruction.to_config_record()}), msg.TRAIN)
+    reply = deliver_to_silo(context, RecordDict({msg.CONFIG: instruction.to_config_record()}), msg.TRAIN)
     assert reply.has_error() and "missing ['model']" in reply.error.reason
     assert info.silo_id == 0
 
@@ -164,13 +139,13 @@ def test_simulated_federation_size_must_match_the_run() -> None:
     context = Context(
         run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config={}
     )
-    reply = _call(context, RecordDict({msg.CONFIG: SPEC.to_config_record()}), msg.SETUP)
+    reply = deliver_to_silo(context, RecordDict({msg.CONFIG: SPEC.to_config_record()}), msg.SETUP)
     assert reply.has_error() and "num-silos=3" in reply.error.reason
 
 
 def test_evaluate_returns_counts_that_add_up() -> None:
-    context = _context(partition=1)
-    info = _setup(context)
+    context = silo_context(partition=1)
+    info = setup_silo(context)
     model = build_model("logreg", info.num_features, info.num_labels)
     content = RecordDict(
         {
@@ -178,7 +153,7 @@ def test_evaluate_returns_counts_that_add_up() -> None:
             msg.CONFIG: msg.EvaluateInstruction(server_round=3).to_config_record(),
         }
     )
-    reply = _call(context, content, msg.EVALUATE)
+    reply = deliver_to_silo(context, content, msg.EVALUATE)
     counts = reply.content[msg.COUNTS]["counts"].numpy()
     report = msg.read_config(reply.content, msg.EvaluateReport, record=msg.REPORT)
     assert counts.shape == (info.num_groups, info.num_labels, info.num_labels)
@@ -191,8 +166,8 @@ def test_ledger_kept_between_messages_is_the_one_in_the_state() -> None:
     from silofl.client import privacy_state
     from silofl.protocols.privacy.ledger import PrivacyLedger
 
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     assert not _train(context, info, 1).has_error()
     assert not _train(context, info, 2).has_error()
     saved = context.state[privacy_state.LEDGER_KEY]

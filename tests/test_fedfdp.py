@@ -11,13 +11,11 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.client import randomness
 from silofl.client.algorithms import dp_fedsgd
 from silofl.client.algorithms import fedfdp as algo
 from silofl.client.algorithms.dp_fedsgd import poisson_sample
-from silofl.client.app import app
 from silofl.client.data.tabular import NonSensitiveDivision
 from silofl.client.gradients import (
     clipped_gradient_sum,
@@ -34,9 +32,11 @@ from silofl.protocols.models import build_model, get_parameters, set_parameters
 from silofl.protocols.privacy.accountant import calibrate_noise, epsilon_spent
 from silofl.protocols.privacy.ledger import PrivacyLedger
 from silofl.server.cli import main
-from silofl.server.inprocess_grid import deliver
+from tests.factories import deliver_to_silo, setup_silo, silo_context
 
 SPEC = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
+
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _data(n: int = 300, d: int = 6, seed: int = 0) -> NonSensitiveDivision:
@@ -253,32 +253,6 @@ def test_calibration_with_the_loss_release_and_the_ledger_admit_exactly_T_rounds
 # -- the real silo's messages -----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-
-
-def _context() -> Context:
-    return Context(
-        run_id=1,
-        node_id=5,
-        node_config={"partition-id": 0, "num-partitions": 2},
-        state=RecordDict(),
-        run_config={},
-    )
-
-
-def _call(context: Context, content: RecordDict, kind: str) -> Message:
-    message = Message(content, 5, kind, group_id="1")
-    message.metadata.__dict__["_message_id"] = "m"
-    return deliver(app, message, context)
-
-
-def _setup(context: Context) -> msg.SiloInfo:
-    reply = _call(context, RecordDict({msg.CONFIG: SPEC.to_config_record()}), msg.SETUP)
-    return msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
-
-
 def _train(context: Context, info: msg.SiloInfo, server_round: int, loss=None, **overrides) -> Message:
     model = build_model("logreg", info.num_features, info.num_labels)
     values = {
@@ -300,13 +274,13 @@ def _train(context: Context, info: msg.SiloInfo, server_round: int, loss=None, *
             msg.CONFIG: instruction.to_config_record(),
         }
     )
-    return _call(context, content, msg.TRAIN)
+    return deliver_to_silo(context, content, msg.TRAIN)
 
 
 @pytest.mark.slow
 def test_reply_holds_the_local_model_the_noised_loss_and_a_public_report() -> None:
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     reply = _train(context, info, 1)
     assert not reply.has_error(), reply.error
     assert set(reply.content.keys()) == {msg.UPDATE, msg.LOSS_RELEASE, msg.REPORT}
@@ -342,8 +316,8 @@ def test_reply_holds_the_local_model_the_noised_loss_and_a_public_report() -> No
 
 def test_a_fixed_loss_bound_clips_and_scales_the_noise_of_every_round() -> None:
     """--loss-bound B > 0: C_l = B in every round (not the silo's last release), and the release is clipped at B."""
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     silo = load_silo_data(context, SPEC)
     for server_round in (1, 2):
         reply = _train(context, info, server_round, loss_bound=0.3)
@@ -377,8 +351,8 @@ def test_a_fixed_loss_bound_clips_and_scales_the_noise_of_every_round() -> None:
     ],
 )
 def test_a_bad_global_loss_is_refused_before_any_charge(loss: np.ndarray, needle: str) -> None:
-    context = _context()
-    info = _setup(context)
+    context = silo_context()
+    info = setup_silo(context)
     reply = _train(context, info, 1, loss=loss)
     assert reply.has_error() and needle in reply.error.reason
     assert "silofl.ledger" not in context.state

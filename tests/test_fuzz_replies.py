@@ -36,12 +36,11 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from silofl.client.app import DATA_SPEC_KEY
-from silofl.client.app import app as client_app
 from silofl.protocols import algorithms, mu2fl
 from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
 from silofl.protocols.models import build_model, get_parameters
-from silofl.server.inprocess_grid import copy_content, deliver
+from silofl.server.inprocess_grid import copy_content
 from silofl.server.orchestrator import groups_round, setup_round
 from silofl.strategies.dp_fedsgd import DpFedSgdStrategy
 from silofl.strategies.fedavg import FedAvg
@@ -50,6 +49,7 @@ from silofl.strategies.fedsc import FedscStrategy
 from silofl.strategies.lr_schedule import StepSchedule
 from silofl.strategies.steffle import SteffleStrategy
 from tests import fuzz_cases
+from tests.factories import deliver_to_silo, silo_context, silo_info
 
 SPEC = [("head.weight", (2, 3)), ("head.bias", (2,))]
 NODES = (10, 11, 12)
@@ -76,10 +76,7 @@ def _report_cases(request: pytest.FixtureRequest) -> None:
     )
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    """Messages read the run identity that a ServerApp process has (set by every Flower engine)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _ran(test: Callable[[], None], planned: int) -> None:
@@ -116,20 +113,7 @@ def fingerprint(obj: Any) -> Any:
 def federation() -> Federation:
     silos = []
     for i, (node, n) in enumerate(zip(NODES, SIZES, strict=True)):
-        info = msg.SiloInfo(
-            silo_id=i,
-            role="silo",
-            dataset="t",
-            num_features=3,
-            num_labels=2,
-            num_groups=2,
-            n_train=n,
-            n_test=10,
-            schema_hash="abc",
-            label_names=("0", "1"),
-            group_names=("a", "b"),
-            evaluation="exact",
-        )
+        info = silo_info(i, n, num_features=3, n_test=10)
         silos.append(SiloEntry(node_id=node, info=info))
     return Federation(silos=tuple(silos))
 
@@ -906,22 +890,6 @@ DATA = msg.DataSpec(dataset="synthetic", num_silos=2, seed=0)
 UNIT_DATA = msg.DataSpec(dataset="digits", num_silos=2, seed=0)
 
 
-def _context(state: RecordDict | None = None) -> Context:
-    return Context(
-        run_id=1,
-        node_id=5,
-        node_config={"partition-id": 0, "num-partitions": 2},
-        state=copy_content(state) if state is not None else RecordDict(),
-        run_config={},
-    )
-
-
-def _call(context: Context, content: RecordDict, kind: str, server_round: int = 1) -> Message:
-    message = Message(content, 5, kind, group_id=str(server_round))
-    message.metadata.__dict__["_message_id"] = "m"
-    return deliver(client_app, message, context)
-
-
 def _ok(reply: Message) -> Message:
     assert not reply.has_error(), reply.error.reason
     return reply
@@ -969,16 +937,16 @@ def _content(instruction: BaseModel, records: dict[str, Any]) -> RecordDict:
 def scenarios() -> dict[str, Scenario]:
     """Silos of each algorithm after one valid round (calibrated, charged), and a silo only set up."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    fresh = _context()
-    reply = _ok(_call(fresh, RecordDict({msg.CONFIG: DATA.to_config_record()}), msg.SETUP))
+    fresh = silo_context()
+    reply = _ok(deliver_to_silo(fresh, RecordDict({msg.CONFIG: DATA.to_config_record()}), msg.SETUP))
     info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
     out: dict[str, Scenario] = {}
     model = {msg.MODEL: msg.arrays_record(_logreg(info))}
     dp = _instruction("dp-fedsgd", total_rounds=10, batch_size=64, epsilon=1.0, delta=1e-6)
     out["setup-only"] = Scenario("setup-only", msg.TRAIN, copy_content(fresh.state), dp, lambda i: dict(model))
 
-    ctx = _context(fresh.state)
-    _ok(_call(ctx, _content(dp, model), msg.TRAIN))
+    ctx = silo_context(state=fresh.state)
+    _ok(deliver_to_silo(ctx, _content(dp, model), msg.TRAIN))
     out["dp-fedsgd"] = Scenario(
         "dp-fedsgd", msg.TRAIN, ctx.state, dp.model_copy(update={"server_round": 2}), lambda i: dict(model)
     )
@@ -988,26 +956,26 @@ def scenarios() -> dict[str, Scenario]:
         msg.MODEL: model[msg.MODEL],
         msg.FAIRNESS: msg.arrays_record({"w": np.zeros((2, 2), np.float32), "prior": np.array([0.5, 0.5], np.float32)}),
     }
-    ctx = _context(fresh.state)
-    _ok(_call(ctx, RecordDict({msg.CONFIG: st_instr.to_config_record()}), msg.GROUPS))
+    ctx = silo_context(state=fresh.state)
+    _ok(deliver_to_silo(ctx, RecordDict({msg.CONFIG: st_instr.to_config_record()}), msg.GROUPS))
     out["steffle-groups"] = Scenario(
         "steffle-groups", msg.GROUPS, copy_content(fresh.state), st_instr, lambda i: {}, copy_content(ctx.state)
     )
-    _ok(_call(ctx, _content(st_instr, fairness), msg.TRAIN))
+    _ok(deliver_to_silo(ctx, _content(st_instr, fairness), msg.TRAIN))
     out["steffle"] = Scenario(
         "steffle", msg.TRAIN, ctx.state, st_instr.model_copy(update={"server_round": 2}), lambda i: dict(fairness)
     )
 
     mu = _instruction("mu2fl", total_rounds=5, batch_size=10, rho=4.0, delta=1e-6)
-    unit = _context()
-    reply = _ok(_call(unit, RecordDict({msg.CONFIG: UNIT_DATA.to_config_record()}), msg.SETUP))
+    unit = silo_context()
+    reply = _ok(deliver_to_silo(unit, RecordDict({msg.CONFIG: UNIT_DATA.to_config_record()}), msg.SETUP))
     unit_info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
     points = {
         msg.MODEL: msg.arrays_record(_query_point(unit_info)),
         msg.PREVIOUS: msg.arrays_record(_query_point(unit_info)),
     }
-    ctx = _context(unit.state)
-    _ok(_call(ctx, _content(mu, points), msg.TRAIN))
+    ctx = silo_context(state=unit.state)
+    _ok(deliver_to_silo(ctx, _content(mu, points), msg.TRAIN))
     out["mu2fl"] = Scenario("mu2fl", msg.TRAIN, ctx.state, mu.model_copy(update={"server_round": 2}), lambda i: points)
 
     ev = msg.EvaluateInstruction(server_round=3)
@@ -1015,7 +983,7 @@ def scenarios() -> dict[str, Scenario]:
     out["setup"] = Scenario("setup", msg.SETUP, out["dp-fedsgd"].state, DATA, lambda i: {})
     for scenario in out.values():  # each scenario's next message is valid: the faults below are the only problem
         content = _content(scenario.instruction, scenario.records(scenario.instruction))
-        _ok(_call(_context(scenario.state), content, scenario.kind))
+        _ok(deliver_to_silo(silo_context(state=scenario.state), content, scenario.kind))
     return out
 
 
@@ -1132,9 +1100,9 @@ def _silo_fault(scenario: Scenario, fault: str, draw: st.DrawFn) -> tuple[Record
 def _silo_messages(scenarios: dict[str, Scenario], name: str, fault: str, data: st.DataObject) -> None:
     scenario = scenarios[name]
     state, content, needles = _silo_fault(scenario, fault, data.draw)
-    context = _context(state)
+    context = silo_context(state=state)
     before = _durable(context.state)
-    reply = _call(context, content, scenario.kind, server_round=2)
+    reply = deliver_to_silo(context, content, scenario.kind, server_round=2)
     assert reply.has_error(), f"{name}/{fault}: the silo answered a malformed message"
     reason = reply.error.reason
     # a deliberate refusal (the ledger refuses a replay with a ValueError), not a crash (TypeError, KeyError, ...)
@@ -1155,27 +1123,27 @@ def test_silos_refuse_malformed_messages_without_charging_anything(scenarios: di
 # -- silo: bugs found (strict xfail) ------------------------------------------------------------------------------
 def test_a_refused_setup_leaves_the_silo_set_up_as_before(scenarios: dict[str, Scenario]) -> None:
     scenario = scenarios["dp-fedsgd"]
-    context = _context(scenario.state)
+    context = silo_context(state=scenario.state)
     before = _durable(context.state)
     bad = DATA.model_copy(update={"num_silos": 3})
-    reply = _call(context, RecordDict({msg.CONFIG: bad.to_config_record()}), msg.SETUP)
+    reply = deliver_to_silo(context, RecordDict({msg.CONFIG: bad.to_config_record()}), msg.SETUP)
     assert reply.has_error() and "num-silos=3" in reply.error.reason
     assert _durable(context.state) == before, "the refused setup replaced the silo's data spec"
 
 
 @pytest.mark.parametrize("algorithm", ["mu2fl", "noisy-sgd"])
 def test_single_pass_silo_refuses_a_batch_size_change(scenarios: dict[str, Scenario], algorithm: str) -> None:
-    context = _context()
-    reply = _ok(_call(context, RecordDict({msg.CONFIG: UNIT_DATA.to_config_record()}), msg.SETUP))
+    context = silo_context()
+    reply = _ok(deliver_to_silo(context, RecordDict({msg.CONFIG: UNIT_DATA.to_config_record()}), msg.SETUP))
     info = msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
     instr = _instruction(algorithm, total_rounds=5, batch_size=10, rho=4.0, delta=1e-6)
     points = {
         msg.MODEL: msg.arrays_record(_query_point(info)),
         msg.PREVIOUS: msg.arrays_record(_query_point(info)),
     }
-    _ok(_call(context, _content(instr, points), msg.TRAIN))
+    _ok(deliver_to_silo(context, _content(instr, points), msg.TRAIN))
     smaller = instr.model_copy(update={"server_round": 2, "batch_size": 5})  # round 2 would reuse records 5..9
-    reply = _call(context, _content(smaller, points), msg.TRAIN)
+    reply = deliver_to_silo(context, _content(smaller, points), msg.TRAIN)
     assert reply.has_error() and "batch" in reply.error.reason, "the silo reused records of round 1 in round 2"
 
 
@@ -1184,7 +1152,7 @@ def test_correlation_query_with_a_bad_model_charges_nothing() -> None:
     context = Context(
         run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 10}, state=RecordDict(), run_config={}
     )
-    _ok(_call(context, RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP))
+    _ok(deliver_to_silo(context, RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP))
     instr = msg.TrainInstruction.for_algorithm(
         "fedsc",
         server_round=1,
@@ -1198,7 +1166,7 @@ def test_correlation_query_with_a_bad_model_charges_nothing() -> None:
         delta=1e-2,
     )
     bad_model = msg.arrays_record({"backbone.weight": np.zeros(3, np.float32)})
-    reply = _call(context, _content(instr, {msg.MODEL: bad_model}), msg.CORRELATION)
+    reply = deliver_to_silo(context, _content(instr, {msg.MODEL: bad_model}), msg.CORRELATION)
     assert reply.has_error() and "'model" in reply.error.reason
     assert "silofl.ledger" not in context.state, "the refused share was charged to the silo's ledger"
     assert DATA_SPEC_KEY in context.state

@@ -31,6 +31,7 @@ from silofl.server.plots.runs import (
     varied_keys,
 )
 from silofl.server.sweep import load_sweep, run_sweep
+from tests.factories import every_algorithms_keys
 
 TABULAR = """
 [base]
@@ -293,15 +294,6 @@ def test_a_run_folder_older_than_a_config_key_reads_as_that_keys_default(tabular
     assert varied_keys(runs) == {"dp-fermi": ["counts-share"]}
 
 
-def _every_algorithms_keys(config: dict) -> dict:
-    """`config` as result.json files of versions before the algorithm registry stored it: every key of every
-    algorithm (here each algorithm's default), the run's own values over them."""
-    from silofl.protocols import algorithms
-    from silofl.server.plots.runs import config_defaults
-
-    return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
-
-
 def _figure_data(figures) -> list:
     """What a figure shows: its stem, and per panel its title and every curve's label and points."""
     return [
@@ -317,7 +309,7 @@ def test_result_files_with_every_algorithms_keys_plot_as_this_versions(tabular: 
     without run.json) and draw the same figures."""
     for path in tabular.glob("*/result.json"):
         result = json.loads(path.read_text())
-        result["config"] = _every_algorithms_keys(result["config"])
+        result["config"] = every_algorithms_keys(result["config"])
         (tmp_path / path.parent.name).mkdir()
         (tmp_path / path.parent.name / "result.json").write_text(json.dumps(result))
         if path.parent.name not in ("dp-fermi__lambda=2_seed=0", "fedavg__seed=1"):  # those two: named by config

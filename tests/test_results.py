@@ -29,6 +29,7 @@ from benchmarks import (
 )
 from silofl.server.analysis import matched_error_reduction
 from silofl.server.run_result import RunResult
+from tests.factories import every_algorithms_keys
 
 # -- documents from synthetic run folders with known numbers ----------------------------------------------------------
 
@@ -59,15 +60,6 @@ def _write_run(folder: Path, method: str, config: dict, final: dict, seconds: fl
     (folder / "result.json").write_text(json.dumps(result))
 
 
-def _every_algorithms_keys(config: dict) -> dict:
-    """`config` as result.json files of versions before the algorithm registry stored it: every key of every
-    algorithm (here each algorithm's default), the run's own values over them."""
-    from silofl.protocols import algorithms
-    from silofl.server.plots.runs import config_defaults
-
-    return {k: v for name in algorithms.names() for k, v in config_defaults(name).items()} | config
-
-
 def _fake_sweep(root: Path, *, old_style: bool = False) -> Path:
     """runs/sweeps/steffle_adult_dp with KNOWN's points (h 0, epsilon 1, seeds 0 and 1), 10 s per run; each config
     as `silofl run` writes it (the algorithm's own keys), or with `old_style` as older versions did (every key)."""
@@ -92,7 +84,7 @@ def _fake_sweep(root: Path, *, old_style: bool = False) -> Path:
                 values[key] = value
             config = RunConfig.parse(values).to_json()
             if old_style:
-                config = _every_algorithms_keys(config)
+                config = every_algorithms_keys(config)
             final = {"error": error + sign * 0.01, "dp_violation": violation + sign * 0.005, "accuracy": 1 - error}
             _write_run(out / name, method, config, final, 10.0)
     return out

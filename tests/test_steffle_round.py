@@ -20,6 +20,7 @@ from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
 from silofl.server.app import make_server_app
 from silofl.server.inprocess_grid import InProcessGrid, deliver
+from tests.factories import copy_message
 
 NOISED = {(msg.COUNTS, "counts"), (msg.FAIR_UPDATE, "*")}
 
@@ -37,15 +38,7 @@ class TwinApp:
         self.pairs: list[tuple[str, object, object]] = []
 
     def __call__(self, message, context):
-        from silofl.server.inprocess_grid import copy_content
-
-        twin_message = type(message)(
-            copy_content(message.content),
-            message.metadata.dst_node_id,
-            message.metadata.message_type,
-            group_id=message.metadata.group_id,
-        )
-        twin_message.metadata.__dict__["_message_id"] = message.metadata.message_id
+        twin_message = copy_message(message)
         reply = deliver(client_app, message, context)
         twin_reply = deliver(client_app, twin_message, self.twins[int(context.node_config["partition-id"])])
         self.pairs.append((message.metadata.message_type, reply, twin_reply))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.protocols import messages as msg
 from silofl.protocols.config import RunConfig
@@ -13,33 +12,18 @@ from silofl.server.engines import run_job
 from silofl.strategies.federation import Federation, SiloEntry
 from silofl.strategies.lr_schedule import StepSchedule
 from silofl.strategies.steffle import SteffleStrategy
+from tests.factories import silo_info
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _strategy(lam: float, radius: float = 10.0) -> SteffleStrategy:
     silos = []
     for i, n in enumerate((100, 300)):
-        info = msg.SiloInfo(
-            silo_id=i,
-            role="silo",
-            dataset="t",
-            num_features=2,
-            num_labels=2,
-            num_groups=2,
-            n_train=n,
-            n_test=4,
-            schema_hash="h",
-            label_names=("0", "1"),
-            group_names=("a", "b"),
-            evaluation="exact",
-        )
-        silos.append(SiloEntry(node_id=10 + i, info=info))
+        silos.append(SiloEntry(node_id=10 + i, info=silo_info(i, n, schema_hash="h")))
     instruction = msg.TrainInstruction.for_algorithm(
         "steffle", server_round=1, total_rounds=5, batch_size=8, lr=0.5, lam=lam
     )

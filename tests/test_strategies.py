@@ -5,41 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from silofl.protocols import messages as msg
 from silofl.strategies.dp_fedsgd import DpFedSgdStrategy
 from silofl.strategies.fedavg import FedAvg
 from silofl.strategies.federation import Federation, RoundError, SiloEntry
 from silofl.strategies.lr_schedule import StepSchedule
+from tests.factories import silo_info
 
 SPEC = [("head.weight", (1, 2)), ("head.bias", (1,))]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    """Messages read the run identity that a ServerApp process has (set by every Flower engine)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _federation(sizes=(100, 300)) -> Federation:
     silos = []
     for i, n in enumerate(sizes):
-        info = msg.SiloInfo(
-            silo_id=i,
-            role="silo",
-            dataset="t",
-            num_features=2,
-            num_labels=2,
-            num_groups=2,
-            n_train=n,
-            n_test=4,
-            schema_hash="abc",
-            label_names=("0", "1"),
-            group_names=("a", "b"),
-            evaluation="exact",
-        )
-        silos.append(SiloEntry(node_id=10 + i, info=info))
+        silos.append(SiloEntry(node_id=10 + i, info=silo_info(i, n)))
     return Federation(silos=tuple(silos))
 
 

@@ -17,6 +17,7 @@ from silofl.protocols import tran
 from silofl.protocols.fairness_metrics import confusion_counts, fairness_from_counts
 from silofl.protocols.models import build_model
 from silofl.protocols.steffle import GroupPrior
+from tests.factories import copy_message
 
 
 def _batch(n: int, k: int, l_: int, seed: int):
@@ -281,7 +282,7 @@ def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_chang
     from silofl.protocols import messages as msg
     from silofl.protocols.config import RunConfig
     from silofl.server.app import make_server_app
-    from silofl.server.inprocess_grid import InProcessGrid, copy_content, deliver
+    from silofl.server.inprocess_grid import InProcessGrid, deliver
 
     _, silos = load_federation("synthetic", 2, seed=0)
     folders = []
@@ -306,13 +307,7 @@ def test_replies_differ_only_in_noised_fields_when_one_protected_attribute_chang
     pairs = []
 
     def both(message, context):
-        twin_message = type(message)(
-            copy_content(message.content),
-            message.metadata.dst_node_id,
-            message.metadata.message_type,
-            group_id=message.metadata.group_id,
-        )
-        twin_message.metadata.__dict__["_message_id"] = message.metadata.message_id
+        twin_message = copy_message(message)
         reply = deliver(client_app, message, context)
         pairs.append((reply, deliver(client_app, twin_message, twins[int(context.node_config["partition-id"])])))
         if reply.has_error():
