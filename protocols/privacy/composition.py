@@ -61,7 +61,7 @@ def _non_private(state: State) -> bool:
 
 
 def _grid(state: State) -> float:
-    """The finest PLD grid any release of the state needs (as ``accountant._epsilons``)."""
+    """The finest PLD grid any release of the state needs (as ``epsilon.epsilons_by_accountant``)."""
     return min(pld_value_discretization(sigma, q) for mechanism, q, _ in state for sigma in _multipliers(mechanism))
 
 
