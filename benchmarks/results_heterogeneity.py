@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, rel, section_runs
+from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, rel, runs_by, section_runs
 from benchmarks.results_text import fmt
 from silofl.server import plots
 
@@ -39,17 +39,9 @@ TREND_SES = 2.0
 Cell = tuple[float, float, float]  # (epsilon, lambda, h)
 
 
-def cell_runs(records: Sequence[plots.RunRecord]) -> dict[Cell, dict[int, plots.RunRecord]]:
+def cell_runs(records: Sequence[plots.RunRecord]) -> dict[tuple[float, ...], dict[int, plots.RunRecord]]:
     """The runs per (epsilon, lambda, h), by seed."""
-    cells: dict[Cell, dict[int, plots.RunRecord]] = defaultdict(dict)
-    for r in records:
-        key = (
-            plots.as_float(r.get("epsilon")),
-            plots.as_float(r.get("lambda")),
-            plots.as_float(r.get("heterogeneity")),
-        )
-        cells[key][int(r.get("seed"))] = r
-    return cells
+    return runs_by(records, ("epsilon", "lambda", "heterogeneity"))
 
 
 def cell_means(

@@ -100,6 +100,16 @@ def records_files(records: Sequence[plots.RunRecord]) -> RunFiles:
     return files
 
 
+def runs_by(
+    records: Sequence[plots.RunRecord], keys: Sequence[str]
+) -> dict[tuple[float, ...], dict[int, plots.RunRecord]]:
+    """The runs per cell of the config `keys` (their values as floats: "inf" is math.inf), by seed."""
+    cells: dict[tuple[float, ...], dict[int, plots.RunRecord]] = defaultdict(dict)
+    for r in records:
+        cells[tuple(plots.as_float(r.get(key)) for key in keys)][int(r.get("seed") or 0)] = r
+    return dict(cells)
+
+
 def rel(path: Path, start: Path | None = None) -> str:
     """`path` relative to `start` (the working directory by default), as the document cites it."""
     start = start or Path.cwd()
@@ -109,10 +119,13 @@ def rel(path: Path, start: Path | None = None) -> str:
         return str(path)
 
 
-def section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plots.RunRecord], RunFiles, str]:
-    """The completed runs of a one-sweep section (those with an error and `metric`), their files, and a sentence on
-    their state against the sweep file (how many it has, how many finished)."""
-    records, incomplete = plots.load_runs([folder])
+def section_runs(
+    folder: Path, sweep_file: Path, metric: str, *, with_rounds: bool = False
+) -> tuple[list[plots.RunRecord], RunFiles, str]:
+    """The completed runs of a one-sweep section (those with an error and `metric`; `with_rounds`: with their
+    per-round entries), their files, and a sentence on their state against the sweep file (how many it has, how many
+    finished)."""
+    records, incomplete = plots.load_runs([folder], with_rounds=with_rounds)
     records = [r for r in records if plots.has(r, "error") and plots.has(r, metric)]
     return records, records_files(records), sweep_state_text(folder, sweep_file, len(records), incomplete)
 

@@ -345,6 +345,9 @@ def test_one_section_is_replaced_in_place_or_inserted_before_the_next_heading():
     assert replaced == "# t\n\n## A\n\nnew a\n\n## B\n\nb\n"  # its subsections go with it
     inserted = results_text.replace_section("# t\n\n## B\n\nb\n", "## A", ["## A", "", "a"], "## B")
     assert inserted == "# t\n\n## A\n\na\n\n## B\n\nb\n"
+    # several headings that follow: before the first the document has
+    inserted = results_text.replace_section("# t\n\n## C\n\nc\n", "## A", ["## A", "", "a"], ["## B", "## C"])
+    assert inserted == "# t\n\n## A\n\na\n\n## C\n\nc\n"
 
 
 def _topology_result(folder: Path, config: dict, per_silo: dict, feature_parties: int) -> RunResult:
