@@ -130,6 +130,31 @@ def section_runs(
     return records, records_files(records), sweep_state_text(folder, sweep_file, len(records), incomplete)
 
 
+def sweep_opening(
+    folder: Path, sweep_file: Path, only: str, metric: str, *, with_rounds: bool = False
+) -> tuple[list[str], list[plots.RunRecord], RunFiles]:
+    """What a one-sweep section says before its results, and its runs (:func:`section_runs`): without the sweep's
+    folder, "Not generated yet" and the command that makes it (no runs); else the commands (the sweep, then
+    `python benchmarks/results.py --only only`), the runs' state against the sweep file and their grid."""
+    command = f"{DATA_ENV} silofl sweep {rel(sweep_file, ROOT)}"
+    if not folder.is_dir():
+        return [f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], [], RunFiles()
+    records, files, state = section_runs(folder, sweep_file, metric, with_rounds=with_rounds)
+    lines = ["Commands:", "", "```bash", command, f"python benchmarks/results.py --only {only}", "```", ""]
+    return [*lines, f"Runs: {state}. Grid: {grid_text(records)}.", ""], records, files
+
+
+def figure_lines(drawn: Sequence[tuple[str, Any]], figures: Path, alt: str, doc_dir: Path) -> list[str]:
+    """Save the figures `drawn` ((file stem, matplotlib figure)) as PNG in `figures` and free them; the markdown
+    lines that show them (`alt` text, paths relative to the document's folder `doc_dir`)."""
+    lines = []
+    for path in plots.save_figures(drawn, figures, ("png",)):
+        lines += [f"![{alt}]({rel(path, doc_dir)})", ""]
+    for _, fig in drawn:
+        fig.clear()
+    return lines
+
+
 def sweep_state_text(folder: Path, sweep_file: Path, found: int, incomplete: int) -> str:
     """A sentence on a section's runs against its sweep file: how many completed runs were read, how many incomplete
     ones skipped, how many runs the sweep file has and how many of them finished."""
