@@ -5,6 +5,8 @@ measured sections.
 
 from __future__ import annotations
 
+NOT_REPRODUCED_HEADING = "## Not reproduced"
+
 #: (paper, experiment, why silofl does not run it).
 NOT_REPRODUCED: tuple[tuple[str, str, str], ...] = (
     (
@@ -62,6 +64,6 @@ INTRO = (
 
 def not_reproduced_section() -> list[str]:
     """The section's markdown lines: a paragraph, then one table row per experiment."""
-    lines = ["## Not reproduced", "", INTRO, "", "| paper | experiment | why not |", "|---|---|---|"]
+    lines = [NOT_REPRODUCED_HEADING, "", INTRO, "", "| paper | experiment | why not |", "|---|---|---|"]
     lines += [f"| {paper} | {experiment} | {why} |" for paper, experiment, why in NOT_REPRODUCED]
     return [*lines, ""]
