@@ -18,8 +18,8 @@ paper's claims.
 
 This script is the command line; the document is made by `benchmarks/results_document.py` from one module per study
 (`results_steffle`, `results_headline`, `results_tran_gap`, `results_topologies`, `results_silos`,
-`results_heterogeneity`, `results_record`, `results_race`, `results_mu2`, `results_fedsc`), on the statistics of
-`server/analysis.py`.
+`results_heterogeneity`, `results_record`, `results_dp_fermi`, `results_race`, `results_mu2`, `results_fedsc`,
+`results_fedsc_privacy`), on the statistics of `server/analysis.py`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # after the path insert: the script runs from anywhere
-from benchmarks import results_heterogeneity, results_race, results_record, results_tran_gap  # noqa: E402
+from benchmarks import (  # noqa: E402
+    results_dp_fermi,
+    results_fedsc_privacy,
+    results_heterogeneity,
+    results_race,
+    results_record,
+    results_tran_gap,
+)
 from benchmarks.results_document import build_document, steffle_part  # noqa: E402
+from benchmarks.results_fedsc import FEDSC_HEADING  # noqa: E402
 from benchmarks.results_mu2 import MU2_HEADING  # noqa: E402
+from benchmarks.results_not_reproduced import NOT_REPRODUCED_HEADING  # noqa: E402
 from benchmarks.results_runs import RunFiles, rel  # noqa: E402
 from benchmarks.results_silos import SILOS_HEADING, SILOS_SWEEP, silos_section  # noqa: E402
 from benchmarks.results_steffle import (  # noqa: E402
@@ -51,6 +60,36 @@ from benchmarks.results_steffle import (  # noqa: E402
 from benchmarks.results_text import replace_section  # noqa: E402
 from benchmarks.results_topologies import SEALED_HEADING, SEALED_SWEEP, TOPOLOGY_HEADING, sealed_section  # noqa: E402
 from silofl.server import plots  # noqa: E402
+
+#: The headings of the sections after the topology history, in build_document's order: `--only` inserts a section
+#: the document does not have yet before the first of those that follow it.
+SECTION_ORDER = (
+    SEALED_HEADING,
+    SILOS_HEADING,
+    results_heterogeneity.HETEROGENEITY_HEADING,
+    results_record.RECORD_HEADING,
+    results_dp_fermi.DP_FERMI_HEADING,
+    results_race.RACE_HEADING,
+    MU2_HEADING,
+    FEDSC_HEADING,
+    results_fedsc_privacy.FEDSC_PRIVACY_HEADING,
+    NOT_REPRODUCED_HEADING,
+)
+
+
+#: The sections `--only` regenerates alone.
+ONLY_CHOICES = (
+    "steffle",
+    "tran-gap",
+    "sealed",
+    "silos",
+    "race",
+    "heterogeneity",
+    "record",
+    "dp-fermi",
+    "fedsc-privacy",
+    "parkinsons",
+)
 
 
 def sweeps_read(only: str | None) -> list[str]:
@@ -67,6 +106,8 @@ def sweeps_read(only: str | None) -> list[str]:
         "race": race,
         "heterogeneity": [name for name, _, _ in results_heterogeneity.HETEROGENEITY_SWEEPS],
         "record": [name for name, _, _ in results_record.RECORD_SWEEPS],
+        "dp-fermi": [results_dp_fermi.DP_FERMI_SWEEP],
+        "fedsc-privacy": [results_fedsc_privacy.FEDSC_PRIVACY_SWEEP],
     }
     if only is not None:
         return by_mode[only]
@@ -89,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fedsc-runs", default="runs/fedsc_fmnist", help="benchmarks/fedsc_fmnist.py's run folders")
     parser.add_argument(
         "--only",
-        choices=["steffle", "tran-gap", "sealed", "silos", "race", "heterogeneity", "record", "parkinsons"],
+        choices=ONLY_CHOICES,
         help="regenerate only this section of the existing document from its runs (the others stay as they are)",
     )
     parser.add_argument(
@@ -177,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "race": (race.race_section, race.RACE_HEADING),
             "heterogeneity": (het.heterogeneity_section, het.HETEROGENEITY_HEADING),
             "record": (results_record.record_section, results_record.RECORD_HEADING),
+            "dp-fermi": (results_dp_fermi.dp_fermi_section, results_dp_fermi.DP_FERMI_HEADING),
+            "fedsc-privacy": (
+                results_fedsc_privacy.fedsc_privacy_section,
+                results_fedsc_privacy.FEDSC_PRIVACY_HEADING,
+            ),
         }[args.only]
         section, files = make(Path(args.sweeps), Path(args.sweep_files), figures, out.parent)
         if isinstance(files, dict):  # a section of several sweeps (race, heterogeneity, record)
@@ -191,11 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{now:%Y-%m-%d %H:%M} ({now.tzname() or 'local time'}) from {files.runs} runs; the header's counts "
             "are those of the last full regeneration.",
         ]
-        before = {  # build_document's order
-            "sealed": SILOS_HEADING,
-            "heterogeneity": results_record.RECORD_HEADING,
-            "record": race.RACE_HEADING,
-        }.get(args.only, MU2_HEADING)
+        before = SECTION_ORDER[SECTION_ORDER.index(heading) + 1 :]  # a new section goes before those that follow
         out.write_text(replace_section(out.read_text(), heading, section, before))
         print(f"wrote the section '{heading[3:]}' of {out} ({files.runs} runs)")
         return 0

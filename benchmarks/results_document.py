@@ -10,7 +10,15 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks import results_headline, results_heterogeneity, results_race, results_record, results_tran_gap
+from benchmarks import (
+    results_dp_fermi,
+    results_fedsc_privacy,
+    results_headline,
+    results_heterogeneity,
+    results_race,
+    results_record,
+    results_tran_gap,
+)
 from benchmarks.results_fedsc import fedsc_section
 from benchmarks.results_mu2 import mu2_section
 from benchmarks.results_not_reproduced import not_reproduced_section
@@ -147,20 +155,27 @@ def build_document(
     body += het_lines
     record_lines, record_files = results_record.record_section(sweeps, sweep_files, figures, doc_dir)
     body += record_lines
+    fermi_lines, fermi_files = results_dp_fermi.dp_fermi_section(sweeps, sweep_files, figures, doc_dir)
+    body += fermi_lines
     race = results_race
     race_lines, race_files = race.race_section(sweeps, sweep_files, figures, doc_dir)
     body += race_lines
     mu2_lines, mu2_files = mu2_section(sweeps, mu2_cache, figures, doc_dir, sweep_files)
     fedsc_lines, fedsc_files = fedsc_section(sweeps, fedsc_runs, figures, doc_dir, sweep_files)
+    privacy_lines, privacy_files = results_fedsc_privacy.fedsc_privacy_section(sweeps, sweep_files, figures, doc_dir)
     files = {r.name: r.files for r in results}
     files[SEALED_SWEEP[0]] = sealed_files
     files[SILOS_SWEEP[0]] = silos_files
     files.update(het_files)
     files.update(record_files)
+    files[results_dp_fermi.DP_FERMI_SWEEP] = fermi_files
     files.update(race_files)
     files["mu2"] = mu2_files
     files["fedsc"] = fedsc_files
+    files[results_fedsc_privacy.FEDSC_PRIVACY_SWEEP] = privacy_files
     now = now or dt.datetime.now().astimezone()
-    text = "\n".join([*header(files, now), *body, *mu2_lines, *fedsc_lines, "", *not_reproduced_section()])
+    text = "\n".join(
+        [*header(files, now), *body, *mu2_lines, *fedsc_lines, *privacy_lines, "", *not_reproduced_section()]
+    )
     text = text.rstrip() + "\n"
     return text, results

@@ -17,6 +17,8 @@ from silofl.server import plots
 _FEDSC_FOLDER = re.compile(r"^(?P<method>fedavg-sc|fedsc-dp|fedsc)-")
 
 
+FEDSC_HEADING = "## FedSC vs FedAvg+SC (Fashion-MNIST, 10 silos x 1 class, CPU scale)"
+
 #: The FedSC paper's CIFAR-10, 10 clients x 1 class (Table 2 and its DP paragraph), linear-probe accuracy %.
 FEDSC_PAPER = {"fedavg-sc": 77.82, "fedsc": 80.06, "fedsc-dp": 79.42}
 
@@ -85,7 +87,7 @@ def fedsc_section(
 ) -> tuple[list[str], RunFiles]:
     """FedSC vs FedAvg+SC (linear probe, kNN, epsilon spent) per number of rounds, and the figure."""
     records, folder, is_sweep = fedsc_records(sweeps, fallback)
-    lines = ["## FedSC vs FedAvg+SC (Fashion-MNIST, 10 silos x 1 class, CPU scale)", ""]
+    lines = [FEDSC_HEADING, ""]
     sweep_command = f"{DATA_ENV} silofl sweep {rel(sweep_files / 'fedsc_fmnist.toml', ROOT)}"
     if not records:
         return [

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, grid_text, rel, section_runs
+from benchmarks.results_runs import RunFiles, figure_lines, runs_by, sweep_opening
 from benchmarks.results_text import fmt
 from silofl.server import plots
 
@@ -39,17 +39,9 @@ TREND_SES = 2.0
 Cell = tuple[float, float, float]  # (epsilon, lambda, h)
 
 
-def cell_runs(records: Sequence[plots.RunRecord]) -> dict[Cell, dict[int, plots.RunRecord]]:
+def cell_runs(records: Sequence[plots.RunRecord]) -> dict[tuple[float, ...], dict[int, plots.RunRecord]]:
     """The runs per (epsilon, lambda, h), by seed."""
-    cells: dict[Cell, dict[int, plots.RunRecord]] = defaultdict(dict)
-    for r in records:
-        key = (
-            plots.as_float(r.get("epsilon")),
-            plots.as_float(r.get("lambda")),
-            plots.as_float(r.get("heterogeneity")),
-        )
-        cells[key][int(r.get("seed"))] = r
-    return cells
+    return runs_by(records, ("epsilon", "lambda", "heterogeneity"))
 
 
 def cell_means(
@@ -188,23 +180,16 @@ def dataset_section(
     """One dataset's subsection: the commands, the runs' state, the figures (violation against error per (h,
     epsilon), and both against h), the table and the computed comparison with the paper's claim."""
     folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
-    command = f"{DATA_ENV} silofl sweep {rel(sweep_file, ROOT)}"
     lines = [f"### {plots.DATASET_NAMES.get(dataset, dataset)}, {plots.FAIRNESS_NAMES.get(fairness, fairness)}", ""]
-    if not folder.is_dir():
-        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
     metric = plots.FAIRNESS_METRIC[fairness]
-    records, files, state = section_runs(folder, sweep_file, metric)
-    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only heterogeneity", "```", ""]
-    lines += [f"Runs: {state}. Grid: {grid_text(records)}.", ""]
+    opening, records, files = sweep_opening(folder, sweep_file, "heterogeneity", metric)
+    lines += opening
     if not records:
         return lines, files
     slug = plots.slug(dataset, fairness)
     drawn = [(f"heterogeneity-{slug}", fig) for _, fig in plots.fairness_figures(records)]
     drawn.append((f"heterogeneity-against-h-{slug}", heterogeneity_figure(records, metric, dataset)))
-    for path in plots.save_figures(drawn, figures, ("png",)):
-        lines += [f"![SteFFLe against silo heterogeneity]({rel(path, doc_dir)})", ""]
-    for _, fig in drawn:
-        fig.clear()
+    lines += figure_lines(drawn, figures, "SteFFLe against silo heterogeneity", doc_dir)
     cells = cell_runs(records)
     lines += [
         f"Test error / {plots.METRIC_LABELS[metric]} per (epsilon, lambda) and h, means over the seeds (epsilon inf: "

@@ -5,6 +5,8 @@ measured sections.
 
 from __future__ import annotations
 
+NOT_REPRODUCED_HEADING = "## Not reproduced"
+
 #: (paper, experiment, why silofl does not run it).
 NOT_REPRODUCED: tuple[tuple[str, str, str], ...] = (
     (
@@ -32,7 +34,8 @@ NOT_REPRODUCED: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "DP-FERMI",
-        "its Section 5 settings (batch 1024, 200 epochs, constant steps) on Credit Card and Parkinsons",
+        "its Section 4.1.1 settings (Appendix F.2.1: batch 1024, 200 epochs, constant steps) on Credit Card and "
+        "Parkinsons",
         "sized for Adult only (`benchmarks/sweeps/dp_fermi_adult.toml`, 55 CPU seconds per run); Credit Card and "
         "Parkinsons appear above at SteFFLe's settings (DP-FERMI is SteFFLe with one silo)",
     ),
@@ -53,15 +56,19 @@ NOT_REPRODUCED: tuple[tuple[str, str, str], ...] = (
 
 INTRO = (
     "The experiments of the four papers that silofl does not run, and why. DP-mu2-FL's Tables 1 and 2 are reproduced "
-    "in full. Three studies have sweep files and no runs recorded here yet: SteFFLe across heterogeneity h in "
+    "in full. Four studies have their own sections, each from its own sweep: SteFFLe across heterogeneity h in "
     "{0, 0.25, 0.5, 0.75, 0.9} with non-private SteFFLe (`steffle_adult_heterogeneity.toml`, "
-    "`steffle_credit_heterogeneity.toml`), DP-FERMI at its own settings (`dp_fermi_adult.toml`) and FedSC across "
-    "epsilon and participation (`fedsc_fmnist_privacy.toml`); benchmarks/sweeps/README.md has their commands."
+    "`steffle_credit_heterogeneity.toml`; `python benchmarks/results.py --only heterogeneity`), SteFFLe protecting "
+    "the whole record against FedFDP at the same epsilon (`steffle_adult_record.toml`, `steffle_credit_record.toml`; "
+    "`--only record`), DP-FERMI at its own settings (`dp_fermi_adult.toml`; `--only dp-fermi`) and FedSC across "
+    'epsilon and participation (`fedsc_fmnist_privacy.toml`; `--only fedsc-privacy`). A section reads "not generated '
+    'yet" until its sweep has run, and this document holds it once the script has been rerun on those runs '
+    "(benchmarks/sweeps/README.md has the commands)."
 )
 
 
 def not_reproduced_section() -> list[str]:
     """The section's markdown lines: a paragraph, then one table row per experiment."""
-    lines = ["## Not reproduced", "", INTRO, "", "| paper | experiment | why not |", "|---|---|---|"]
+    lines = [NOT_REPRODUCED_HEADING, "", INTRO, "", "| paper | experiment | why not |", "|---|---|---|"]
     lines += [f"| {paper} | {experiment} | {why} |" for paper, experiment, why in NOT_REPRODUCED]
     return [*lines, ""]

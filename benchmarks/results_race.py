@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_runs import DATA_ENV, ROOT, RunFiles, read_json, rel, sweep_state_text
-from benchmarks.results_text import fmt
+from benchmarks.results_text import fmt, mean_sd_value_text
 from silofl.server import plots
+from silofl.server.analysis import lowest_within_budget
 from silofl.server.run_result import RESULT_FILE, SUMMARY_SKIP, RunResult, RunResultError, Timing
 
 RACE_HEADING = "## SteFFLe on a many-valued attribute"
@@ -119,11 +120,6 @@ def _fmt_any(value: Any) -> str:
     return fmt(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
-def _ms(values: Sequence[float]) -> str:
-    mean, sd = plots.mean_sd(values)
-    return f"{mean:.4f} ± {sd:.4f}"
-
-
 def load_race_runs(folder: Path) -> tuple[list[RaceRun], int]:
     """The completed runs under `folder` that report `fairness_groups`, and the number of folders skipped (not
     completed, or written before result.json had `fairness_groups`)."""
@@ -217,22 +213,13 @@ def _support_table(runs: Sequence[RaceRun], order: Order) -> list[str]:
         for _, chosen in columns:
             rates = [r.groups[i]["prediction_rate"][-1] for r in chosen]
             rates = [p for p in rates if p is not None]
-            texts.append(_ms(rates) if rates else "-")
+            texts.append(mean_sd_value_text(rates) if rates else "-")
         support = (f"{low}" if low == high else f"{low}-{high}") + (
             "" if low >= first.min_support else " (under min support)"
         )
         share = 100 * statistics.fmean(supports) / total
         lines.append(f"| {name} | {support} | {share:.1f}% | " + " | ".join(texts) + " |")
     return lines
-
-
-def _best_within_budget(by_lam: Mapping[float, tuple[float, float, float]]) -> tuple[float, float, float, float]:
-    """(lambda, error, violation all groups, violation min support) of the lowest mean min-support violation among
-    the lambdas whose mean error is within ERROR_BUDGET of lambda 0's."""
-    base = by_lam[0.0]
-    budget = {lam: v for lam, v in by_lam.items() if v[0] <= base[0] + ERROR_BUDGET}
-    lam, (err, vio_all, vio_min) = min(budget.items(), key=lambda kv: (kv[1][2], kv[0]))
-    return lam, err, vio_all, vio_min
 
 
 def _conclusion(summary: Summary, decided_by_small: tuple[int, int], order: Order) -> list[str]:
@@ -256,7 +243,8 @@ def _conclusion(summary: Summary, decided_by_small: tuple[int, int], order: Orde
                     f"{base[2]:.4f} to {ref[2]:.4f} ({100 * (ref[2] / base[2] - 1):+.0f}%), error {base[0]:.4f} -> "
                     f"{ref[0]:.4f};"
                 )
-            best[method] = lam, err, _, vio_min = _best_within_budget(by_lam)
+            lam, (err, vio_all, vio_min) = lowest_within_budget(by_lam, ERROR_BUDGET)
+            best[method] = lam, err, vio_all, vio_min
             text += (
                 f" within +{ERROR_BUDGET:g} error of lambda 0 its lowest min-support violation is {vio_min:.4f} "
                 f"({100 * (vio_min / base[2] - 1):+.0f}%; lambda {fmt(lam)}, error {err:.4f})."
@@ -366,7 +354,7 @@ def across_lines(summaries: Mapping[str, Summary]) -> list[str]:
             if not by_lam or 0.0 not in by_lam:
                 cells.append("-")
                 continue
-            lam, _, _, vio_min = _best_within_budget(by_lam)
+            lam, (_, _, vio_min) = lowest_within_budget(by_lam, ERROR_BUDGET)
             cells.append(f"{100 * (vio_min / by_lam[0.0][2] - 1):+.0f}% (lambda {fmt(lam)})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return [*lines, ""]
@@ -421,7 +409,8 @@ def sweep_subsection(
             if eps != epsilon:
                 continue
             errors, alls, mins = ([getattr(r, k) for r in chosen] for k in ("error", "dp_all", "dp_min"))
-            lines.append(f"| {method} | {fmt(lam)} | {len(chosen)} | {_ms(errors)} | {_ms(alls)} | {_ms(mins)} |")
+            texts = " | ".join(mean_sd_value_text(values) for values in (errors, alls, mins))
+            lines.append(f"| {method} | {fmt(lam)} | {len(chosen)} | {texts} |")
             summary[(epsilon, method)][lam] = (plots.mean_sd(errors)[0], plots.mean_sd(alls)[0], plots.mean_sd(mins)[0])
         lines.append("")
     lines += [*_support_table(runs, order), ""]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.results_headline import Headline, headline, panel_points, t_interval
-from benchmarks.results_runs import DATA_ENV, ROOT, STEFFLE, RunFiles, grid_text, rel, section_runs
+from benchmarks.results_runs import DATA_ENV, ROOT, STEFFLE, RunFiles, figure_lines, grid_text, rel, section_runs
 from benchmarks.results_text import fmt, pct
 from silofl.server import plots
 
@@ -139,10 +139,7 @@ def record_section(
         if not records:
             continue
         drawn = [(f"record-{plots.slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
-        for path in plots.save_figures(drawn, figures, ("png",)):
-            lines += [f"![SteFFLe protecting the whole record against FedFDP]({rel(path, doc_dir)})", ""]
-        for _, fig in drawn:
-            fig.clear()
+        lines += figure_lines(drawn, figures, "SteFFLe protecting the whole record against FedFDP", doc_dir)
         mine, by_method = panel_rows(records, dataset, metric)
         rows += mine
         for method, _ in COMPARED:

@@ -100,6 +100,16 @@ def records_files(records: Sequence[plots.RunRecord]) -> RunFiles:
     return files
 
 
+def runs_by(
+    records: Sequence[plots.RunRecord], keys: Sequence[str]
+) -> dict[tuple[float, ...], dict[int, plots.RunRecord]]:
+    """The runs per cell of the config `keys` (their values as floats: "inf" is math.inf), by seed."""
+    cells: dict[tuple[float, ...], dict[int, plots.RunRecord]] = defaultdict(dict)
+    for r in records:
+        cells[tuple(plots.as_float(r.get(key)) for key in keys)][int(r.get("seed") or 0)] = r
+    return dict(cells)
+
+
 def rel(path: Path, start: Path | None = None) -> str:
     """`path` relative to `start` (the working directory by default), as the document cites it."""
     start = start or Path.cwd()
@@ -109,12 +119,40 @@ def rel(path: Path, start: Path | None = None) -> str:
         return str(path)
 
 
-def section_runs(folder: Path, sweep_file: Path, metric: str) -> tuple[list[plots.RunRecord], RunFiles, str]:
-    """The completed runs of a one-sweep section (those with an error and `metric`), their files, and a sentence on
-    their state against the sweep file (how many it has, how many finished)."""
-    records, incomplete = plots.load_runs([folder])
+def section_runs(
+    folder: Path, sweep_file: Path, metric: str, *, with_rounds: bool = False
+) -> tuple[list[plots.RunRecord], RunFiles, str]:
+    """The completed runs of a one-sweep section (those with an error and `metric`; `with_rounds`: with their
+    per-round entries), their files, and a sentence on their state against the sweep file (how many it has, how many
+    finished)."""
+    records, incomplete = plots.load_runs([folder], with_rounds=with_rounds)
     records = [r for r in records if plots.has(r, "error") and plots.has(r, metric)]
     return records, records_files(records), sweep_state_text(folder, sweep_file, len(records), incomplete)
+
+
+def sweep_opening(
+    folder: Path, sweep_file: Path, only: str, metric: str, *, with_rounds: bool = False
+) -> tuple[list[str], list[plots.RunRecord], RunFiles]:
+    """What a one-sweep section says before its results, and its runs (:func:`section_runs`): without the sweep's
+    folder, "Not generated yet" and the command that makes it (no runs); else the commands (the sweep, then
+    `python benchmarks/results.py --only only`), the runs' state against the sweep file and their grid."""
+    command = f"{DATA_ENV} silofl sweep {rel(sweep_file, ROOT)}"
+    if not folder.is_dir():
+        return [f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], [], RunFiles()
+    records, files, state = section_runs(folder, sweep_file, metric, with_rounds=with_rounds)
+    lines = ["Commands:", "", "```bash", command, f"python benchmarks/results.py --only {only}", "```", ""]
+    return [*lines, f"Runs: {state}. Grid: {grid_text(records)}.", ""], records, files
+
+
+def figure_lines(drawn: Sequence[tuple[str, Any]], figures: Path, alt: str, doc_dir: Path) -> list[str]:
+    """Save the figures `drawn` ((file stem, matplotlib figure)) as PNG in `figures` and free them; the markdown
+    lines that show them (`alt` text, paths relative to the document's folder `doc_dir`)."""
+    lines = []
+    for path in plots.save_figures(drawn, figures, ("png",)):
+        lines += [f"![{alt}]({rel(path, doc_dir)})", ""]
+    for _, fig in drawn:
+        fig.clear()
+    return lines
 
 
 def sweep_state_text(folder: Path, sweep_file: Path, found: int, incomplete: int) -> str:

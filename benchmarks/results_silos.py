@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_runs import (
-    DATA_ENV,
-    ROOT,
     RunFiles,
-    grid_text,
-    rel,
+    figure_lines,
     seconds_per_round,
-    section_runs,
     sigma_text,
+    sweep_opening,
 )
 from benchmarks.results_text import fmt
 from silofl.server import plots
@@ -79,7 +76,6 @@ def silos_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path)
     per N, error and violation against N, and per (h, N, lambda) the means ± sd over seeds with each silo's noise."""
     name, dataset, fairness = SILOS_SWEEP
     folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
-    command = f"{DATA_ENV} silofl sweep {rel(sweep_file, ROOT)}"
     lines = [
         SILOS_HEADING,
         "",
@@ -92,20 +88,14 @@ def silos_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path)
         "records and its noise weighs N times more against the signal.",
         "",
     ]
-    if not folder.is_dir():
-        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
     metric = plots.FAIRNESS_METRIC[fairness]
-    records, files, state = section_runs(folder, sweep_file, metric)
-    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only silos", "```", ""]
-    lines += [f"Runs: {state}. Grid: {grid_text(records)}.", ""]
+    opening, records, files = sweep_opening(folder, sweep_file, "silos", metric)
+    lines += opening
     if not records:
         return lines, files
     drawn = [(f"silos-{plots.slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
     drawn.append((f"silos-against-n-{plots.slug(dataset, fairness)}", silos_figure(records, metric)))
-    for path in plots.save_figures(drawn, figures, ("png",)):
-        lines += [f"![SteFFLe against the number of silos]({rel(path, doc_dir)})", ""]
-    for _, fig in drawn:
-        fig.clear()
+    lines += figure_lines(drawn, figures, "SteFFLe against the number of silos", doc_dir)
     lines += [
         f"Test error and {plots.METRIC_LABELS[metric]} (mean ± sd over seeds); sigma: the noise multiplier of each "
         "silo's fairness release (silo 0's; the silos of one run hold about n/N records each), q its sampling rate; "

@@ -29,6 +29,12 @@ def mean_sd_text(values: Sequence[float]) -> str:
     return f"{mean:.1f}%" + (f" ± {sd:.1f}" if len(values) > 1 else "")
 
 
+def mean_sd_value_text(values: Sequence[float], digits: int = 4) -> str:
+    """`0.1800 ± 0.0141`: the mean and sample sd (0 for one value) of `values`, to `digits` decimals."""
+    mean, sd = plots.mean_sd(values)
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
 def _section_span(lines: Sequence[str], heading: str) -> tuple[int, int] | None:
     """Where the `heading` section of a document's `lines` starts and ends (up to the next heading of the same level
     or above), or None if it has none."""
@@ -51,13 +57,16 @@ def section_lines(document: str, heading: str) -> list[str]:
     return lines[span[0] : span[1]] if span else []
 
 
-def replace_section(document: str, heading: str, section: Sequence[str], before: str) -> str:
+def replace_section(document: str, heading: str, section: Sequence[str], before: str | Sequence[str]) -> str:
     """`document` with its `heading` section (up to the next heading of the same level or above) replaced by
-    `section`, or with `section` inserted before the heading `before` (at the end if that is missing too)."""
+    `section`, or with `section` inserted before the heading `before` (given several, the first of them the
+    document has: the sections that follow in the document's order; at the end if it has none)."""
     text = "\n".join(section).rstrip() + "\n\n"
     lines = document.splitlines(keepends=True)
     span = _section_span(lines, heading)
     if span:
         return "".join(lines[: span[0]]) + text + "".join(lines[span[1] :])
-    at = next((i for i, line in enumerate(lines) if line.rstrip("\n") == before), len(lines))
+    stripped = [line.rstrip("\n") for line in lines]
+    headings = [before] if isinstance(before, str) else list(before)
+    at = next((stripped.index(h) for h in headings if h in stripped), len(lines))
     return "".join(lines[:at]) + text + "".join(lines[at:])

@@ -11,15 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.results_runs import (
-    DATA_ENV,
-    ROOT,
     RunFiles,
-    grid_text,
-    rel,
+    figure_lines,
     result_of,
     seconds_per_round,
-    section_runs,
     sigma_text,
+    sweep_opening,
 )
 from benchmarks.results_text import fmt, section_lines
 from silofl.server import plots
@@ -102,21 +99,14 @@ def sealed_section(sweeps: Path, sweep_files: Path, figures: Path, doc_dir: Path
     mean ± sd over seeds)."""
     name, dataset, fairness = SEALED_SWEEP
     folder, sweep_file = sweeps / name, sweep_files / f"{name}.toml"
-    command = f"{DATA_ENV} silofl sweep {rel(sweep_file, ROOT)}"
     lines = [SEALED_HEADING, "", SEALED_INTRO, ""]
-    if not folder.is_dir():
-        return [*lines, f"Not generated yet: run `{command}`, then `python benchmarks/results.py`.", ""], RunFiles()
     metric = plots.FAIRNESS_METRIC[fairness]
-    records, files, state = section_runs(folder, sweep_file, metric)
-    lines += ["Commands:", "", "```bash", command, "python benchmarks/results.py --only sealed", "```", ""]
-    lines += [f"Runs: {state}. Grid: {grid_text(records)}.", ""]
+    opening, records, files = sweep_opening(folder, sweep_file, "sealed", metric)
+    lines += opening
     if not records:
         return lines, files
     drawn = [(f"sealed-{plots.slug(dataset, fairness)}", fig) for _, fig in plots.fairness_figures(records)]
-    for path in plots.save_figures(drawn, figures, ("png",)):
-        lines += [f"![SteFFLe topologies: fairness violation vs test error]({rel(path, doc_dir)})", ""]
-    for _, fig in drawn:
-        fig.clear()
+    lines += figure_lines(drawn, figures, "SteFFLe topologies: fairness violation vs test error", doc_dir)
     lines += [
         f"Test error and {plots.METRIC_LABELS[metric]} (mean ± sd over seeds); noise on h: the std per coordinate "
         "of the noise on the server's fairness gradient h_theta in one round (`noise_on_h`: the silos' or the "

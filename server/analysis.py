@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from silofl.server.plots.grouping import PANEL_KEYS
@@ -165,6 +165,18 @@ def mean_or_none(values: Iterable[float | None]) -> float | None:
     """The mean of the values that are not None; None when there are none (a panel without a matched point)."""
     found = [v for v in values if v is not None]
     return sum(found) / len(found) if found else None
+
+
+def lowest_within_budget(
+    by_value: Mapping[float, tuple[float, ...]], budget: float, reference: float = 0.0
+) -> tuple[float, tuple[float, ...]]:
+    """A fixed error budget: among the points of one curve by their trade-off value (lambda -> (mean test error,
+    ..., the violation to minimise)), the value and point of the lowest last entry among those whose error is at most
+    the `reference` value's (lambda 0: no fairness term) plus `budget`; the reference itself always qualifies, a tie
+    goes to the smaller value."""
+    ceiling = by_value[reference][0] + budget
+    within = {value: point for value, point in by_value.items() if point[0] <= ceiling}
+    return min(within.items(), key=lambda kv: (kv[1][-1], kv[0]))
 
 
 # -- means over seeds --------------------------------------------------------------------------------------------------
