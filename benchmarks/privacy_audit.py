@@ -12,7 +12,7 @@ epsilon is the figure silofl's own accountant reports for the noise it uses (at 
 
 The mechanisms, each built from silofl's own functions (module `Mechanism` docstring for how the releases are drawn):
 
-* ``dp-fedsgd``: `client.algorithms.dp_fedsgd.noisy_gradient` (per-sample clipping, Gaussian noise, / (q n)) at
+* ``dp-fedsgd``: `client.noisy_gradient.noisy_gradient` (per-sample clipping, Gaussian noise, / (q n)) at
   sampling rate 1, logistic regression at theta = 0; add/remove one canary whose gradient is clipped to norm C.
 * ``steffle-fairness``: `client.algorithms.steffle.fairness_gradients` (clipped theta part and the attribute-dependent
   W part, both noised, replace-one of a sensitive attribute, 2 releases accounted as one mechanism), rate 1.
@@ -82,7 +82,6 @@ from flwr.app import Context, Message, RecordDict
 from scipy import special
 
 from silofl.client import party_exchange, randomness
-from silofl.client.algorithms.dp_fedsgd import noisy_gradient
 from silofl.client.algorithms.steffle import (
     OUTPUTS_RADIUS,
     fairness_gradients,
@@ -91,6 +90,7 @@ from silofl.client.algorithms.steffle import (
     w_radius_of,
 )
 from silofl.client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
+from silofl.client.noisy_gradient import noisy_gradient
 from silofl.client.rounds import fedsc as fedsc_round
 from silofl.client.rounds import mu2fl as mu2_round
 from silofl.client.rounds import steffle as steffle_round

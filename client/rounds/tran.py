@@ -33,7 +33,7 @@ server's (`strategies.tran`).
 
 Whole-record privacy (`protect = record`, issue 34): neighbours differ by one whole record added or removed, so g_j
 is a release too. The silo draws ONE Poisson sample per round and releases on it the per-record loss gradients
-clipped to C (`client.algorithms.steffle.loss_release`), then h_j and the group mass as above, all at one noise
+clipped to C (`client.noisy_gradient.loss_release`), then h_j and the group mass as above, all at one noise
 multiplier (three releases of one Poisson-subsampled Gaussian under add/remove, after the histogram of sensitivity 1),
 each sum divided by the public batch size m. Charged every round before anything is computed.
 """
@@ -49,10 +49,10 @@ from flwr.app import Context, Message
 from torch import nn
 
 from silofl.client import batches, randomness
-from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
-from silofl.client.algorithms.steffle import loss_release
+from silofl.client.batches import step_batch, step_sample
 from silofl.client.data.tabular import SiloData
 from silofl.client.gradients import mean_gradient, unflatten
+from silofl.client.noisy_gradient import loss_release
 from silofl.client.round_privacy import digest
 from silofl.client.rounds import RoundResult, with_records
 from silofl.client.rounds import steffle as steffle_round
