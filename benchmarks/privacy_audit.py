@@ -81,11 +81,10 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from scipy import special
 
-from silofl.client import party_exchange, randomness
+from silofl.client import group_fairness, party_exchange, randomness
 from silofl.client.algorithms.steffle import (
     OUTPUTS_RADIUS,
     fairness_gradients,
-    group_label_counts,
     record_sums,
     w_radius_of,
 )
@@ -583,7 +582,11 @@ def steffle_groups(target: float, *, records: int = 20, share: float = 0.5) -> M
     one_off = calibration.noise_multiplier
     std = one_off * histogram_sensitivity("replace_one")
     means = tuple(
-        _flat(group_label_counts(s.train.nonsensitive, s.train.sensitive, s.info.num_groups, s.info.num_labels))
+        _flat(
+            group_fairness.group_label_counts(
+                s.train.nonsensitive, s.train.sensitive, s.info.num_groups, s.info.num_labels
+            )
+        )
         for s in silos
     )
 
@@ -913,7 +916,7 @@ def steffle_attack(target: float, *, records: int = 20, clip: float = 1.0, canar
         msg.FAIRNESS,
         {"w": np.array([[-1e-6, 1e-6], [-1.0, 1.0]], np.float32), "prior": np.array([0.5, 0.5], np.float32)},
     )
-    prior = steffle_round.group_prior("dp", fair["prior"], 2)
+    prior = group_fairness.group_prior("dp", fair["prior"], 2)
     w = torch.from_numpy(fair["w"])
     w_noise = steffle_round.w_noise_of("auto")  # the run's default: per-group W noise
     calibration = _calibration(target, releases=2, relation="replace_one")

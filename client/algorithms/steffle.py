@@ -72,7 +72,7 @@ from silofl.protocols.steffle import (
 def w_radius_of(prior: GroupPrior) -> float:
     """R_W = 2 / sqrt(rho): the radius of the ball that record i's s-dependent W-gradient lies in (rho: the smallest
     prior probability the objective uses; ||F_i||_2 <= 1). For the group-balanced objective
-    (`protocols.steffle.prior`) a record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior
+    (`protocols.fairness_prior`) a record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior
     1/k: R_W = 2 / (sqrt(k) rho) (`GroupPrior.w_gradient_bound`)."""
     if prior.balanced:
         return prior.w_gradient_bound()
@@ -370,12 +370,3 @@ def _clipped_theta_sum_and_outputs(
     theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)
     with torch.no_grad():
         return theta_sum, torch.softmax(model(x), dim=1)
-
-
-def group_label_counts(
-    data: NonSensitiveDivision, sensitive: SensitiveDivision, num_groups: int, num_labels: int
-) -> np.ndarray:
-    """Records by (sensitive group, label): the silo's input to P_S and P_{S|Y} (Algorithm 1, line 2)."""
-    counts = np.zeros((num_groups, num_labels), dtype=np.float64)
-    np.add.at(counts, (sensitive.groups, data.labels), 1.0)
-    return counts

@@ -140,7 +140,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     prior = np.asarray(history.server_state["prior"], dtype=np.float64)
     rho = float(min(prior.ravel()))
     # the W-gradient's radius: 2 / sqrt(rho), or 2 / (sqrt(k) rho) for the group-balanced objective
-    # (protocols.steffle.prior)
+    # (protocols.fairness_prior)
     balanced = config.group_weight == "balanced"
     w_bound = 2.0 / (math.sqrt(prior.shape[-1]) * rho) if balanced else 2.0 / math.sqrt(rho)
     per_silo = {}
