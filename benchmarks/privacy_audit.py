@@ -12,7 +12,7 @@ epsilon is the figure silofl's own accountant reports for the noise it uses (at 
 
 The mechanisms, each built from silofl's own functions (module `Mechanism` docstring for how the releases are drawn):
 
-* ``dp-fedsgd``: `client.algorithms.dp_fedsgd.noisy_gradient` (per-sample clipping, Gaussian noise, / (q n)) at
+* ``dp-fedsgd``: `client.noisy_gradient.noisy_gradient` (per-sample clipping, Gaussian noise, / (q n)) at
   sampling rate 1, logistic regression at theta = 0; add/remove one canary whose gradient is clipped to norm C.
 * ``steffle-fairness``: `client.algorithms.steffle.fairness_gradients` (clipped theta part and the attribute-dependent
   W part, both noised, replace-one of a sensitive attribute, 2 releases accounted as one mechanism), rate 1.
@@ -81,16 +81,15 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from scipy import special
 
-from silofl.client import party_exchange, randomness
-from silofl.client.algorithms.dp_fedsgd import noisy_gradient
+from silofl.client import group_fairness, party_exchange, randomness
 from silofl.client.algorithms.steffle import (
     OUTPUTS_RADIUS,
     fairness_gradients,
-    group_label_counts,
     record_sums,
     w_radius_of,
 )
 from silofl.client.data.tabular import DatasetInfo, NonSensitiveDivision, SensitiveDivision, SiloData, make_split
+from silofl.client.noisy_gradient import noisy_gradient
 from silofl.client.rounds import fedsc as fedsc_round
 from silofl.client.rounds import mu2fl as mu2_round
 from silofl.client.rounds import steffle as steffle_round
@@ -583,7 +582,11 @@ def steffle_groups(target: float, *, records: int = 20, share: float = 0.5) -> M
     one_off = calibration.noise_multiplier
     std = one_off * histogram_sensitivity("replace_one")
     means = tuple(
-        _flat(group_label_counts(s.train.nonsensitive, s.train.sensitive, s.info.num_groups, s.info.num_labels))
+        _flat(
+            group_fairness.group_label_counts(
+                s.train.nonsensitive, s.train.sensitive, s.info.num_groups, s.info.num_labels
+            )
+        )
         for s in silos
     )
 
@@ -913,7 +916,7 @@ def steffle_attack(target: float, *, records: int = 20, clip: float = 1.0, canar
         msg.FAIRNESS,
         {"w": np.array([[-1e-6, 1e-6], [-1.0, 1.0]], np.float32), "prior": np.array([0.5, 0.5], np.float32)},
     )
-    prior = steffle_round.group_prior("dp", fair["prior"], 2)
+    prior = group_fairness.group_prior("dp", fair["prior"], 2)
     w = torch.from_numpy(fair["w"])
     w_noise = steffle_round.w_noise_of("auto")  # the run's default: per-group W noise
     calibration = _calibration(target, releases=2, relation="replace_one")

@@ -214,7 +214,7 @@ def _policy_check_seconds(policy: Path, state: Path, info: msg.SiloInfo, calls: 
 def math_only(args: argparse.Namespace) -> None:
     from silofl.client.algorithms import steffle as algo
     from silofl.client.data.federate import load_federation
-    from silofl.client.rounds.steffle import group_prior
+    from silofl.client.group_fairness import group_prior
 
     _, silos = load_federation(args.dataset, 3, data_dir=os.environ.get("SILOFL_DATA_DIR") or None, download=False)
     info = silos[0].info

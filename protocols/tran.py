@@ -28,11 +28,11 @@ Decisions (the paper's centralised algorithm needs these to run on silos under s
       nu_{a,u} = E_i[ ([s_i = a] / p(a) - 1) F_u(x_i) ],
 
   so each record's contribution to a released sum is bounded, and the released sums are unbiased for every silo size.
-- **Blocks**, as in :mod:`protocols.steffle`: ``"dp"`` has one block over all records; ``"eo"`` (equalized odds) one
-  block per true label ``y`` with the prior ``P_{S|Y=y}``, i.e. ``nu_{y,a,u} = E[[y_i = y] ([s_i = a] / p(a|y) - 1)
-  F_u(x_i)] = p(y) (E[F_u | s = a, y] - E[F_u | y])`` (each block weighted by ``p(y)``, like ERMI's blocks, so that the
-  average is over all records); ``"eopp"`` the positive label's block only. Multipliers, violations and the group mass
-  have the layout of SteFFLe's ``W``, :func:`protocols.steffle.w_shape`.
+- **Blocks**, as in :mod:`protocols.fairness_prior`: ``"dp"`` has one block over all records; ``"eo"`` (equalized
+  odds) one block per true label ``y`` with the prior ``P_{S|Y=y}``, i.e. ``nu_{y,a,u} = E[[y_i = y] ([s_i = a] /
+  p(a|y) - 1) F_u(x_i)] = p(y) (E[F_u | s = a, y] - E[F_u | y])`` (each block weighted by ``p(y)``, like ERMI's blocks,
+  so that the average is over all records); ``"eopp"`` the positive label's block only. Multipliers, violations and
+  the group mass have the layout of SteFFLe's ``W``, :func:`protocols.fairness_prior.w_shape`.
 - **The sign of |nu|.** ``d |nu| / d theta = sign(nu) d nu / d theta``. The silo may not compute ``sign(nu)`` from its
   own attributes (one record's attribute could flip it and with it every record's contribution), so the sign comes
   from the server's noised estimate of the previous round (post-processing): the silo receives the SIGNED multipliers
@@ -57,8 +57,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.models import TabularModel, all_finite, clipped_row_sum, linear_stack_clipped_sum
-from silofl.protocols.steffle import GroupPrior
 
 __all__ = [
     "clipped_constraint_gradient_sum",
@@ -75,7 +75,7 @@ __all__ = [
 
 def _check_prior(prior: object) -> GroupPrior:
     if not isinstance(prior, GroupPrior):
-        raise TypeError(f"prior must be a GroupPrior (protocols.steffle), got {type(prior).__name__}")
+        raise TypeError(f"prior must be a GroupPrior (protocols.fairness_prior), got {type(prior).__name__}")
     return prior
 
 
@@ -89,7 +89,8 @@ def _check_table(name: str, value: np.ndarray | torch.Tensor, prior: GroupPrior)
     if shape != prior.w_shape():
         raise ValueError(
             f"{name} must have shape {prior.w_shape()} for notion {prior.notion!r} (k={prior.num_groups}, "
-            f"l={prior.num_labels}): one entry per constraint, laid out like protocols.steffle.w_shape; got {shape}"
+            f"l={prior.num_labels}): one entry per constraint, laid out like protocols.fairness_prior.w_shape; "
+            f"got {shape}"
         )
 
 

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord
 
 from silofl.protocols import messages as msg
 from silofl.protocols import tran
-from silofl.protocols.steffle import GroupPrior
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.strategies.base import SiloflStrategy, StrategyInputs
 from silofl.strategies.lr_schedule import StepSchedule, step_schedule
 from silofl.strategies.replies import Arrays, SiloUpdate, weighted_sum
@@ -106,7 +106,7 @@ class TranStrategy(SiloflStrategy):
 
 def build(inputs: StrategyInputs) -> TranStrategy:
     """Tran et al.'s server (the `tran` registry entry): the prior from the silos' noised group counts."""
-    from silofl.protocols.steffle import PRIOR_FLOOR
+    from silofl.protocols.fairness_prior import PRIOR_FLOOR
 
     config = inputs.config
     prior = GroupPrior.from_counts(config.fairness, inputs.counts(), floor=PRIOR_FLOOR)

@@ -9,8 +9,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from silofl.client import randomness
-from silofl.client.algorithms.dp_fedsgd import poisson_sample
-from silofl.client.batches import round_sample
+from silofl.client.batches import poisson_sample, round_sample
 from silofl.protocols import messages as msg
 from silofl.server.inprocess_grid import InProcessGrid
 

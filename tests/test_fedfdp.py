@@ -12,10 +12,9 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from silofl.client import randomness
-from silofl.client.algorithms import dp_fedsgd
+from silofl.client import noisy_gradient, randomness
 from silofl.client.algorithms import fedfdp as algo
-from silofl.client.algorithms.dp_fedsgd import poisson_sample
+from silofl.client.batches import poisson_sample
 from silofl.client.data.tabular import NonSensitiveDivision
 from silofl.client.gradients import (
     clipped_gradient_sum,
@@ -70,7 +69,7 @@ def test_lambda_zero_gives_dp_fedsgds_step_with_the_same_seed(kind: str) -> None
         noise_generator=torch.Generator().manual_seed(9),
         **args,
     )
-    theirs = dp_fedsgd.noisy_gradient(
+    theirs = noisy_gradient.noisy_gradient(
         model, data, sample_rng=np.random.default_rng(5), noise_generator=torch.Generator().manual_seed(9), **args
     )
     assert torch.equal(ours, theirs)

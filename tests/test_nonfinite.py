@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from silofl.client.algorithms import dp_fedsgd, steffle
+from silofl.client import noisy_gradient
 from silofl.client.algorithms import fedfdp as fedfdp_algo
+from silofl.client.algorithms import steffle
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
 from silofl.client.gradients import clip_rows, clipped_gradient_sum, weighted_clipped_gradient_sum
 from silofl.protocols import fedfdp, fedsc, models, mu2fl, tran
@@ -191,7 +192,7 @@ def test_dp_fedsgd_release_with_a_huge_model_is_finite_with_and_without_the_targ
         for features, labels in ((x, y), (x_rest, y_rest)):
             data = NonSensitiveDivision(features.numpy().copy(), labels.numpy().copy())
             releases.append(
-                dp_fedsgd.noisy_gradient(
+                noisy_gradient.noisy_gradient(
                     model,
                     data,
                     sample_rng=np.random.default_rng(0),

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from silofl.client.algorithms.steffle import group_label_counts, w_gradient_base, w_radius_of
+from silofl.client.algorithms.steffle import w_gradient_base, w_radius_of
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
+from silofl.client.group_fairness import group_label_counts
 from silofl.protocols.steffle import GroupPrior, psi_w_gradients, w_shape
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.steffle.gradients import psi_output_cotangents, psi_w_gradients
 from silofl.protocols.steffle.objective import ermi_value, optimal_w, psi
-from silofl.protocols.steffle.prior import GroupPrior
 from tests.steffle_cases import batch, batch_prior, random_w
 
 

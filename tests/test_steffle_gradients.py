@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from silofl.protocols.fairness_prior import FAIRNESS_NOTIONS, GroupPrior
 from silofl.protocols.steffle.gradients import (
     psi_output_cotangents,
     psi_output_cotangents_checked,
@@ -14,7 +15,6 @@ from silofl.protocols.steffle.gradients import (
     psi_w_sensitive_sum_checked,
 )
 from silofl.protocols.steffle.objective import psi
-from silofl.protocols.steffle.prior import FAIRNESS_NOTIONS, GroupPrior
 from tests.steffle_cases import SHAPES, balanced_prior, batch, batch_prior, random_w
 
 

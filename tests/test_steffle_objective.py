@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from silofl.protocols.fairness_prior import FAIRNESS_NOTIONS, GroupPrior
 from silofl.protocols.steffle.gradients import psi_output_cotangents, psi_w_gradients
 from silofl.protocols.steffle.objective import block_weights, ermi_objective, ermi_value, optimal_w, psi
-from silofl.protocols.steffle.prior import FAIRNESS_NOTIONS, GroupPrior
 from tests.steffle_cases import SHAPES, balanced_prior, batch, batch_prior, random_w
 
 

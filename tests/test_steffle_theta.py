@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from silofl.protocols.fairness_prior import FAIRNESS_NOTIONS, GroupPrior
 from silofl.protocols.models import build_model, parameter_spec
 from silofl.protocols.steffle.gradients import psi_output_cotangents
 from silofl.protocols.steffle.objective import psi
-from silofl.protocols.steffle.prior import FAIRNESS_NOTIONS, GroupPrior
 from silofl.protocols.steffle.theta import clipped_psi_theta_sum, psi_theta_gradients
 from tests.generic_module import NotTabular
 from tests.steffle_cases import batch, batch_prior, random_w

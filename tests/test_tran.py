@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from silofl.protocols import tran
 from silofl.protocols.fairness_metrics import confusion_counts, fairness_from_counts
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.models import build_model
-from silofl.protocols.steffle import GroupPrior
 from tests.factories import copy_message
 
 

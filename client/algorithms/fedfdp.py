@@ -2,7 +2,7 @@
 noised loss release, on tensors. The math is `protocols.fedfdp`; the Flower round is `client.rounds.fedfdp`.
 
 With lambda = 0 the fair clipping is plain clipping and the step is DP-FedSGD's: :func:`fair_noisy_gradient` then
-calls DP-FedSGD's own :func:`client.algorithms.dp_fedsgd.noisy_gradient` (same sample, same noise, same numbers).
+calls DP-FedSGD's step, :func:`client.noisy_gradient.noisy_gradient` (same sample, same noise, same numbers).
 
 Device (`--device`, `protocols.devices`): the losses and the clipped gradient sum are computed on the model's device
 and moved to the CPU before their noise is drawn; both releases leave on the CPU.
@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from silofl.client.algorithms.dp_fedsgd import noisy_gradient, poisson_sample, step_batch
+from silofl.client.batches import poisson_sample, step_batch
 from silofl.client.data.tabular import NonSensitiveDivision
 from silofl.client.gradients import per_sample_losses, weighted_clipped_gradient_sum
+from silofl.client.noisy_gradient import noisy_gradient
 from silofl.protocols import fedfdp
 from silofl.protocols.privacy.gaussian import GaussianMechanism
 

@@ -36,8 +36,8 @@ s-independent -2 W (.) F_i (whose norm grows with the server's W), each record's
 (radius 1, `protocols.steffle.output_block_sums_checked`); the -2 W (.) F part is computed from that noised sum
 (post-processing, `protocols.steffle.w_output_term`). Four releases of one Poisson-subsampled Gaussian under add/remove,
 one mechanism of multiplier sigma / 2 for the accountant. Every sum is divided by the run's public batch size m, never
-by the silo's own count: under add/remove a divisor min(m, n_j) would move with the record (`client.algorithms.
-dp_fedsgd`). With lambda = 0 the round releases the loss gradient alone.
+by the silo's own count: under add/remove a divisor min(m, n_j) would move with the record (`client.noisy_gradient`;
+the loss release is its `loss_release`). With lambda = 0 the round releases the loss gradient alone.
 
 Device (`--device`, `protocols.devices`): the model's forward and per-sample backward passes run on the model's
 device; the sensitive attributes, labels, W, the W-sums and the noise stay on the CPU, and what leaves is on the CPU.
@@ -52,9 +52,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
+from silofl.client.batches import step_batch, step_sample
 from silofl.client.data.tabular import NonSensitiveDivision, SensitiveDivision
-from silofl.client.gradients import clipped_gradient_sum, mean_gradient_and_logits
+from silofl.client.gradients import mean_gradient_and_logits
+from silofl.client.noisy_gradient import loss_release
 from silofl.protocols.models import TabularModel, head_clipped_sum, linear_stack_clipped_sum, model_device
 from silofl.protocols.privacy.gaussian import GaussianMechanism
 from silofl.protocols.steffle import (
@@ -71,7 +72,7 @@ from silofl.protocols.steffle import (
 def w_radius_of(prior: GroupPrior) -> float:
     """R_W = 2 / sqrt(rho): the radius of the ball that record i's s-dependent W-gradient lies in (rho: the smallest
     prior probability the objective uses; ||F_i||_2 <= 1). For the group-balanced objective
-    (`protocols.steffle.prior`) a record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior
+    (`protocols.fairness_prior`) a record's W-gradient is weighted by omega = (1/k) / p(s_i) and written with the prior
     1/k: R_W = 2 / (sqrt(k) rho) (`GroupPrior.w_gradient_bound`)."""
     if prior.balanced:
         return prior.w_gradient_bound()
@@ -177,26 +178,6 @@ def fairness_gradients(
     if prior.balanced:  # the whole W-gradient: its s-independent-looking term depends on s through omega_i
         return theta_sum / expected, w_sum / expected + balanced_w_base(w, w_sum / expected, prior)
     return theta_sum / expected, w_sum / expected
-
-
-def loss_release(
-    model: nn.Module,
-    data: NonSensitiveDivision,
-    idx: np.ndarray,
-    *,
-    clip: float,
-    noise_multiplier: float,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """The loss gradient under whole-record privacy (`protect` = record): the per-record loss gradients of the records
-    `idx` clipped to C and summed (`client.gradients.clipped_gradient_sum`: a record whose gradient is not finite
-    contributes 0), plus N(0, (sigma C)^2) drawn from `generator` on the CPU; the SUM (the caller divides it by the
-    public batch size). DP-FedSGD's release, on the round's one sample; it reads no sensitive attribute."""
-    x, y = step_batch(model, data, idx)
-    total = clipped_gradient_sum(model, x, y, clip).cpu()
-    if noise_multiplier > 0:
-        total = GaussianMechanism(sensitivity=clip, noise_multiplier=noise_multiplier).release(total, generator)
-    return total
 
 
 @dataclass(frozen=True)
@@ -389,12 +370,3 @@ def _clipped_theta_sum_and_outputs(
     theta_sum = clipped_psi_theta_sum(model, x, s, w, prior, clip, labels=y)
     with torch.no_grad():
         return theta_sum, torch.softmax(model(x), dim=1)
-
-
-def group_label_counts(
-    data: NonSensitiveDivision, sensitive: SensitiveDivision, num_groups: int, num_labels: int
-) -> np.ndarray:
-    """Records by (sensitive group, label): the silo's input to P_S and P_{S|Y} (Algorithm 1, line 2)."""
-    counts = np.zeros((num_groups, num_labels), dtype=np.float64)
-    np.add.at(counts, (sensitive.groups, data.labels), 1.0)
-    return counts

@@ -6,9 +6,9 @@ from flwr.app import Context, Message
 from torch import nn
 
 from silofl.client import randomness
-from silofl.client.algorithms.dp_fedsgd import noisy_gradient
 from silofl.client.data.tabular import SiloData
 from silofl.client.gradients import unflatten
+from silofl.client.noisy_gradient import noisy_gradient
 from silofl.client.round_privacy import RoundPrivacy
 from silofl.client.rounds import RoundResult, with_records
 from silofl.protocols import messages as msg

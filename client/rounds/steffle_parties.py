@@ -29,8 +29,9 @@ from flwr.app import Context, Message, RecordDict
 
 from silofl.client import party_exchange, randomness
 from silofl.client.data.topology import FeaturePartyData, SensitivePartyData
+from silofl.client.group_fairness import GROUP_COUNTS, group_prior, protects_record
 from silofl.client.round_privacy import RoundPrivacy, digest
-from silofl.client.rounds.steffle import GROUP_COUNTS, _named, group_prior, protects_record, w_noise_of
+from silofl.client.rounds.steffle import _named, w_noise_of
 from silofl.protocols import messages as msg
 from silofl.protocols import parties as pm
 from silofl.protocols.models import parameter_spec

@@ -4,7 +4,8 @@ What leaves the silo, and what depends on the sensitive attribute s (SteFFLe's t
 attributes, replace-one neighbours; features and labels are not protected, as for `steffle`):
 
 - setup, ``query.groups``: the silo's (group, label) counts. Depend on s: released through a Gaussian histogram
-  (radius sqrt(2)/2) that spends `counts-share` of the silo's epsilon, as in SteFFLe. The server builds the prior p.
+  (radius sqrt(2)/2) that spends `counts-share` of the silo's epsilon, as in SteFFLe (`client.group_fairness`). The
+  server builds the prior p.
 - every round, the non-sensitive division, on its own Poisson sample (rate q = m / n_j): the loss gradient g_j. It
   never reads s and does not depend on it: sent as is.
 - every round, the sensitive division, on an independent Poisson sample (so that g_j reveals nothing about who it
@@ -33,7 +34,7 @@ server's (`strategies.tran`).
 
 Whole-record privacy (`protect = record`, issue 34): neighbours differ by one whole record added or removed, so g_j
 is a release too. The silo draws ONE Poisson sample per round and releases on it the per-record loss gradients
-clipped to C (`client.algorithms.steffle.loss_release`), then h_j and the group mass as above, all at one noise
+clipped to C (`client.noisy_gradient.loss_release`), then h_j and the group mass as above, all at one noise
 multiplier (three releases of one Poisson-subsampled Gaussian under add/remove, after the histogram of sensitivity 1),
 each sum divided by the public batch size m. Charged every round before anything is computed.
 """
@@ -48,38 +49,37 @@ import torch
 from flwr.app import Context, Message
 from torch import nn
 
-from silofl.client import batches, randomness
-from silofl.client.algorithms.dp_fedsgd import step_batch, step_sample
-from silofl.client.algorithms.steffle import loss_release
+from silofl.client import batches, group_fairness, randomness
+from silofl.client.batches import step_batch, step_sample
 from silofl.client.data.tabular import SiloData
 from silofl.client.gradients import mean_gradient, unflatten
+from silofl.client.noisy_gradient import loss_release
 from silofl.client.round_privacy import digest
 from silofl.client.rounds import RoundResult, with_records
-from silofl.client.rounds import steffle as steffle_round
 from silofl.protocols import messages as msg
 from silofl.protocols import tran
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.models import model_device, parameter_spec
 from silofl.protocols.privacy.gaussian import GaussianMechanism
 from silofl.protocols.privacy.mechanism import Mechanism, Release
-from silofl.protocols.steffle import GroupPrior
 
 MASS_RADIUS = 1.0  # ||F(x_i)||_2 <= ||F(x_i)||_1 = 1: the ball record i's group-mass contribution lies in
 MASS = "mass"  # name of the group mass in the fair-update record
 
 
 def mechanism(records: int, instr: msg.TrainInstruction) -> Mechanism:
-    """The silo's run: SteFFLe's (the one-off histogram, then the steps of the sensitive division's sampler under the
-    replace-one relation), with this algorithm's two releases per step: the clipped constraint gradient (radius C)
-    and the group mass (radius 1). Under whole-record privacy SteFFLe's add/remove mechanism, the loss gradient
-    first (`client.rounds.steffle.record_releases`)."""
+    """The silo's run (`client.group_fairness.mechanism`: the one-off histogram, then the steps of the sensitive
+    division's sampler under the replace-one relation), with this algorithm's two releases per step: the clipped
+    constraint gradient (radius C) and the group mass (radius 1). Under whole-record privacy the same two after the
+    loss gradient, under add/remove."""
     releases = (Release("constraint", radius=instr.clip), Release(MASS, radius=MASS_RADIUS))
-    return steffle_round.mechanism(records, instr, releases)
+    return group_fairness.mechanism(records, instr, releases)
 
 
 def group_counts(silo: SiloData, instr: msg.TrainInstruction, context: Context) -> tuple[np.ndarray, float]:
-    """The setup release: the silo's (group, label) counts through SteFFLe's histogram, as this run's mechanism's
-    setup release."""
-    return steffle_round.group_counts(silo, instr, context, mechanism)
+    """The setup release: the silo's (group, label) counts through the histogram of this run's mechanism
+    (`client.group_fairness.group_counts`)."""
+    return group_fairness.group_counts(silo, instr, context, mechanism)
 
 
 def fairness_release(
@@ -138,11 +138,11 @@ def train_round(
         message.content, msg.FAIRNESS, [("multipliers", c_shape), ("prior", prior_shape)], what=what
     )
     try:
-        prior = steffle_round.group_prior(instr.fairness, fair["prior"], info.num_labels)
+        prior = group_fairness.group_prior(instr.fairness, fair["prior"], info.num_labels)
     except ValueError as exc:
         raise msg.MessageError(f"{what}: invalid group prior: {exc}") from None
     rate = min(1.0, instr.batch_size / len(silo.train))
-    privacy = steffle_round.open_privacy(context, silo, instr, mechanism)
+    privacy = group_fairness.open_privacy(context, silo, instr, mechanism)
     privacy.bind("prior", digest(fair["prior"]))
     spent = math.inf
     if privacy.private:
@@ -152,7 +152,7 @@ def train_round(
 
     data = silo.train.nonsensitive
     divisor = None
-    if steffle_round.protects_record(instr):
+    if group_fairness.protects_record(instr):
         # Whole-record privacy: one sample for every release, the loss gradient clipped and noised first.
         idx = sample(division="sensitive")
         generator = privacy.generator(randomness.NOISE)

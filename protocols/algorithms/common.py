@@ -1,9 +1,13 @@
-"""What several algorithm entries share: the seeded starting model of the supervised algorithms, and the checks of
-the run's model before any round."""
+"""What several algorithm entries share: the minibatch algorithms' training defaults, the seeded starting model of
+the supervised algorithms, and the checks of the run's model before any round."""
 
 from __future__ import annotations
 
 from typing import Any
+
+#: The SteFFLe sweeps' training setup on Adult (docs/RESULTS.md): 40 epochs, batch 256, lr 0.25 x 0.8 every 10. The
+#: defaults of DP-FedSGD, SteFFLe and Tran et al.
+MINIBATCH_DEFAULTS = {"epochs": 40.0, "batch-size": 256, "lr": 0.25, "lr-decay": 0.8, "lr-decay-epochs": 10.0}
 
 
 def tabular_initial_arrays(config: Any, info: Any) -> Any:

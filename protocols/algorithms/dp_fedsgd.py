@@ -5,6 +5,7 @@ public batch size m; the server averages and steps. Server: `strategies.dp_fedsg
 
 from silofl.protocols.algorithms import register
 from silofl.protocols.algorithms.base import RECORD_PROTECTED, Algorithm
+from silofl.protocols.algorithms.common import MINIBATCH_DEFAULTS
 from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
@@ -14,9 +15,6 @@ from silofl.protocols.options import (
     SgdOptions,
     TabularModelOptions,
 )
-
-#: The SteFFLe sweeps' training setup on Adult (docs/RESULTS.md): 40 epochs, batch 256, lr 0.25 x 0.8 every 10.
-MINIBATCH_DEFAULTS = {"epochs": 40.0, "batch-size": 256, "lr": 0.25, "lr-decay": 0.8, "lr-decay-epochs": 10.0}
 
 SPEC = register(
     Algorithm(

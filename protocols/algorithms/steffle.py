@@ -10,10 +10,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from silofl.protocols import shuffled_epochs
 from silofl.protocols.algorithms import register
-from silofl.protocols.algorithms.base import EXACT_EVALUATION, RECORD_PROTECTED, SENSITIVE_PROTECTED, Algorithm
-from silofl.protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
+from silofl.protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
+from silofl.protocols.algorithms.common import MINIBATCH_DEFAULTS
+from silofl.protocols.algorithms.sensitive_attributes import (
+    LOSS_RELEASE,
+    NOT_COVERED,
+    RECORD_RELATION,
+    RELATION,
+    SAMPLERS,
+    SILOS_HISTOGRAM,
+    check_sampling_and_protect,
+    protection_report,
+    protects_record,
+    record_mechanism,
+    replace_one_report,
+    sampling_report,
+)
 from silofl.protocols.options import (
     ClipOptions,
     DeviceOptions,
@@ -28,13 +41,7 @@ from silofl.protocols.options import (
     TabularModelOptions,
     TopologyOptions,
 )
-from silofl.protocols.shuffled_epochs import ACCOUNTING_NOTE
 
-RELATION = "replace_one (the sensitive attribute of one record)"
-#: The relation of `protect` = record (`client.rounds.steffle.mechanism`).
-RECORD_RELATION = "add_remove (one whole record: its features, label and sensitive attribute)"
-#: What the privacy block's `protected` says, per `protect`.
-PROTECTED = {"sensitive": "the sensitive attribute", "record": "the whole record"}
 PARTIES_REPORT = (
     'separate parties with sealed records (SECURITY.md, "`steffle` with separate parties"): at setup '
     "each feature party sends each sensitive party the (pseudonym, features, label) of the records whose sensitive "
@@ -61,30 +68,14 @@ def label(config: Mapping[str, Any]) -> str:
     return ("steffle" if private else "steffle (non-private)") + record
 
 
-def tran_label(config: Mapping[str, Any]) -> str:
-    """Tran et al.'s name, with "(whole record)" under `protect` = record (as :func:`label`)."""
-    return "tran (whole record)" if config.get("protect") == "record" else "tran"
-
-
-SILOS_MECHANISM = (
-    "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its (group, label) "
-    "counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round {sample} drawn by "
-    "the sensitive division: per-sample theta-gradients of psi clipped to C and the s-dependent W-gradients (radius "
+SILOS_MECHANISM = SILOS_HISTOGRAM + (
+    "per-sample theta-gradients of psi clipped to C and the s-dependent W-gradients (radius "
     "2/sqrt(rho); 2/(sqrt(k) rho) with group-weight balanced; with w-noise per-group, or auto, each group's row at "
     "its own radius, 2/sqrt(p_S(r)), through a release scaled to radius 1), both noised at one multiplier sigma (two "
     "releases, one composed mechanism, PLD); the loss gradient g and the s-independent part of the W-gradient come "
     "from the non-sensitive division's own {own} and are sent in the clear (they do not depend on s; with "
     "group-weight balanced that part is computed from the noised W release instead){accounting}"
 )
-#: How the silos' rounds draw their records, per `sampling` (the mechanism text's {sample}, {own} and {accounting}).
-SAMPLERS = {
-    "poisson": {"sample": "a Poisson sample q = m/n_j", "own": "sample", "accounting": ""},
-    "shuffle": {
-        "sample": "the next batch of m records (the last of an epoch smaller) of a shuffled epoch",
-        "own": "shuffled epochs (an independent permutation)",
-        "accounting": "; " + ACCOUNTING_NOTE,
-    },
-}
 PARTIES_MECHANISM = (
     "privacy of the sensitive attributes (replace-one relation), topology {topology}, sealed records. Each sensitive "
     "party: a Gaussian histogram of the (group, label) counts of the records it received (radius sqrt(2)/2, spending "
@@ -97,17 +88,9 @@ PARTIES_MECHANISM = (
 )
 
 
-RECORD_MECHANISM = (
-    "privacy of whole records (add/remove relation: one record's features, label and sensitive attribute; "
-    "protect record, DP-FERMI Theorem D.2, second part). Each silo: a Gaussian histogram of its (group, label) counts "
-    "(sensitivity 1, spending counts-share of epsilon), then each round one Poisson sample q = m/n_j (DP-FERMI's "
-    "minibatch B_t, used by both divisions) and on it {releases}, noised at one multiplier sigma ({count} releases "
-    "of one Poisson-subsampled Gaussian, accounted as one mechanism of multiplier sigma/sqrt({count})), each sum "
-    "divided by the public batch size m. Nothing that depends on a record leaves un-noised but the record count n_j"
-)
 #: The releases of a round under `protect` = record, per (lambda > 0, group-weight balanced).
 RECORD_RELEASES = {
-    False: "per-record loss gradients clipped to C",
+    False: LOSS_RELEASE,
     True: "per-record loss gradients clipped to C, per-record theta-gradients of psi clipped to C, the s-dependent "
     "W-gradients (radius 2/sqrt(rho); with w-noise per-group each group's row at its own radius) and each record's "
     "soft predictions F(x_i) in its W block (radius 1: the silo computes the -2 W (.) F part of the W-gradient from "
@@ -115,70 +98,6 @@ RECORD_RELEASES = {
     "balanced": "per-record loss gradients clipped to C, per-record theta-gradients of psi clipped to C and the "
     "s-dependent W-gradients (radius 2/(sqrt(k) rho); the whole W-gradient follows from them after the noise)",
 }
-
-
-def record_mechanism(config: Any, fairness_releases: str, fairness_count: int) -> str:
-    """The mechanism text of `protect` = record: the loss gradient and the algorithm's fairness releases."""
-    if not fairness_releases:
-        return RECORD_MECHANISM.format(releases=RECORD_RELEASES[False], count=1)
-    return RECORD_MECHANISM.format(releases=fairness_releases, count=1 + fairness_count)
-
-
-def protects_record(config: Any) -> bool:
-    """Whether the run protects whole records (`protect` = record)."""
-    return getattr(config, "protect", "sensitive") == "record"
-
-
-def protection_report(config: Any, in_clear: str) -> dict[str, Any]:
-    """The privacy block's entries that say what is protected, per `protect`: `protect`, `protected` (the sensitive
-    attribute or the whole record), `protects` and `in_clear` (what the console prints)."""
-    record = protects_record(config)
-    return {
-        "protect": "record" if record else "sensitive",
-        "protected": PROTECTED["record" if record else "sensitive"],
-        "protects": RECORD_PROTECTED if record else SENSITIVE_PROTECTED,
-        "in_clear": "" if record else in_clear,
-    }
-
-
-def replace_one_report(config: Any, history: Any, rounds: int, delta: float, releases: int) -> dict[str, Any]:
-    """Under `protect` = record: what each silo's run costs under REPLACING one whole record, the relation of
-    `protect` = sensitive (changing a record's s is a replacement) and of the silos' lifetime ledgers, beside the
-    add/remove epsilon the run was calibrated for: the same events (`Mechanism.replace_one_events`: the histogram's
-    Gaussian at its multiplier for `counts-share` x epsilon, then `rounds` Poisson-subsampled Gaussians of `releases`
-    releases at the silo's reported multiplier), composed by PLD under replace_one. Empty for a run without noise."""
-    from silofl.protocols.privacy.accountant import calibrate_noise
-    from silofl.protocols.privacy.composition import composed_epsilon
-    from silofl.protocols.privacy.mechanism import Mechanism, Release, SetupRelease
-
-    if not config.private or not history.silo_reports:
-        return {}
-    share = config.counts_share
-    setup = calibrate_noise(share * config.epsilon, delta, 1.0, 1, relation="add_remove").noise_multiplier
-    figures: dict[str, float] = {}
-    for silo_id, report in sorted(history.silo_reports.items()):
-        if not report.noise_multiplier > 0:
-            continue
-        run = Mechanism(
-            relation="add_remove",
-            sampling="poisson",
-            sampling_rate=report.sampling_rate,
-            steps=rounds,
-            releases=tuple(Release(f"release-{i}", radius=1.0) for i in range(releases)),
-            setup=(SetupRelease("group-counts", share=share, radius=1.0),),
-        )
-        events = run.replace_one_events(report.noise_multiplier, (setup,))
-        figures[str(silo_id)] = composed_epsilon(events, delta, "replace_one")
-    if not figures:
-        return {}
-    return {
-        "epsilon_replace_one": max(figures.values()),
-        "epsilon_replace_one_note": "the same run under replacing one whole record (e.g. changing its sensitive "
-        "attribute: the relation of protect sensitive, and of the silos' lifetime ledgers), PLD over the events the "
-        "silos ran (largest over silos; the histogram's multiplier for the run's epsilon, larger under a silo "
-        "policy's cap, so this is an upper bound then); epsilon_spent is under add/remove, as DP-FedSGD's and "
-        "FedFDP's",
-    }
 
 
 def mechanism(config: Any) -> str:
@@ -221,7 +140,7 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     prior = np.asarray(history.server_state["prior"], dtype=np.float64)
     rho = float(min(prior.ravel()))
     # the W-gradient's radius: 2 / sqrt(rho), or 2 / (sqrt(k) rho) for the group-balanced objective
-    # (protocols.steffle.prior)
+    # (protocols.fairness_prior)
     balanced = config.group_weight == "balanced"
     w_bound = 2.0 / (math.sqrt(prior.shape[-1]) * rho) if balanced else 2.0 / math.sqrt(rho)
     per_silo = {}
@@ -264,42 +183,9 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     return out
 
 
-def sampling_report(config: Any, history: Any, rounds: int) -> dict[str, Any]:
-    """The privacy block's `sampling` (which sampler ran) and, for shuffled epochs, each silo's B_j and E_j with the
-    accounting (`per_silo`, merged into the block's per-silo entries by `server.result`)."""
-    if config.sampling != "shuffle" and protects_record(config):
-        return {
-            "sampling": "poisson: every round one fresh Poisson sample, the same for every release (protect record: "
-            "one Poisson-subsampled Gaussian per round)"
-        }
-    if config.sampling != "shuffle":
-        return {
-            "sampling": "poisson: every round a fresh Poisson sample per division (the mechanism says what the "
-            "accounting claims from it)"
-        }
-    per_silo = {}
-    for silo_id, report in sorted(history.silo_reports.items()):
-        batches = shuffled_epochs.batches_per_epoch(report.num_examples, config.batch_size)
-        per_silo[str(silo_id)] = {
-            "sampling": "shuffle",
-            "batches_per_epoch": batches,
-            "epochs_accounted": shuffled_epochs.accounted_steps(rounds, report.num_examples, config.batch_size),
-            "accounted_sampling_rate": 1.0,
-        }
-    return {
-        "sampling": "shuffle: each silo's divisions take the rounds' batches of their own shuffled epochs (B_j = "
-        f"ceil(n_j/m) batches of m = {config.batch_size}, every record once per epoch); " + ACCOUNTING_NOTE,
-        "per_silo": per_silo,
-    }
-
-
 def check(config: Any) -> None:
     """Options of the parties that only some topologies read."""
-    problem = config.sampling_problem(config.topology_name) or config.protect_problem(
-        config.topology_name, config.sampling
-    )
-    if problem:
-        raise ValueError(problem)
+    check_sampling_and_protect(config)
     if config.topology != "general" and config.sensitive_parties != 1:
         raise ValueError(
             f"'sensitive-parties' is for topology 'general'; topology {config.topology!r} fixes the number of "
@@ -316,12 +202,6 @@ def check(config: Any) -> None:
             "papers' ERMI); drop the key or use topology silos"
         )
 
-
-#: What neither mode covers (SteFFLe's and Tran's): the evaluations (unless the silos' policies noise them) and n_j.
-NOT_COVERED = (
-    EXACT_EVALUATION + "; each silo's number of training records n_j (public: sent at setup and in every report, "
-    "and the sampling rate q = m / n_j is computed from it)"
-)
 
 #: What leaves a silo un-noised (the console says it is not protected).
 IN_CLEAR = (

@@ -4,22 +4,24 @@ each silo under SteFFLe's threat model (`protocols/tran.py` has the math). Serve
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from silofl.protocols.algorithms import register
 from silofl.protocols.algorithms.base import SENSITIVE_PROTECTED, Algorithm
-from silofl.protocols.algorithms.dp_fedsgd import MINIBATCH_DEFAULTS
-from silofl.protocols.algorithms.steffle import (
+from silofl.protocols.algorithms.common import MINIBATCH_DEFAULTS
+from silofl.protocols.algorithms.sensitive_attributes import (
     NOT_COVERED,
     RECORD_RELATION,
     RELATION,
     SAMPLERS,
+    SILOS_HISTOGRAM,
+    check_sampling_and_protect,
     protection_report,
     protects_record,
     record_mechanism,
     replace_one_report,
     sampling_report,
-    tran_label,
 )
 from silofl.protocols.options import (
     ClipOptions,
@@ -35,10 +37,8 @@ from silofl.protocols.options import (
     TabularModelOptions,
 )
 
-MECHANISM = (
-    "privacy of the sensitive attributes (replace-one relation). Each silo: a Gaussian histogram of its "
-    "(group, label) counts (radius sqrt(2)/2, spending counts-share of epsilon), then each round {sample} "
-    "drawn by the sensitive division: the per-sample gradients of the Lagrangian's "
+MECHANISM = SILOS_HISTOGRAM + (
+    "the per-sample gradients of the Lagrangian's "
     "constraint term sum_c lambda_c sign(nu_c) nu_c clipped to C, and each record's soft predictions in its "
     "group's row of the group mass (radius 1), both noised at one multiplier sigma (two releases, one "
     "composed mechanism, PLD); the server estimates the violations nu from the noised group mass for the "
@@ -73,14 +73,9 @@ def privacy_report(config: Any, history: Any, rounds: int, delta: float) -> dict
     }
 
 
-def check(config: Any) -> None:
-    """Shuffled epochs on silos only (`SamplingOptions.sampling_problem`; Tran et al. runs on silos); whole-record
-    privacy with Poisson sampling only (`ProtectOptions.protect_problem`)."""
-    problem = config.sampling_problem(config.topology_name) or config.protect_problem(
-        config.topology_name, config.sampling
-    )
-    if problem:
-        raise ValueError(problem)
+def tran_label(config: Mapping[str, Any]) -> str:
+    """Tran et al.'s name, with "(whole record)" under `protect` = record (as SteFFLe's label)."""
+    return "tran (whole record)" if config.get("protect") == "record" else "tran"
 
 
 #: What leaves a silo un-noised (the console says it is not protected).
@@ -120,6 +115,6 @@ SPEC = register(
         in_clear=IN_CLEAR,
         not_covered=NOT_COVERED,
         label=tran_label,
-        check=check,
+        check=check_sampling_and_protect,
     )
 )

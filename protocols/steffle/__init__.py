@@ -20,8 +20,9 @@ same prior and block layout.
 One module a job; the public names are re-exported here (`from silofl.protocols import steffle`,
 `steffle.GroupPrior`):
 
-* `prior`: the fairness notions and their ``W`` blocks (`w_shape`), the group prior `GroupPrior` (and the
-  group-balanced objective of issue 20), the prior floors `PRIOR_FLOOR` and `MIN_SILO_PRIOR`.
+* `protocols.fairness_prior` (shared with Tran et al.'s baseline, re-exported here): the fairness notions and their
+  ``W`` blocks (`w_shape`), the group prior `GroupPrior` (and the group-balanced objective of issue 20), the prior
+  floors `PRIOR_FLOOR` and `MIN_SILO_PRIOR`.
 * `objective`: ``psi`` and its batch mean (eq. (6)), the maximiser `optimal_w`, `ermi_value` (Definition 3.1, eq. (5))
   and `block_weights`.
 * `gradients`: per-sample W-gradients and output cotangents (Lemma D.1), the checked-input kernels of the silo's hot
@@ -35,6 +36,7 @@ Dtypes: float32 in, float32 out; float64 works throughout (tests). ``W`` and the
 model's) dtype.
 """
 
+from silofl.protocols.fairness_prior import FAIRNESS_NOTIONS, MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior, w_shape
 from silofl.protocols.steffle.checks import probability_rows
 from silofl.protocols.steffle.gradients import (
     output_block_sums_checked,
@@ -45,7 +47,6 @@ from silofl.protocols.steffle.gradients import (
     w_output_term,
 )
 from silofl.protocols.steffle.objective import block_weights, ermi_objective, ermi_value, optimal_w, psi
-from silofl.protocols.steffle.prior import FAIRNESS_NOTIONS, MIN_SILO_PRIOR, PRIOR_FLOOR, GroupPrior, w_shape
 from silofl.protocols.steffle.projection import project_frobenius
 from silofl.protocols.steffle.theta import clipped_psi_theta_sum, psi_logit_grads, psi_theta_gradients
 

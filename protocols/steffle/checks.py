@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from silofl.protocols.steffle.prior import GroupPrior
+from silofl.protocols.fairness_prior import GroupPrior
 
 __all__ = ["batch", "indices", "labels", "prior", "probability_rows", "soft_predictions", "w"]
 

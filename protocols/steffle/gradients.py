@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.models import all_finite
 from silofl.protocols.steffle import checks
 from silofl.protocols.steffle.layout import block_layout, blocks_view, cotangents, inv_sqrt_table
-from silofl.protocols.steffle.prior import GroupPrior
 
 __all__ = [
     "output_block_sums_checked",

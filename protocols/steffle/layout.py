@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from silofl.protocols.steffle.prior import GroupPrior
+from silofl.protocols.fairness_prior import GroupPrior
 
 __all__ = ["block_layout", "blocks_view", "cotangents", "inv_sqrt_table", "probs_tensor"]
 

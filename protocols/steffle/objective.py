@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.steffle import checks
 from silofl.protocols.steffle.layout import block_layout, cotangents, probs_tensor
-from silofl.protocols.steffle.prior import GroupPrior
 
 __all__ = ["block_weights", "ermi_objective", "ermi_value", "optimal_w", "psi"]
 

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from silofl.protocols.fairness_prior import GroupPrior
 from silofl.protocols.models import TabularModel, clipped_row_sum, head_clipped_sum, linear_stack_clipped_sum
 from silofl.protocols.steffle import checks
 from silofl.protocols.steffle.gradients import psi_output_cotangents
-from silofl.protocols.steffle.prior import GroupPrior
 
 __all__ = ["clipped_psi_theta_sum", "psi_logit_grads", "psi_theta_gradients"]
 

@@ -1,5 +1,10 @@
-"""SteFFLe's fairness notions, the shape of its ascent variable ``W`` (:func:`w_shape`) and the group prior the ERMI
-objective is written with (:class:`GroupPrior`, with the group-balanced variant of issue 20).
+"""The group-fairness notions, the layout of their per-(block, group, label) tables (:func:`w_shape`) and the group
+prior the fairness objectives are written with (:class:`GroupPrior`, with the group-balanced variant of issue 20).
+
+Shared by SteFFLe's ERMI (`protocols.steffle`, whose ascent variable ``W`` has the layout :func:`w_shape`) and Tran et
+al.'s constraints (`protocols.tran`: its constraints and multipliers have the same layout): the servers build the
+prior from the silos' noised (group, label) counts (:meth:`GroupPrior.from_counts`, floored at :data:`PRIOR_FLOOR`)
+and the silos check the one they receive (`client.group_fairness.group_prior`, at least :data:`MIN_SILO_PRIOR`).
 
 Fairness notions and the W layout (the papers leave them open; decided here):
 

@@ -1,4 +1,4 @@
-"""Tests for protocols/steffle/prior.py: the group prior (from counts, floored, validated, balanced), its equality
+"""Tests for protocols/fairness_prior.py: the group prior (from counts, floored, validated, balanced), its equality
 and hash, and W's shape per fairness notion."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from silofl.protocols.fairness_prior import GroupPrior, w_shape
 from silofl.protocols.steffle.gradients import psi_w_gradients
-from silofl.protocols.steffle.prior import GroupPrior, w_shape
 
 
 def test_from_counts_builds_marginal_and_conditional_priors() -> None:
