@@ -67,16 +67,22 @@ def get(name: str) -> Algorithm:
 
 
 def names() -> list[str]:
-    """The registered algorithms' names, built-ins first."""
+    """The registered algorithms' names: the built-ins in their fixed order (whichever entry module a process happened
+    to import first), then plug-ins in the order they registered."""
     _load()
     _load_plugins()
-    return list(_registry)
+    return _ordered(_registry)
 
 
 def specs() -> list[Algorithm]:
     _load()
     _load_plugins()
-    return list(_registry.values())
+    return [_registry[name] for name in _ordered(_registry)]
+
+
+def _ordered(registered: dict[str, Algorithm]) -> list[str]:
+    builtin = [module.replace("_", "-") for module in _BUILTIN]
+    return sorted(registered, key=lambda name: builtin.index(name) if name in builtin else len(builtin))
 
 
 def _load() -> None:
