@@ -168,6 +168,30 @@ class Mechanism:
     noise_seed: Callable[[int], int] = field(default=lambda seed: seed, repr=False)
     coin: CanaryCoin | None = None
 
+    @classmethod
+    def same_noise(
+        cls,
+        name: str,
+        neighbours: str,
+        target_epsilon: float,
+        claimed_epsilon: float,
+        real: Callable[[int, int, float], np.ndarray],
+        std: np.ndarray,
+        draw: Draw,
+    ) -> Mechanism:
+        """The mechanism of ``real``, one release through silofl's own function, with the same noise std ``std`` on
+        D0 and D1: its ``means`` are ``real``'s releases at ``noise_scale = 0``."""
+        return cls(
+            name=name,
+            neighbours=neighbours,
+            target_epsilon=target_epsilon,
+            claimed_epsilon=claimed_epsilon,
+            means=tuple(real(world, 0, 0.0) for world in (0, 1)),
+            stds=(std, std),
+            draw=draw,
+            real=real,
+        )
+
     def sample(self, world: int, trials: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
         """``trials`` independent releases on D0 (``world = 0``) or D1 (``world = 1``), ``(trials, dim)`` float64."""
         if world == 1 and self.coin is not None:
@@ -479,19 +503,17 @@ def steffle_fairness(target: float, *, records: int = 20, clip: float = 1.0) -> 
     def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
         return _fairness_release(model, data, sensitive[world], w, prior, clip, sigma * noise_scale, seed)
 
-    means = tuple(real(world, 0, 0.0) for world in (0, 1))
     params = sum(p.numel() for p in model.parameters())
     # fairness_gradients: theta sum + N(0, (sigma C)^2), then W sum + N(0, (sigma R_W)^2), both / (q n)
     std = np.r_[np.full(params, sigma * clip), np.full(w.numel(), sigma * w_radius_of(prior))] / (1.0 * records)
-    return Mechanism(
-        name="steffle-fairness",
-        neighbours="replace a sensitive attribute",
-        target_epsilon=target,
-        claimed_epsilon=calibration.epsilon,
-        means=means,
-        stds=(std, std),
-        draw=_torch_draw(params, w.numel(), dtype=torch.float32),
-        real=real,
+    return Mechanism.same_noise(
+        "steffle-fairness",
+        "replace a sensitive attribute",
+        target,
+        calibration.epsilon,
+        real,
+        std,
+        _torch_draw(params, w.numel(), dtype=torch.float32),
     )
 
 
@@ -536,19 +558,17 @@ def steffle_record(target: float, *, records: int = 20, clip: float = 1.0) -> Me
         )
         return np.concatenate([_flat(part) for part in (sums.loss, sums.theta, sums.w, sums.outputs)]) / batch
 
-    means = tuple(real(world, 0, 0.0) for world in (0, 1))
     params = sum(p.numel() for p in model.parameters())
     radii = [clip] * params + [clip] * params + [w_radius_of(prior)] * w.numel() + [OUTPUTS_RADIUS] * 2
     std = sigma * np.asarray(radii) / batch
-    return Mechanism(
-        name="steffle-record",
-        neighbours="add/remove a whole record",
-        target_epsilon=target,
-        claimed_epsilon=calibration.epsilon,
-        means=means,
-        stds=(std, std),
-        draw=_torch_draw(params, params, w.numel(), 2, dtype=torch.float32),
-        real=real,
+    return Mechanism.same_noise(
+        "steffle-record",
+        "add/remove a whole record",
+        target,
+        calibration.epsilon,
+        real,
+        std,
+        _torch_draw(params, params, w.numel(), 2, dtype=torch.float32),
     )
 
 
@@ -783,17 +803,14 @@ def fedsc_calr(target: float, *, records: int = 10, width: int = 4, mu: float = 
             )
         )
 
-    means = tuple(real(world, 0, 0.0) for world in (0, 1))
-    std = np.full(width * width, sigma)
-    return Mechanism(
-        name="fedsc-calr",
-        neighbours="replace a record",
-        target_epsilon=target,
-        claimed_epsilon=calr_epsilon(sigma, DELTA, 1, mu, records),
-        means=means,
-        stds=(std, std),
-        draw=_torch_draw(width * width, dtype=torch.float64),
-        real=real,
+    return Mechanism.same_noise(
+        "fedsc-calr",
+        "replace a record",
+        target,
+        calr_epsilon(sigma, DELTA, 1, mu, records),
+        real,
+        np.full(width * width, sigma),
+        _torch_draw(width * width, dtype=torch.float64),
     )
 
 
@@ -925,21 +942,18 @@ def steffle_attack(target: float, *, records: int = 20, clip: float = 1.0, canar
     def real(world: int, seed: int, noise_scale: float = 1.0) -> np.ndarray:
         return _fairness_release(model, data, sensitive[world], w, prior, clip, sigma * noise_scale, seed, w_noise)
 
-    means = tuple(real(world, 0, 0.0) for world in (0, 1))
     params = sum(p.numel() for p in model.parameters())
     # theta: N(0, (sigma C)^2); W row r: N(0, (sigma 2 / sqrt(p(r)))^2) (per-group); both / (q n)
     row_bounds = np.repeat(prior.w_row_bounds().reshape(-1), w.shape[-1])
     std = np.r_[np.full(params, sigma * clip), sigma * row_bounds] / (1.0 * records)
-    return Mechanism(
-        name="steffle-mlp-overflow",
-        neighbours=f"replace s of a record of feature {canary_scale:g}, whose term overflows for s = 1 (head at "
-        f"{BOUND:g})",
-        target_epsilon=target,
-        claimed_epsilon=calibration.epsilon,
-        means=means,
-        stds=(std, std),
-        draw=_torch_draw(params, w.numel(), dtype=torch.float32),
-        real=real,
+    return Mechanism.same_noise(
+        "steffle-mlp-overflow",
+        f"replace s of a record of feature {canary_scale:g}, whose term overflows for s = 1 (head at {BOUND:g})",
+        target,
+        calibration.epsilon,
+        real,
+        std,
+        _torch_draw(params, w.numel(), dtype=torch.float32),
     )
 
 

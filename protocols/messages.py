@@ -81,15 +81,20 @@ MAX_CATEGORIES = 100_000  # labels or sensitive groups
 MAX_SERVER_VALUE = 1e6
 
 
+#: The pydantic config of the message schemas and of the run's option groups (`protocols.options.OptionGroup`):
+#: kebab-case keys (snake_case names accepted too), unknown keys refused, frozen, and a float finite unless its field
+#: says otherwise (epsilon = inf means "no noise").
+STRICT_KEBAB_CONFIG = ConfigDict(
+    extra="forbid",
+    frozen=True,
+    populate_by_name=True,
+    alias_generator=lambda s: s.replace("_", "-"),
+    allow_inf_nan=False,
+)
+
+
 class _Schema(BaseModel):
-    # allow_inf_nan=False: a float is finite unless its field says otherwise (epsilon = inf means "no noise").
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        populate_by_name=True,
-        alias_generator=lambda s: s.replace("_", "-"),
-        allow_inf_nan=False,
-    )
+    model_config = STRICT_KEBAB_CONFIG
 
     def to_config_record(self) -> ConfigRecord:
         return flower_record(ConfigRecord, _flower_values(self.model_dump(by_alias=True)))

@@ -10,6 +10,7 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 
 from silofl.protocols import messages as msg
+from silofl.protocols.config import RunConfig
 
 
 def silo_info(silo_id: int, n_train: int, **fields: Any) -> msg.SiloInfo:
@@ -67,6 +68,20 @@ def setup_silo(context: Context, spec: msg.DataSpec = SYNTHETIC_SPEC) -> msg.Sil
     reports."""
     reply = deliver_to_silo(context, RecordDict({msg.CONFIG: spec.to_config_record()}), msg.SETUP)
     return msg.read_config(reply.content, msg.SiloInfo, record=msg.REPORT)
+
+
+def steffle_config(**extra: Any) -> RunConfig:
+    """A small SteFFLe run (`RunConfig.parse`): the synthetic set in 3 silos (or 3 feature parties), 4 rounds,
+    evaluated every 2, epsilon 1; `extra` (kebab-case keys, e.g. ``topology="divided"``) overrides or adds keys."""
+    values = {
+        "algorithm": "steffle",
+        "dataset": "synthetic",
+        "num-silos": 3,
+        "rounds": 4,
+        "eval-every": 2,
+        "epsilon": 1.0,
+    } | extra
+    return RunConfig.parse(values)
 
 
 def every_algorithms_keys(config: dict) -> dict:

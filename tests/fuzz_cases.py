@@ -41,6 +41,17 @@ def report(request: pytest.FixtureRequest, name: str, line: Callable[[], str]) -
         request.config.pluginmanager.register(_Summary(), name)
 
 
+def summary_fixture(name: str, line: Callable[[], str]) -> Any:
+    """A fuzz module's autouse, module-scoped fixture that prints `line()` at the end of the session (:func:`report`
+    under `name`): assign it to a module-level name, e.g. ``_report_cases = summary_fixture(...)``."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _report_cases(request: pytest.FixtureRequest) -> None:
+        report(request, name, line)
+
+    return _report_cases
+
+
 def run_counted(cases: Counter[str], test: Callable[[], None], planned: int) -> None:
     """Run the hypothesis function `test` and check it generated at least half its planned cases."""
     before = cases.total()

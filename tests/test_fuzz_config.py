@@ -9,10 +9,10 @@ suggestion at most two edits away. The number of generated cases is counted and 
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -97,20 +97,16 @@ CASES: Counter[str] = Counter()
 fuzz = fuzz_cases.fuzz
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_cases(request: pytest.FixtureRequest) -> None:
-    fuzz_cases.report(
-        request,
-        "silofl-fuzz-config-summary",
-        lambda: (
-            f"fuzz config: {CASES.total()} cases: {CASES['rejected']} bad run configs rejected with a ConfigError "
-            f"naming the key, {CASES['accepted']} valid ones parsed and round-tripped"
-        ),
-    )
+_report_cases = fuzz_cases.summary_fixture(
+    "silofl-fuzz-config-summary",
+    lambda: (
+        f"fuzz config: {CASES.total()} cases: {CASES['rejected']} bad run configs rejected with a ConfigError "
+        f"naming the key, {CASES['accepted']} valid ones parsed and round-tripped"
+    ),
+)
 
 
-def _ran(test: Callable[[], None], planned: int) -> None:
-    fuzz_cases.run_counted(CASES, test, planned)
+_ran = functools.partial(fuzz_cases.run_counted, CASES)
 
 
 def _fields(base: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ The number of generated cases is counted and printed at the end of the module (a
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import pickle
@@ -59,20 +60,16 @@ fuzz = fuzz_cases.fuzz
 CASES: Counter[str] = Counter()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_cases(request: pytest.FixtureRequest) -> None:
-    fuzz_cases.report(
-        request,
-        "silofl-fuzz-messages-summary",
-        lambda: (
-            f"fuzz messages: {CASES.total()} cases: {CASES['rejected']} malformed messages rejected with a "
-            f"MessageError naming the field, {CASES['accepted']} valid ones accepted and round-tripped"
-        ),
-    )
+_report_cases = fuzz_cases.summary_fixture(
+    "silofl-fuzz-messages-summary",
+    lambda: (
+        f"fuzz messages: {CASES.total()} cases: {CASES['rejected']} malformed messages rejected with a "
+        f"MessageError naming the field, {CASES['accepted']} valid ones accepted and round-tripped"
+    ),
+)
 
 
-def _ran(test: Callable[[], None], planned: int) -> None:
-    fuzz_cases.run_counted(CASES, test, planned)
+_ran = functools.partial(fuzz_cases.run_counted, CASES)
 
 
 # -- schema fields ------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ counted and printed at the end of the session (and checked per test).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import tempfile
@@ -66,17 +67,14 @@ fuzz = fuzz_cases.fuzz
 CASES: Counter[str] = Counter()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_cases(request: pytest.FixtureRequest) -> None:
-    fuzz_cases.report(
-        request,
-        "silofl-fuzz-neighbours-summary",
-        lambda: (
-            f"fuzz neighbours: {sum(CASES[a] for a in ALGORITHMS)} cases ("
-            + ", ".join(f"{a} {CASES[a]}" for a in ALGORITHMS)
-            + f"): {CASES['answered']} messages answered alike on D and D', {CASES['refused']} refused alike"
-        ),
-    )
+_report_cases = fuzz_cases.summary_fixture(
+    "silofl-fuzz-neighbours-summary",
+    lambda: (
+        f"fuzz neighbours: {sum(CASES[a] for a in ALGORITHMS)} cases ("
+        + ", ".join(f"{a} {CASES[a]}" for a in ALGORITHMS)
+        + f"): {CASES['answered']} messages answered alike on D and D', {CASES['refused']} refused alike"
+    ),
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -90,8 +88,7 @@ def _quiet_accountant() -> Iterator[None]:
     logger.setLevel(level)
 
 
-def _ran(test: Callable[[], None], planned: int) -> None:
-    fuzz_cases.run_counted(CASES, test, planned)
+_ran = functools.partial(fuzz_cases.run_counted, CASES)
 
 
 # -- strategies ------------------------------------------------------------------------------------------------------

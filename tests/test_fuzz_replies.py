@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import math
 import typing
@@ -63,24 +64,20 @@ CASES: Counter[str] = Counter()
 fuzz = fuzz_cases.fuzz
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_cases(request: pytest.FixtureRequest) -> None:
-    fuzz_cases.report(
-        request,
-        "silofl-fuzz-replies-summary",
-        lambda: (
-            f"fuzz replies: {CASES.total()} cases: {CASES['server-rejected']} forged replies refused by the server "
-            f"with its state unchanged, {CASES['silo-rejected']} malformed messages refused by a silo with nothing "
-            f"charged, {CASES['accepted']} valid exchanges accepted"
-        ),
-    )
+_report_cases = fuzz_cases.summary_fixture(
+    "silofl-fuzz-replies-summary",
+    lambda: (
+        f"fuzz replies: {CASES.total()} cases: {CASES['server-rejected']} forged replies refused by the server "
+        f"with its state unchanged, {CASES['silo-rejected']} malformed messages refused by a silo with nothing "
+        f"charged, {CASES['accepted']} valid exchanges accepted"
+    ),
+)
 
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 
-def _ran(test: Callable[[], None], planned: int) -> None:
-    fuzz_cases.run_counted(CASES, test, planned)
+_ran = functools.partial(fuzz_cases.run_counted, CASES)
 
 
 # -- state fingerprints -------------------------------------------------------------------------------------------

@@ -27,20 +27,13 @@ from silofl.server.engines import run_job
 from silofl.server.inprocess_grid import InProcessGrid
 from silofl.server.orchestrator import run_federation
 from silofl.strategies.federation import RoundError
+from tests.factories import steffle_config
 from tests.recording_grid import RecordingGrid
 
 
 def _config(**extra) -> RunConfig:
-    values = {
-        "algorithm": "steffle",
-        "dataset": "synthetic",
-        "num-silos": 3,
-        "rounds": 4,
-        "eval-every": 2,
-        "epsilon": 1.0,
-        "topology": "central-sensitive",
-    } | extra
-    return RunConfig.parse(values)
+    """`steffle_config` with one sensitive party (topology central-sensitive) unless `extra` names another."""
+    return steffle_config(**({"topology": "central-sensitive"} | extra))
 
 
 def _split(topology: str, sensitive_parties: int):

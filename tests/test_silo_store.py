@@ -118,30 +118,27 @@ def test_wrong_version_and_inconsistent_files(silo: SiloData, tmp_path: Path) ->
 # --- `silofl data split` ----------------------------------------------------------------------------------------------
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def split_args(*argv: str) -> argparse.Namespace:
+    """`silofl data split ARGV...` as the CLI parses it."""
     parser = argparse.ArgumentParser(prog="silofl")
     add_data_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return parser.parse_args(["data", "split", *argv])
 
 
 def test_split_command_writes_silos_and_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
-    args = parse(
-        [
-            "data",
-            "split",
-            "synthetic",
-            "--silos",
-            "3",
-            "--partition",
-            "attribute",
-            "--heterogeneity",
-            "0.75",
-            "--seed",
-            "4",
-            "--out",
-            str(out),
-        ]
+    args = split_args(
+        "synthetic",
+        "--silos",
+        "3",
+        "--partition",
+        "attribute",
+        "--heterogeneity",
+        "0.75",
+        "--seed",
+        "4",
+        "--out",
+        str(out),
     )
     assert args.func is split_command
     assert split_command(args) == 0
@@ -156,10 +153,10 @@ def test_split_command_writes_silos_and_prints_summary(tmp_path: Path, capsys: p
 
 def test_split_command_refuses_to_clobber_and_cleans_stale_silos(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
-    assert split_command(parse(["data", "split", "synthetic", "--silos", "4", "--out", str(out)])) == 0
-    assert split_command(parse(["data", "split", "synthetic", "--silos", "2", "--out", str(out)])) == 2
+    assert split_command(split_args("synthetic", "--silos", "4", "--out", str(out))) == 0
+    assert split_command(split_args("synthetic", "--silos", "2", "--out", str(out))) == 2
     assert "pass --overwrite" in capsys.readouterr().err
-    assert split_command(parse(["data", "split", "synthetic", "--silos", "2", "--out", str(out), "--overwrite"])) == 0
+    assert split_command(split_args("synthetic", "--silos", "2", "--out", str(out), "--overwrite")) == 0
     # silo_2, silo_3 of the old split removed; the encoding of the records written anew beside the folders
     assert sorted(p.name for p in out.iterdir()) == ["preprocessing.json", "silo_0", "silo_1"]
     assert load_silo(out / "silo_1").num_silos == 2
@@ -179,22 +176,18 @@ def test_split_command_generic_file(tmp_path: Path) -> None:
         }
     )
     table.to_csv(tmp_path / "t.csv", index=False)
-    args = parse(
-        [
-            "data",
-            "split",
-            str(tmp_path / "t.csv"),
-            "--silos",
-            "2",
-            "--target",
-            "y",
-            "--sensitive",
-            "race,sex",
-            "--features",
-            "age,x",
-            "--out",
-            str(tmp_path / "o"),
-        ]
+    args = split_args(
+        str(tmp_path / "t.csv"),
+        "--silos",
+        "2",
+        "--target",
+        "y",
+        "--sensitive",
+        "race,sex",
+        "--features",
+        "age,x",
+        "--out",
+        str(tmp_path / "o"),
     )
     assert split_command(args) == 0
     silo = load_silo(tmp_path / "o" / "silo_0")
@@ -203,36 +196,13 @@ def test_split_command_generic_file(tmp_path: Path) -> None:
 
 
 def test_split_command_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = parse(
-        [
-            "data",
-            "split",
-            "synthetic",
-            "--silos",
-            "3",
-            "--partition",
-            "iid",
-            "--heterogeneity",
-            "0.5",
-            "--out",
-            str(tmp_path / "o"),
-        ]
+    args = split_args(
+        "synthetic", "--silos", "3", "--partition", "iid", "--heterogeneity", "0.5", "--out", str(tmp_path / "o")
     )
     assert split_command(args) == 2
     assert "only applies to method='attribute'" in capsys.readouterr().err
-    args = parse(
-        [
-            "data",
-            "split",
-            "adult",
-            "--silos",
-            "3",
-            "--data-dir",
-            str(tmp_path / "none"),
-            "--no-download",
-            "--out",
-            str(tmp_path / "o"),
-        ]
+    args = split_args(
+        "adult", "--silos", "3", "--data-dir", str(tmp_path / "none"), "--no-download", "--out", str(tmp_path / "o")
     )
     assert split_command(args) == 2
     err = capsys.readouterr().err

@@ -23,23 +23,12 @@ from silofl.server.engines import run_job
 from silofl.server.inprocess_grid import InProcessGrid, deliver
 from silofl.server.orchestrator import run_federation
 from silofl.strategies.federation import RoundError
+from tests.factories import steffle_config
 from tests.recording_grid import RecordingGrid
 
 #: One party secret for every run of a comparison: the parties' pseudonyms (not the sealed boxes, which are random)
 #: are then the same in both runs.
 SECRET = {PARTY_SECRET_KEY: "11" * 32}
-
-
-def _config(**extra) -> RunConfig:
-    values = {
-        "algorithm": "steffle",
-        "dataset": "synthetic",
-        "num-silos": 3,
-        "rounds": 4,
-        "eval-every": 2,
-        "epsilon": 1.0,
-    } | extra
-    return RunConfig.parse(values)
 
 
 def _run(config: RunConfig) -> tuple[dict, RecordingGrid]:
@@ -65,7 +54,7 @@ def test_no_message_leaving_a_feature_party_carries_a_sensitive_value(monkeypatc
     """Every feature-party reply has only the protocol's records, and the feature parties' setup, exchange counts,
     round-1 and first evaluation replies are bit-identical when every sensitive value is flipped: they depend on no
     s (the sealed boxes are encrypted with fresh randomness; what they hold is tests/test_sealed_parties.py's)."""
-    config = _config(topology="central-sensitive", rounds=1)
+    config = steffle_config(topology="central-sensitive", rounds=1)
     _, grid = _run(config)
     flipped = _flip_groups(monkeypatch, config, lambda groups: 1 - groups)
     _, grid_flipped = _run(config)
@@ -112,7 +101,7 @@ def test_one_records_sensitive_value_changes_only_noised_fields(monkeypatch) -> 
     group counts and its fair-update means), each by at most its sensitivity (over q n_c for the means); every other
     field is identical. The evaluation is left out: exact here (no policy), its counts are public by design (the
     run's `not_covered`)."""
-    config = _config(topology="central-sensitive", rounds=1, fairness="dp")
+    config = steffle_config(topology="central-sensitive", rounds=1, fairness="dp")
     _, grid = _run(config)
 
     def one(groups):
@@ -153,7 +142,7 @@ def test_a_query_naming_records_is_refused_by_a_sensitive_party() -> None:
     own secret coins, and a query.sensitive that carries anything beyond the model, W, the prior and the
     instruction (here a column of record ids), or a model it does not accept, is refused before anything is
     charged."""
-    config = _config(topology="central-sensitive", rounds=2)
+    config = steffle_config(topology="central-sensitive", rounds=2)
     _, grid = _run(config)
     sent = next(m for m, _ in grid.log if m.metadata.message_type == pm.SENSITIVE_QUERY)
     census = grid.context(sent.metadata.dst_node_id)
@@ -178,7 +167,7 @@ def test_a_query_naming_records_is_refused_by_a_sensitive_party() -> None:
 def test_a_feature_partys_ids_not_held_by_any_sensitive_party_stop_the_run_before_any_budget_is_spent(
     monkeypatch,
 ) -> None:
-    config = _config(topology="central-sensitive")
+    config = steffle_config(topology="central-sensitive")
     real = silo_data._parties.__wrapped__
 
     def missing(spec):
@@ -198,7 +187,7 @@ def test_a_feature_partys_ids_not_held_by_any_sensitive_party_stop_the_run_befor
 
 
 def test_ids_held_by_two_sensitive_parties_are_refused(monkeypatch) -> None:
-    config = _config(topology="general", **{"sensitive-parties": 2})
+    config = steffle_config(topology="general", **{"sensitive-parties": 2})
     real = silo_data._parties.__wrapped__
 
     def twice(spec):
@@ -225,15 +214,15 @@ def test_topology_options_belong_to_steffle_and_fit_the_topology() -> None:
     with pytest.raises(ConfigError, match="topology"):
         RunConfig.parse({"algorithm": "mu2fl", "dataset": "synthetic", "rounds": 2, "topology": "divided"})
     with pytest.raises(ConfigError, match="'sensitive-parties' is for topology 'general'"):
-        _config(topology="divided", **{"sensitive-parties": 2})
+        steffle_config(topology="divided", **{"sensitive-parties": 2})
     for removed in ("share-rows", "keep-rate"):  # the first version's rows through the server, removed
         with pytest.raises(ConfigError, match=f"'{removed}' is no longer an option: .*drop the option"):
-            _config(topology="divided", **{removed: "sampled" if removed == "share-rows" else 0.5})
-    assert _config(topology="general", **{"sensitive-parties": 4}).num_nodes == 7
+            steffle_config(topology="divided", **{removed: "sampled" if removed == "share-rows" else 0.5})
+    assert steffle_config(topology="general", **{"sensitive-parties": 4}).num_nodes == 7
 
 
 def test_a_node_with_a_party_role_in_a_silos_run_is_refused_naming_it() -> None:
-    config = _config(rounds=1)
+    config = steffle_config(rounds=1)
     configs = [{}, {}, {pm.ROLE_KEY: "sensitive"}]
     with pytest.raises(RoundError, match=r"has role 'sensitive' but the run's topology is 'silos'"):
         run_federation(InProcessGrid(client_app, 3, node_configs=configs), config)
@@ -255,9 +244,9 @@ def test_without_noise_or_fairness_term_every_topology_gives_the_silos_numbers_e
     """lambda = 0 and epsilon = inf: the feature parties take the silos' steps on the same Poisson samples, and the
     evaluation counted by group at the sensitive parties equals the silos' own counts, metric for metric."""
     common = {"epsilon": math.inf, "lambda": 0.0, "rounds": 6, "eval-every": 3}
-    silos = run_job(_config(**common), progress=False)
+    silos = run_job(steffle_config(**common), progress=False)
     for topology, extra in (("divided", {}), ("central-sensitive", {}), ("general", {"sensitive-parties": 2})):
-        parties = run_job(_config(topology=topology, **common, **extra), progress=False)
+        parties = run_job(steffle_config(topology=topology, **common, **extra), progress=False)
         assert parties["final"] == silos["final"], topology
         assert [r.get("accuracy") for r in parties["rounds"]] == [r.get("accuracy") for r in silos["rounds"]]
 
@@ -266,7 +255,7 @@ def test_without_noise_or_fairness_term_every_topology_gives_the_silos_numbers_e
 def test_equalized_odds_and_equal_opportunity_run_on_parties(fairness: str) -> None:
     """P_{S|Y} from the sensitive parties' histograms over the labels the feature parties sent in setup; W has one
     block per label (eo) or the positive label's (eopp)."""
-    result = run_job(_config(topology="general", fairness=fairness, **{"sensitive-parties": 2}), progress=False)
+    result = run_job(steffle_config(topology="general", fairness=fairness, **{"sensitive-parties": 2}), progress=False)
     assert result["config"]["fairness"] == fairness
     assert np.asarray(result["server_state"]["prior"]).shape == (2, 2)  # (labels, groups)
     assert 0.5 < result["final"]["accuracy"] <= 1 and math.isfinite(result["final"]["eo_violation"])
@@ -279,7 +268,7 @@ def test_a_sensitive_party_refuses_past_its_budget_and_charges_nothing_more(tmp_
     with its ledger unchanged."""
     from silofl.server.engines import simulated_node_configs
 
-    config = _config(topology="central-sensitive", rounds=3)
+    config = steffle_config(topology="central-sensitive", rounds=3)
     configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path))  # a budget evaluates noised
     configs[-1]["epsilon-budget"] = 0.4
     grid = RecordingGrid(client_app, config.num_nodes, node_configs=configs)
@@ -323,7 +312,7 @@ def test_party_folders_given_to_an_algorithm_that_runs_on_silos_only_are_refused
 def test_a_feature_and_a_sensitive_party_sharing_a_state_dir_keep_apart_ledgers(tmp_path) -> None:
     """Feature party 0 and sensitive party 0 given one state-dir by mistake: their job files are named by role, so
     the census's ledger is its own (a shared file would have refused or mixed their answers)."""
-    config = _config(topology="central-sensitive", rounds=2)
+    config = steffle_config(topology="central-sensitive", rounds=2)
     shared = {"state-dir": str(tmp_path)}
     result = run_federation(InProcessGrid(client_app, config.num_nodes, node_configs=[shared] * 4), config)
     assert result["privacy"]["per_silo"]["0"]["rounds_answered"] == 2
@@ -343,7 +332,7 @@ def test_a_census_under_a_lifetime_budget_answers_the_confusion_counts_noised_an
     from silofl.client import lifetime_ledger
     from silofl.server.engines import simulated_node_configs
 
-    config = _config(topology="central-sensitive", rounds=2, **{"eval-every": 1})
+    config = steffle_config(topology="central-sensitive", rounds=2, **{"eval-every": 1})
     policy = tmp_path / "census.toml"
     policy.write_text("lifetime-epsilon = 10.0\nlifetime-delta = 1e-5\n")
     configs = simulated_node_configs(config, policy=None, state_dir=str(tmp_path / "state"))

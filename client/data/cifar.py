@@ -34,16 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.client.data.images import NO_SENSITIVE_COLUMN, SINGLE_GROUP
+from silofl.client.data.images import scaled_pixels, single_group_dataset, single_group_split
 from silofl.client.data.sources import DataUnavailableError, ensure_file, resolve_data_dir
-from silofl.client.data.tabular import (
-    DataError,
-    DatasetInfo,
-    NonSensitiveDivision,
-    SensitiveDivision,
-    Split,
-    TabularDataset,
-)
+from silofl.client.data.tabular import DataError, Split, TabularDataset
 
 __all__ = [
     "CIFAR10_ARCHIVE",
@@ -183,9 +176,7 @@ def _split(batches: dict[str, tuple[bytes, str]], names: tuple[str, ...]) -> Spl
     decoded = [read_batch(*batches[name]) for name in names]
     pixels = np.concatenate([d for d, _ in decoded]) if len(decoded) > 1 else decoded[0][0]
     labels = np.concatenate([lab for _, lab in decoded])
-    features = np.empty(pixels.shape, dtype=np.float32)
-    np.divide(pixels, np.float32(255.0), out=features, dtype=np.float32)  # correctly rounded, like ToTensor
-    return Split(NonSensitiveDivision(features, labels), SensitiveDivision(np.zeros(labels.shape[0], np.int64)))
+    return single_group_split(scaled_pixels(pixels, 255.0), labels)
 
 
 def load_cifar10(data_dir: str | Path | None = None, download: bool = True) -> TabularDataset:
@@ -197,17 +188,5 @@ def load_cifar10(data_dir: str | Path | None = None, download: bool = True) -> T
     """
     batches = _batch_bytes(data_dir, download)
     feature_names = tuple(f"{c}_{r}_{k}" for c in _CHANNELS for r in range(_SIDE) for k in range(_SIDE))
-    info = DatasetInfo(
-        name="cifar10",
-        feature_names=feature_names,
-        label_names=CIFAR10_LABELS,
-        sensitive_columns=(NO_SENSITIVE_COLUMN,),
-        group_names=(SINGLE_GROUP,),
-    )
-    return TabularDataset(
-        info=info,
-        train=_split(batches, _TRAIN_BATCHES),
-        test=_split(batches, _TEST_BATCHES),
-        train_sort_key=None,
-        test_sort_key=None,
-    )
+    train, test = _split(batches, _TRAIN_BATCHES), _split(batches, _TEST_BATCHES)
+    return single_group_dataset("cifar10", feature_names, CIFAR10_LABELS, train, test)

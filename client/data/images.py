@@ -49,6 +49,9 @@ __all__ = [
     "load_digits",
     "load_mnist",
     "read_idx",
+    "scaled_pixels",
+    "single_group_dataset",
+    "single_group_split",
 ]
 
 #: Dataset names handled here (the keys `load_dataset` accepts).
@@ -139,26 +142,32 @@ def _pixel_names(height: int, width: int) -> tuple[str, ...]:
     return tuple(f"pixel_{r}_{c}" for r in range(height) for c in range(width))
 
 
-def _scaled(pixels: np.ndarray, maximum: float) -> np.ndarray:
+def scaled_pixels(pixels: np.ndarray, maximum: float) -> np.ndarray:
     """pixels / maximum as float32 (correctly rounded, like torchvision's ToTensor), in a new C-contiguous array."""
     out = np.empty(pixels.shape, dtype=np.float32)
     np.divide(pixels, np.float32(maximum), out=out, dtype=np.float32)
     return out
 
 
-def _single_group_split(features: np.ndarray, labels: np.ndarray) -> Split:
+def single_group_split(features: np.ndarray, labels: np.ndarray) -> Split:
+    """One split of an image dataset: `features` as they are, `labels` as int64, every record in group 0 ("all")."""
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     return Split(NonSensitiveDivision(features, labels), SensitiveDivision(np.zeros(labels.shape[0], np.int64)))
 
 
-def _info(name: str, height: int, width: int, label_names: tuple[str, ...]) -> DatasetInfo:
-    return DatasetInfo(
+def single_group_dataset(
+    name: str, feature_names: tuple[str, ...], label_names: tuple[str, ...], train: Split, test: Split
+) -> TabularDataset:
+    """An image dataset: its one pseudo sensitive column `NO_SENSITIVE_COLUMN` with one group `SINGLE_GROUP`, and
+    no sort key (no attribute to partition by)."""
+    info = DatasetInfo(
         name=name,
-        feature_names=_pixel_names(height, width),
+        feature_names=feature_names,
         label_names=label_names,
         sensitive_columns=(NO_SENSITIVE_COLUMN,),
         group_names=(SINGLE_GROUP,),
     )
+    return TabularDataset(info=info, train=train, test=test, train_sort_key=None, test_sort_key=None)
 
 
 def load_mnist(kind: str = "mnist", data_dir: str | Path | None = None, download: bool = True) -> TabularDataset:
@@ -180,15 +189,9 @@ def load_mnist(kind: str = "mnist", data_dir: str | Path | None = None, download
             )
         if labels.size and labels.max() > 9:
             raise DataError(f"{labels_rel}: label {labels.max()} out of range 0..9; this is not an MNIST label file")
-        splits[split] = _single_group_split(_scaled(images, 255.0), labels)
+        splits[split] = single_group_split(scaled_pixels(images, 255.0), labels)
     label_names = FASHION_MNIST_LABELS if kind == "fashion-mnist" else tuple(str(k) for k in range(10))
-    return TabularDataset(
-        info=_info(kind, 28, 28, label_names),
-        train=splits["train"],
-        test=splits["test"],
-        train_sort_key=None,
-        test_sort_key=None,
-    )
+    return single_group_dataset(kind, _pixel_names(28, 28), label_names, splits["train"], splits["test"])
 
 
 def load_digits(seed: int = 0, test_fraction: float = 0.25) -> TabularDataset:
@@ -207,12 +210,11 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> TabularDataset:
     pixels = np.asarray(bunch.data)  # float64 (1797, 64), integer values 0..16
     labels = np.asarray(bunch.target, dtype=np.int64)
     train_idx, test_idx = split_indices(labels.shape[0], test_fraction, seed)
-    features = _scaled(pixels, 16.0)
-    info = _info("digits", 8, 8, tuple(str(k) for k in range(10)))
-    return TabularDataset(
-        info=info,
-        train=_single_group_split(np.ascontiguousarray(features[train_idx]), labels[train_idx]),
-        test=_single_group_split(np.ascontiguousarray(features[test_idx]), labels[test_idx]),
-        train_sort_key=None,
-        test_sort_key=None,
+    features = scaled_pixels(pixels, 16.0)
+    return single_group_dataset(
+        "digits",
+        _pixel_names(8, 8),
+        tuple(str(k) for k in range(10)),
+        single_group_split(np.ascontiguousarray(features[train_idx]), labels[train_idx]),
+        single_group_split(np.ascontiguousarray(features[test_idx]), labels[test_idx]),
     )

@@ -100,6 +100,37 @@ class Mu2Calibration:
     eta: float
 
 
+def _calibration(
+    rho: float,
+    delta: float,
+    T: int,
+    M: int,
+    b: int,
+    trusted: bool,
+    *,
+    sensitivity: float,
+    sigma: float,
+    noise_multiplier: float,
+    eta: float,
+) -> Mu2Calibration:
+    """The Mu2Calibration of a run of T rounds, M silos and batch b (all checked) at (rho, delta): delta checked,
+    epsilon = rho's at delta; the noise and the step size are the calibrating rule's (`calibrate`,
+    `calibrate_noisy_sgd`)."""
+    return Mu2Calibration(
+        rho=float(rho),
+        delta=checks.delta(delta),
+        epsilon=rho_to_epsilon(rho, delta),
+        num_rounds=T,
+        num_silos=M,
+        batch_size=b,
+        trusted=bool(trusted),
+        sensitivity=sensitivity,
+        sigma=sigma,
+        noise_multiplier=noise_multiplier,
+        eta=eta,
+    )
+
+
 def calibrate(
     constants: Mu2Constants,
     *,
@@ -115,14 +146,13 @@ def calibrate(
     M = checks.positive_int("num_silos", num_silos)
     b = checks.positive_int("batch_size", batch_size)
     sigma = sigma_trusted(constants.S, T, rho, M, b) if trusted else sigma_untrusted(constants.S, T, rho, b)
-    return Mu2Calibration(
-        rho=float(rho),
-        delta=checks.delta(delta),
-        epsilon=rho_to_epsilon(rho, delta),
-        num_rounds=T,
-        num_silos=M,
-        batch_size=b,
-        trusted=bool(trusted),
+    return _calibration(
+        rho,
+        delta,
+        T,
+        M,
+        b,
+        trusted,
         sensitivity=sensitivity(constants, batch_size=b, num_silos=M, trusted=trusted),
         sigma=sigma,
         noise_multiplier=noise_multiplier(rho, T),
@@ -155,14 +185,13 @@ def calibrate_noisy_sgd(
     sens = 2.0 * constants.G / b / (M if trusted else 1)
     sigma = 0.0 if math.isinf(rho) else sens / rho
     tau = sigma if trusted else sigma / math.sqrt(M)
-    return Mu2Calibration(
-        rho=float(rho),
-        delta=checks.delta(delta),
-        epsilon=rho_to_epsilon(rho, delta),
-        num_rounds=T,
-        num_silos=M,
-        batch_size=b,
-        trusted=bool(trusted),
+    return _calibration(
+        rho,
+        delta,
+        T,
+        M,
+        b,
+        trusted,
         sensitivity=sens,
         sigma=sigma,
         noise_multiplier=0.0 if math.isinf(rho) else 1.0 / rho,

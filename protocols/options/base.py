@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ValidationInfo, field_validator
+
+from silofl.protocols.messages import STRICT_KEBAB_CONFIG
 
 #: `json_schema_extra` of a field that the silos receive in every train instruction (:mod:`protocols.messages`).
 SILO: dict[str, Any] = {"silo": True}
@@ -24,13 +26,7 @@ class OptionGroup(BaseModel):
     #: The group's title in `silofl run ALG --help`.
     heading: ClassVar[str] = "options"
 
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        populate_by_name=True,
-        alias_generator=lambda s: s.replace("_", "-"),
-        allow_inf_nan=False,
-    )
+    model_config = STRICT_KEBAB_CONFIG
 
     @field_validator("*", mode="before")
     @classmethod
