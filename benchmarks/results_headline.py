@@ -201,7 +201,10 @@ def headline_section(results: Sequence[SweepResult]) -> list[str]:
         "Tuning budget, the same for every panel: SteFFLe 6 lambdas {0, 0.25, 0.5, 1, 2, 4}; Tran et al. 3 dual steps "
         "{0.002, 0.01, 0.05} (multipliers from 0); FedFDP its lambda {0.1, 0.5, 2} on Adult and Credit Card, {0, "
         "0.01, 0.1, 0.5, 1, 2} on Parkinsons (its lambda 0 is DP-FedSGD); each configuration with seeds {0, 1, 2}; "
-        "the rest of the configuration shared (the sweep files).",
+        "the rest of the configuration shared (the sweep files). What the epsilons cover differs: SteFFLe's here "
+        "covers the sensitive attribute, FedFDP's the whole record; the comparison at the same guarantee, SteFFLe "
+        'with `--protect record` against FedFDP, is its own section ("SteFFLe protecting the whole record against '
+        'FedFDP", below).',
         "",
     ]
     if not panels:
