@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ruff(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,7 +46,7 @@ def test_no_module_imports_across_a_ban() -> None:
         ("protocols/example.py", "from silofl.server import cli\n\nprint(cli)\n", "silofl.server"),
         # the bare folder names, everywhere (they import in a checkout only, and load a second copy of a module)
         ("server/example.py", "from protocols import messages\n\nprint(messages)\n", "protocols"),
-        ("tests/test_example.py", "def f():\n    import client.app\n    return client\n", "client"),
+        ("tests/client/test_example.py", "def f():\n    import client.app\n    return client\n", "client"),
         ("benchmarks/example.py", "from server.cli import main\n\nprint(main)\n", "server"),
         ("client/rounds/example.py", "from client.app import app\n\nprint(app)\n", "client"),
     ],

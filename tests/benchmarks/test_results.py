@@ -794,6 +794,6 @@ def test_without_the_sweeps_runs_nothing_is_written_and_the_error_names_them(tmp
 def test_results_md_holds_the_not_reproduced_list_as_the_generator_writes_it() -> None:
     from benchmarks.results_not_reproduced import NOT_REPRODUCED, not_reproduced_section
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "RESULTS.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "RESULTS.md").read_text()
     assert "\n".join(not_reproduced_section()).rstrip() in text
     assert {paper for paper, _, _ in NOT_REPRODUCED} == {"SteFFLe", "DP-FERMI", "FedSC"}

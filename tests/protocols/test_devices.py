@@ -168,7 +168,7 @@ def test_the_device_comparison_benchmark_runs_a_case_on_the_cpu(tmp_path: Path) 
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_compare.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "device_compare.py"
     done = subprocess.run(
         [sys.executable, str(script), "--devices", "cpu", "--cases", "fedsc cnn", "--out", str(tmp_path)],
         capture_output=True,

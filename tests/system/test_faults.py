@@ -672,7 +672,7 @@ def test_deployed_silo_killed_mid_run_stops_the_run_within_the_timeout(tmp_path,
         )
         flwr = str(flower_setup.bin_dir() / "flwr")
         command = [flwr, "run", ".", dep.connection, "--stream", "--run-config", run_config]
-        project = Path(__file__).resolve().parents[1]
+        project = Path(__file__).resolve().parents[2]
         env = local.flower_env(Path(dep.flwr_home))
         lines: list[str] = []
         set_up = threading.Event()

@@ -56,7 +56,7 @@ def test_shuffled_batches_are_stateless_and_the_divisions_independent() -> None:
 def test_sampling_poisson_gives_the_golden_numbers(name: str, tmp_path) -> None:
     """`sampling = poisson` given explicitly runs the golden case of tests/test_same_numbers.py (recorded before the
     option existed) to the same numbers: exactly in the recording environment, else as the default does here."""
-    from tests.test_same_numbers import _load_cases, _recorded_here, run_case
+    from tests.system.test_same_numbers import _load_cases, _recorded_here, run_case
 
     case = _load_cases()[name]
     observed = run_case({**case["config"], "sampling": "poisson"}, tmp_path)
@@ -69,7 +69,15 @@ def test_shuffled_runs_survive_a_server_restart_and_a_silo_restart_bit_for_bit(t
     fresh context, its state-dir) before round 4, mid-epoch. Both end as the uninterrupted run: the same batches,
     each epoch charged once."""
     from silofl.client.app import app as client_app
-    from tests.test_faults import DyingServerGrid, RestartingGrid, ServerKilled, _config, _same_run, _serve, _state_dirs
+    from tests.system.test_faults import (
+        DyingServerGrid,
+        RestartingGrid,
+        ServerKilled,
+        _config,
+        _same_run,
+        _serve,
+        _state_dirs,
+    )
 
     values = {"algorithm": "steffle", "epsilon": 1.0, "sampling": "shuffle", "num-silos": 3, "rounds": 8}
     values |= {"eval-every": 4, "checkpoint-every": 1}

@@ -14,7 +14,7 @@ from silofl.protocols import algorithms
 from silofl.protocols.config import ConfigError, RunConfig
 from silofl.server.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILTIN = ["fedavg", "dp-fedsgd", "steffle", "tran", "mu2fl", "noisy-sgd", "fedsc", "fedavg-sc", "fedfdp"]
 
 

@@ -30,7 +30,7 @@ from silofl.server.deploy import flower_setup, local, processes
 from silofl.server.deploy.certs import make_certs
 from silofl.server.deploy.topology import NodeLayout
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 240
 
 

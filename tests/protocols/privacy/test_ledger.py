@@ -457,7 +457,7 @@ def test_rdp_curve_is_the_library_curve_through_public_properties(sigma: float, 
 
 def test_ledger_and_accountant_use_no_private_dp_accounting_names() -> None:
     """No ``obj._name`` on anything but ``self`` / ``cls``, and no underscore name imported from dp_accounting."""
-    root = Path(__file__).resolve().parent.parent / "protocols" / "privacy"
+    root = Path(__file__).resolve().parents[3] / "protocols" / "privacy"
     found = []
     for name in (
         "ledger.py",

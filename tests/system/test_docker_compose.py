@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 DOCKER_DIR = PROJECT / "docker"
 COMPOSE_FILE = DOCKER_DIR / "docker-compose.yml"
 PARTIES_COMPOSE_FILE = DOCKER_DIR / "docker-compose.parties.yml"

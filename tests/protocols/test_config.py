@@ -10,7 +10,7 @@ import pytest
 
 from silofl.protocols.config import ConfigError, RunConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_valid_config_with_kebab_keys() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from silofl.protocols import shuffled_epochs as se
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("n", "m"), [(1500, 256), (1536, 256), (7, 3), (5, 5), (4, 9), (10, 1)])

@@ -23,7 +23,7 @@ from silofl.server.sweep import (
     select,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "benchmarks" / "sweeps"
 
 

@@ -13,7 +13,7 @@ or `model`); in another environment, within the measured drift of :data:`DRIFT`.
 
 Regenerate the fixture (only when a change of the numbers is intended, and say why in the commit)::
 
-    python -m tests.test_same_numbers --record
+    python -m tests.system.test_same_numbers --record
 
 from the project root: it reruns every case of :data:`CASES` with the code of the work tree and rewrites
 `tests/data/golden_runs.json` (about 10 s; `--record CASE ...` reruns only those cases). The fixture was recorded
@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 # Not marked `slow`: the whole module takes about 20 s on 2 cores (a few rounds of each algorithm on small data).
-FIXTURE = Path(__file__).resolve().parent / "data" / "golden_runs.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "golden_runs.json"
 #: Algorithms whose result holds no model arrays (they are in out-dir/model.npz): fingerprinted instead.
 SSL = frozenset({"fedsc", "fedavg-sc"})
 
@@ -239,7 +239,7 @@ def record(path: Path = FIXTURE, names: list[str] | None = None) -> dict[str, An
             cases[name]["tolerance"] = TOLERANCE[name]
     fixture = {
         "about": "tests/test_same_numbers.py: explicit configurations and their numbers on the in-process engine; "
-        "regenerate with `python -m tests.test_same_numbers --record`",
+        "regenerate with `python -m tests.system.test_same_numbers --record`",
         "environment": environment(),
         "cases": cases,
     }
@@ -352,6 +352,6 @@ def test_fixture_covers_every_case() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--record"]:
-        sys.exit("usage: python -m tests.test_same_numbers --record [CASE ...]")
+        sys.exit("usage: python -m tests.system.test_same_numbers --record [CASE ...]")
     record(names=sys.argv[2:] or None)
     print(f"wrote {FIXTURE}")

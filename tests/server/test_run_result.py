@@ -16,9 +16,9 @@ from silofl.server.run_result import FinalMetrics, RunResult, RunResultError, as
 
 #: The explicit small configuration of each algorithm's case (tests/test_same_numbers.py records their numbers),
 #: and FedFDP (not among them) on DP-FedSGD's, without the learning-rate decay it does not have.
+GOLDEN_RUNS = Path(__file__).resolve().parents[1] / "data" / "golden_runs.json"
 CASES: dict[str, dict[str, Any]] = {
-    name: case["config"]
-    for name, case in json.loads((Path(__file__).parent / "data" / "golden_runs.json").read_text())["cases"].items()
+    name: case["config"] for name, case in json.loads(GOLDEN_RUNS.read_text())["cases"].items()
 }
 CASES["fedfdp"] = {
     **{k: v for k, v in CASES["dp-fedsgd"].items() if not k.startswith("lr-decay")},

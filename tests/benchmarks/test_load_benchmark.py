@@ -19,7 +19,7 @@ import pytest
 
 from tests.benchmark_scripts import load_script
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = PROJECT_ROOT / "benchmarks" / "load.py"
 
 

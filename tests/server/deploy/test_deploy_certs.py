@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key, l
 from silofl.server.deploy.certs import CertError, CertPaths, ensure_certs, make_certs
 from silofl.server.deploy.cli import add_deploy_parser
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

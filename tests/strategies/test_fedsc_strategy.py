@@ -19,7 +19,7 @@ from silofl.server.orchestrator import run_federation
 from silofl.strategies.federation import RoundError
 from silofl.strategies.fedsc import FedscStrategy, cosine_lr, sharing_rounds
 from silofl.strategies.server_optimizer import ServerOptimizer
-from tests.test_fuzz_replies import make_fedsc
+from tests.system.test_fuzz_replies import make_fedsc
 
 H = 8
 

@@ -36,7 +36,7 @@ import pytest
 from silofl.client import lifetime_ledger, privacy_state
 from silofl.server.deploy import flower_setup, launch, local, processes
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SILOS = 2
 ROUNDS = 8
 ROUND_TIMEOUT = 20

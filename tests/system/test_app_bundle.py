@@ -12,7 +12,7 @@ from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("server", "client", "strategies", "protocols")
 
 
