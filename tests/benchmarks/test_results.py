@@ -1,7 +1,7 @@
 """benchmarks/results.py and its section modules: docs/RESULTS.md generated from run folders, synthetic result.json
 files with known numbers and a tiny real sweep (SteFFLe, Tran et al. and FedAvg on the synthetic dataset) run through
 `silofl sweep`. The reduction at matched test error itself is tested against hand-computed numbers in
-tests/test_analysis.py."""
+tests/server/test_analysis.py."""
 
 from __future__ import annotations
 

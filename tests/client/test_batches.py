@@ -54,8 +54,8 @@ def test_shuffled_batches_are_stateless_and_the_divisions_independent() -> None:
 
 @pytest.mark.parametrize("name", ["steffle", "tran"])
 def test_sampling_poisson_gives_the_golden_numbers(name: str, tmp_path) -> None:
-    """`sampling = poisson` given explicitly runs the golden case of tests/test_same_numbers.py (recorded before the
-    option existed) to the same numbers: exactly in the recording environment, else as the default does here."""
+    """`sampling = poisson` given explicitly runs the golden case of tests/system/test_same_numbers.py (recorded before
+    the option existed) to the same numbers: exactly in the recording environment, else as the default does here."""
     from tests.system.test_same_numbers import _load_cases, _recorded_here, run_case
 
     case = _load_cases()[name]

@@ -100,7 +100,8 @@ def test_each_sensitive_party_runs_the_silos_amplified_mechanism_on_its_own_samp
     assert silo["sampling_rate"] == pytest.approx(report["sampling_rate"])
     assert silo["noise_multiplier"] == pytest.approx(report["noise_multiplier"], rel=1e-6)
     # the same composed mechanism (histogram, then T amplified rounds of two releases), accounted alike: a silo's
-    # accountant is checked against dp-accounting (tests/test_accountant.py, tests/test_round_privacy.py)
+    # accountant is checked against dp-accounting (tests/protocols/privacy/test_accountant.py,
+    # tests/client/test_round_privacy.py)
     assert silo["epsilon_spent"] == pytest.approx(report["epsilon_spent"], rel=1e-9)
 
 

@@ -2,7 +2,8 @@
 polling Grid (server/polling.py), without processes: the Flower version pin and fingerprints (this file fails, naming
 what changed, when Flower changes under the runtime), the backing-off polls, the patches of Flower's SuperNode loop
 and object pulls, and the polling `send_and_receive`. The processes themselves (SuperNodes, long-lived ClientApp
-workers) run in tests/test_deploy_loopback.py, tests/test_faults.py and tests/test_docker_compose.py.
+workers) run in tests/system/test_deploy_loopback.py, tests/system/test_faults.py and
+tests/system/test_docker_compose.py.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def test_a_message_whose_run_stopped_while_it_arrived_leaves_no_task_behind(monk
     """A SuperLink restarted mid-run hands out the stopped run's last message, then says the run is not running.
     Flower 1.39 alone leaves that message's task pending for ever (its objects never come), which the ClientApp
     worker takes first and waits on while the node's next run waits behind it (seen in CI: the SuperLink-kill test
-    of tests/test_deploy_faults.py). With silofl's patch the task ends as failed and nothing is left pending."""
+    of tests/system/test_deploy_faults.py). With silofl's patch the task ends as failed and nothing is left pending."""
     sci = importlib.import_module("flwr.supernode.start_client_internal")
     monkeypatch.setattr(sci, "pull_objects", sci.pull_objects)
     flowers = sci._pull_and_store_message
@@ -585,7 +586,8 @@ def test_bounded_object_pulls_give_up_on_objects_that_never_come() -> None:
 
 @pytest.mark.slow
 def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on() -> None:
-    """How a failed deployment test (tests/test_deploy_faults.py `_logs`) or an operator sees where a node waits."""
+    """How a failed deployment test (tests/system/test_deploy_faults.py `_logs`) or an operator sees where a node
+    waits."""
     import os
     import signal
     import subprocess

@@ -14,7 +14,7 @@ from silofl.server.plots import PlotError, load_runs
 from silofl.server.result import write_result
 from silofl.server.run_result import FinalMetrics, RunResult, RunResultError, as_float
 
-#: The explicit small configuration of each algorithm's case (tests/test_same_numbers.py records their numbers),
+#: The explicit small configuration of each algorithm's case (tests/system/test_same_numbers.py records their numbers),
 #: and FedFDP (not among them) on DP-FedSGD's, without the learning-rate decay it does not have.
 GOLDEN_RUNS = Path(__file__).resolve().parents[1] / "data" / "golden_runs.json"
 CASES: dict[str, dict[str, Any]] = {

@@ -238,8 +238,8 @@ def record(path: Path = FIXTURE, names: list[str] | None = None) -> dict[str, An
         if name in TOLERANCE:
             cases[name]["tolerance"] = TOLERANCE[name]
     fixture = {
-        "about": "tests/test_same_numbers.py: explicit configurations and their numbers on the in-process engine; "
-        "regenerate with `python -m tests.system.test_same_numbers --record`",
+        "about": "tests/system/test_same_numbers.py: explicit configurations and their numbers on the in-process "
+        "engine; regenerate with `python -m tests.system.test_same_numbers --record`",
         "environment": environment(),
         "cases": cases,
     }

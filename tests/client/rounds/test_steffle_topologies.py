@@ -2,7 +2,7 @@
 through the real ServerApp and ClientApp: what the parties send, checked on the real messages (nothing a feature party
 sends depends on s; one record's s moves only the sensitive party's noised releases); bad federations refused before
 anything private is computed; budgets and policies at a sensitive party. The sealed record exchange itself and the
-server's whole view: tests/test_sealed_parties.py."""
+server's whole view: tests/client/test_sealed_parties.py."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _arrays(record) -> dict[str, np.ndarray]:
 def test_no_message_leaving_a_feature_party_carries_a_sensitive_value(monkeypatch) -> None:
     """Every feature-party reply has only the protocol's records, and the feature parties' setup, exchange counts,
     round-1 and first evaluation replies are bit-identical when every sensitive value is flipped: they depend on no
-    s (the sealed boxes are encrypted with fresh randomness; what they hold is tests/test_sealed_parties.py's)."""
+    s (the sealed boxes are encrypted with fresh randomness; what they hold is
+    tests/client/test_sealed_parties.py's)."""
     config = steffle_config(topology="central-sensitive", rounds=1)
     _, grid = _run(config)
     flipped = _flip_groups(monkeypatch, config, lambda groups: 1 - groups)

@@ -1,5 +1,5 @@
 """Tests for protocols/mu2fl/logreg.py: the closed-form logistic regression equals silofl's torch model (the
-non-finite query points are tests/test_nonfinite.py's)."""
+non-finite query points are tests/system/test_nonfinite.py's)."""
 
 from __future__ import annotations
 

@@ -428,9 +428,9 @@ def test_dp_accounting_version_is_one_the_ledger_was_checked_against() -> None:
         f">={low},<{high} (DP_ACCOUNTING_CHECKED). The ledger's engines re-implement the library's RDP -> epsilon "
         f"conversion (rdp_to_epsilon vs rdp.compute_epsilon) and PLDAccountant's composition, and read "
         f"RdpAccountant.orders / .rdp, so that a silo admits exactly the steps calibrate_noise chose. Re-run "
-        f"tests/test_ledger.py and tests/test_accountant.py on {installed}, read its changelog for "
-        f"rdp_privacy_accountant and pld, then widen DP_ACCOUNTING_CHECKED and the dp-accounting bound in "
-        f"pyproject.toml."
+        f"tests/protocols/privacy/test_ledger.py and tests/protocols/privacy/test_accountant.py on {installed}, "
+        f"read its changelog for rdp_privacy_accountant and pld, then widen DP_ACCOUNTING_CHECKED and the "
+        f"dp-accounting bound in pyproject.toml."
     )
 
 
