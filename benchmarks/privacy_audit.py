@@ -150,8 +150,8 @@ class Mechanism:
     :meth:`sample` adds ``stds * draw(...)``. ``real(world, seed, noise_scale)`` makes ONE release through silofl's own
     function (for ``mu2fl`` and ``steffle-groups``: the silo's round function, with its context, noise plan and
     ledger; it only takes ``noise_scale = 1``); ``noise_seed(seed)`` is the seed its noise generator then gets.
-    ``tests/test_privacy_audit.py`` checks ``sample(world, 1, noise_seed(s)) == real(world, s)``, so the vectorized
-    draws are releases of the code as it runs, not of a re-implementation.
+    ``tests/benchmarks/test_privacy_audit.py`` checks ``sample(world, 1, noise_seed(s)) == real(world, s)``, so the
+    vectorized draws are releases of the code as it runs, not of a re-implementation.
 
     With a ``coin`` (:class:`CanaryCoin`), D1's release is a mixture over the canary's Poisson coin, drawn per trial;
     ``means[1]`` is then its expectation, the direction the attack scores along.
@@ -976,8 +976,8 @@ def calr_attack(
     the strongest; the guarantee must hold for every one of their outcomes). The canary's coin is drawn per trial:
     D1's release is the mixture (1 - q) N(absent) + q N(present). Given the coins, `dp_calr` sums the sampled
     records' terms (`images[keep]`), divides by the divisor and adds the noise; a release here is `dp_calr` at rate 1
-    on the sampled records (its computation given its coins, `tests/test_privacy_audit.py` checks it), with the
-    canary's coin drawn first from the same generator.
+    on the sampled records (its computation given its coins, `tests/benchmarks/test_privacy_audit.py` checks it), with
+    the canary's coin drawn first from the same generator.
 
     The silo (since the fix): divisor `release_divisor` = q (the server divides by the public n_j), noise std
     multiplier x `release_noise_scale` = multiplier x mu / q. An unsampled canary moves nothing; a sampled one moves
@@ -1137,8 +1137,8 @@ def _forged_replies(ms, folder: Path) -> dict[str, tuple[str, Callable[[bool], M
 
     def party_model(forged: bool) -> Message:
         # A deployed sensitive party holding the records the sealed exchange gives it (the exchange itself, and its
-        # refusal of forged or swapped boxes, are tested in tests/test_sealed_parties.py): its node state is set to
-        # what `client.party_exchange.receive` keeps, then the server's messages go through the ClientApp.
+        # refusal of forged or swapped boxes, are tested in tests/client/test_sealed_parties.py): its node state is set
+        # to what `client.party_exchange.receive` keeps, then the server's messages go through the ClientApp.
         data = ms.make_silo(20)
         node = ms.Node(ms.sensitive_party(data), folder / f"party-{forged}")
         node.setup()

@@ -46,7 +46,7 @@ in N seconds" and, when the SuperLink refuses the node, "SuperNode terminated gr
 Everything here depends on Flower's private functions named in :data:`FINGERPRINTED`: :func:`check_flower` refuses to
 run on a Flower whose version is not in :data:`CHECKED_FLOWER_VERSIONS` or whose sources of those functions differ
 from the ones checked (sha256 of their source), naming the fix (`silofl silo start --runtime flower` runs Flower's
-stock SuperNode). `tests/test_supernode_runtime.py` fails the same way when Flower changes under the runtime.
+stock SuperNode). `tests/client/test_supernode_runtime.py` fails the same way when Flower changes under the runtime.
 
 Where. This module is the command line; the runtime is the package :mod:`silofl.client.supernode`: the Flower check
 (`flower_check`), the poll intervals (`backoff`), the patches of Flower's SuperNode loop (`flower_patches`), the watch

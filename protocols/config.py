@@ -190,7 +190,7 @@ def _is_default(spec: Any, key: str, value: Any) -> bool:
 def flower_run_config() -> dict[str, str]:
     """`pyproject.toml`'s `[tool.flwr.app.config]`: every key of every registered algorithm, each "" (the run's
     algorithm's default) but the algorithm `flwr run .` runs without overrides and its out-dir. Flower passes on
-    only keys listed there; tests/test_config.py checks the file against this."""
+    only keys listed there; tests/protocols/test_config.py checks the file against this."""
     table = {key: "" for key in sorted(all_keys())}
     table["algorithm"] = "dp-fedsgd"
     table["out-dir"] = "runs/flwr"  # a `flwr run .` writes its result.json there unless told otherwise

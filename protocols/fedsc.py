@@ -19,7 +19,7 @@ Notation (paper Sec. 3-5). ``z(x; theta)`` in R^H is the projector output; for c
 Why the third term has no 1/2 (eq. 6): with ``alpha = q_j`` and ``Rbar_{-j} = R_{-j}``, the gradients align,
 ``sum_j q_j grad L_j = grad L``; FedAvg+SC (``alpha = 1``) instead minimizes
 ``sum_j q_j L_j = L + 1/2 sum_j q_j ||R_j - R||_F^2``, a regularizer that pulls every client's correlation towards the
-global one, which is wrong under label skew. ``tests/test_fedsc.py`` checks both identities numerically.
+global one, which is wrong under label skew. ``tests/protocols/test_fedsc.py`` checks both identities numerically.
 
 Minibatch estimators with two views per sample (Sec. 5.2, V = 1): ``Z1, Z2`` in R^{B x H}, ``Z = [Z1; Z2]``,
 ``Tr R+ = mean_b <z1_b, z2_b>`` (:func:`cross_trace`), ``R = Z^T Z / (2B)`` (:func:`correlation`).

@@ -21,7 +21,7 @@ both back. Silos with a `state-dir` (deployed ones) keep their own state on disk
 There is no random-number state to save: every draw the server makes is a function of (seed, round) (DP-mu2-FL's
 trusted-server noise in simulation, FedSC's participants) or comes from the operating system's entropy (a deployed
 trusted server), and the silos derive or keep their own. A resumed run therefore equals the uninterrupted one bit for
-bit on the in-process engine (tests/test_faults.py).
+bit on the in-process engine (tests/system/test_faults.py).
 
 `checkpoint-every` = n > 0 writes after every n-th round; 0 (the default) after a round once `AUTO_SECONDS` have
 passed since the last write: every round in a deployment (rounds take seconds), a few writes per second at most in

@@ -14,7 +14,7 @@ Fidelity choices:
 * the run identity (`TaskIdentity`) is set the way `run_simulation` sets it, because Flower 1.39's strategies and the
   `Message` constructor read it.
 
-Faults (tests/test_faults.py): :meth:`InProcessGrid.restart_silo` gives a silo a fresh Context, as a restarted
+Faults (tests/system/test_faults.py): :meth:`InProcessGrid.restart_silo` gives a silo a fresh Context, as a restarted
 SuperNode has (Flower keeps `context.state` in the SuperNode's memory); with `enforce_timeout=True`,
 `send_and_receive` delivers each message in a worker thread and gives up on a silo that has not answered within the
 round's `timeout`, as Flower's engines do (a stalled silo's reply is then missing; its thread finishes in the

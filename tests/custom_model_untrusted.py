@@ -1,5 +1,5 @@
 """A user model module that a deployed silo must never import unless its operator allows it: importing it leaves a
-mark (`tests/test_custom_model.py` checks that a refused message did not import it)."""
+mark (`tests/protocols/test_custom_model.py` checks that a refused message did not import it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Case counting shared by the fuzz tests (`tests/test_fuzz_*.py`).
+"""Case counting shared by the fuzz tests (`tests/protocols/test_fuzz_config.py`,
+`tests/protocols/test_fuzz_messages.py`, `tests/system/test_fuzz_neighbours.py`, `tests/system/test_fuzz_replies.py`).
 
 Each fuzz module counts the cases hypothesis generated in a `Counter` and prints one summary line at the end of the
 session ("the test reports how many cases it ran"), whatever pytest's capture mode: a plugin object registered once

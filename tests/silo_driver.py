@@ -1,5 +1,5 @@
 """The real ClientApp of one silo, driven message by message for `steffle` and `tran` (setup, the group-count
-histogram, train rounds), for tests that read what a silo sends and what its ledger charges (`tests/test_*.py`)."""
+histogram, train rounds), for tests that read what a silo sends and what its ledger charges (`tests/**/test_*.py`)."""
 
 from __future__ import annotations
 

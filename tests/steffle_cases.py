@@ -1,6 +1,6 @@
-"""Batches, priors and W shared by the tests of SteFFLe's maths (`tests/test_steffle_<module>.py` for the modules of
-`protocols/steffle/`): random soft predictions with every (group, label) cell filled, the batch's own prior, a
-group-balanced prior far from uniform, and a random W of the prior's shape."""
+"""Batches, priors and W shared by the tests of SteFFLe's maths (`tests/protocols/steffle/test_steffle_<module>.py` for
+the modules of `protocols/steffle/`): random soft predictions with every (group, label) cell filled, the batch's own
+prior, a group-balanced prior far from uniform, and a random W of the prior's shape."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ arguments):
 
 So the label depends on the group directly (strength `bias`), and an unconstrained classifier recovers the group
 through the proxy x1. Measured with logistic regression on the test split at the defaults (n=6000, 2 groups,
-8 features, bias=1; seeds 0..4, see tests/test_synthetic.py): accuracy 0.87-0.89 with a demographic-parity violation
-of 0.17-0.21; the same model without x1 (a fair classifier: its predictions are independent of s) reaches 0.83-0.86
-with a violation of at most 0.02. With bias=0 the label ignores the group and the violation vanishes (< 0.01).
+8 features, bias=1; seeds 0..4, see tests/client/data/test_synthetic.py): accuracy 0.87-0.89 with a demographic-parity
+violation of 0.17-0.21; the same model without x1 (a fair classifier: its predictions are independent of s) reaches
+0.83-0.86 with a violation of at most 0.02. With bias=0 the label ignores the group and the violation vanishes (< 0.01).
 
 The table goes through the same preprocessing as the real datasets (`generic.build_dataset`), so z-scoring, the
 train/test split and the sort key behave identically.

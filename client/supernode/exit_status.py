@@ -50,7 +50,7 @@ def run_and_exit(entry: Callable[[], int | None]) -> None:
     the interpreter's finalization.
 
     Why: once the SuperNode's main has ended, the process must end. Measured (CI at 9672847,
-    tests/test_deploy_faults.py, a SuperLink restarted without its database): both SuperNodes printed their last
+    tests/system/test_deploy_faults.py, a SuperLink restarted without its database): both SuperNodes printed their last
     traceback and were still alive 90 s later, their ClientApp workers polling a closed Runtime API. Flower's own
     guard (`flwr_exit` starts a daemon thread that calls `os._exit` after 5 s) cannot fire once finalization has
     stopped daemon threads, and something in finalization waited. What a SuperNode must do before it ends has run by

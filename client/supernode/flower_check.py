@@ -4,8 +4,8 @@ Why. The runtime (this package) patches and mirrors Flower's private functions (
 Flower they may have changed in ways no test of ours would notice at run time. :func:`check_flower` refuses to run
 on a Flower whose version is not in :data:`CHECKED_FLOWER_VERSIONS` or whose sources of those functions differ from
 the ones checked (sha256 of their source), naming the fix (`silofl silo start --runtime flower` runs Flower's stock
-SuperNode). `tests/test_supernode_runtime.py` fails the same way when Flower changes under the runtime; `python -m
-silofl.client.supernode_runtime fingerprints` prints the installed Flower's fingerprints.
+SuperNode). `tests/client/test_supernode_runtime.py` fails the same way when Flower changes under the runtime;
+`python -m silofl.client.supernode_runtime fingerprints` prints the installed Flower's fingerprints.
 """
 
 from __future__ import annotations

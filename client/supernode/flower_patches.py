@@ -136,8 +136,8 @@ def drop_messages_of_stopped_runs(pull_and_store: Callable[..., int | None]) -> 
     message), Flower's `RunNotRunningException`, a BaseException, passes its `except Exception` cleanup: the task
     stays pending with objects that never arrive. The ClientApp worker takes that task first (the oldest), waits for
     its objects for ever, and the SuperNode, which handles one message at a time, waits for its reply: the node never
-    answers again (seen in tests/test_deploy_faults.py's SuperLink-kill test). Raised as an Exception instead, the
-    same failure takes Flower's own cleanup path (message and objects deleted, task finished as failed)."""
+    answers again (seen in tests/system/test_deploy_faults.py's SuperLink-kill test). Raised as an Exception instead,
+    the same failure takes Flower's own cleanup path (message and objects deleted, task finished as failed)."""
     sci = importlib.import_module("flwr.supernode.start_client_internal")
     sci.pull_objects = getattr(sci, "_silofl_pull_objects", sci.pull_objects)
     sci._silofl_pull_objects = sci.pull_objects  # Flower's, so that installing twice does not wrap twice

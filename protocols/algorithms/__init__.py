@@ -8,7 +8,7 @@ each says where the algorithm's server and silo code are. Another package adds a
   looks an algorithm up, so Ray workers and deployed ClientApps started with that environment find it too), or
 * a ``silofl.algorithms`` entry point of an installed package (the entry point's module is imported).
 
-Nothing else in silofl has to change (tests/test_plugin_algorithm.py registers a toy algorithm that way).
+Nothing else in silofl has to change (tests/protocols/test_plugin_algorithm.py registers a toy algorithm that way).
 """
 
 from __future__ import annotations

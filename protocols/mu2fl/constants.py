@@ -2,7 +2,7 @@
 diameter of the domain K) and d, from which the noise and the step size are calibrated (`calibration`).
 
 `Mu2Constants.for_logreg` derives them for silofl's logistic regression on features in [0, 1]; the bounds are proved
-in its docstring and checked, tight, in tests/test_mu2fl_constants.py.
+in its docstring and checked, tight, in tests/protocols/mu2fl/test_mu2fl_constants.py.
 """
 
 from __future__ import annotations

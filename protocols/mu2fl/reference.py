@@ -1,6 +1,6 @@
 """DP-mu2-FL on one machine (Reshef, Levy 2024, Algorithm 1, untrusted, or 2, trusted): `run_mu2_reference`, the
 same arithmetic as the Flower strategy and silos in a numpy loop with no messages, against which they are checked
-(tests/test_mu2fl_strategy.py, to 1e-12) and timed (benchmarks/mu2_round.py).
+(tests/strategies/test_mu2fl_strategy.py, to 1e-12) and timed (benchmarks/mu2_round.py).
 """
 
 from __future__ import annotations

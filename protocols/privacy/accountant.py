@@ -25,20 +25,21 @@ Neighbouring relations (:data:`RELATIONS`), the ``relation`` argument of every a
   so the noise multiplier is ``std / R``. Changing ``s_i`` then moves that contribution anywhere inside the ball, and
   the worst pair of outputs is dp-accounting's ``REPLACE`` adjacency (``pld/privacy_loss_mechanism.py``,
   ``AdditiveNoisePrivacyLoss``): ``mu_upper = q N(x + R) + (1 - q) N(x)``, ``mu_lower = q N(x - R) + (1 - q) N(x)``;
-  at ``q = 1`` this is a Gaussian of sensitivity ``2 R`` (the library's note; ``tests/test_accountant.py`` checks
-  it), and there only the distance between the two neighbours' values matters, not the centre, so ``R`` is half
-  that distance (a histogram of group counts: :func:`protocols.privacy.gaussian.histogram_sensitivity`).
-  Only PLD accounts it: ``PLDAccountant(neighboring_relation=REPLACE_ONE)`` hands the relation to
-  ``from_gaussian_mechanism`` for ``GaussianDpEvent`` and ``PoissonSampledDpEvent(GaussianDpEvent)``, which builds
-  one symmetric PMF with ``AdjacencyType.REPLACE`` (dp-accounting 0.6.0, the installed version). ``"best"`` therefore
-  means PLD under ``replace_one``, and ``"rdp"`` is refused (:func:`check_accountant_supports`).
+  at ``q = 1`` this is a Gaussian of sensitivity ``2 R`` (the library's note;
+  ``tests/protocols/privacy/test_accountant.py`` checks it), and there only the distance between the two neighbours'
+  values matters, not the centre, so ``R`` is half that distance (a histogram of group counts:
+  :func:`protocols.privacy.gaussian.histogram_sensitivity`). Only PLD accounts it:
+  ``PLDAccountant(neighboring_relation=REPLACE_ONE)`` hands the relation to ``from_gaussian_mechanism`` for
+  ``GaussianDpEvent`` and ``PoissonSampledDpEvent(GaussianDpEvent)``, which builds one symmetric PMF with
+  ``AdjacencyType.REPLACE`` (dp-accounting 0.6.0, the installed version). ``"best"`` therefore means PLD under
+  ``replace_one``, and ``"rdp"`` is refused (:func:`check_accountant_supports`).
 
 What ``replace_one`` relies on, and what it does not cover:
 
 * That the library's pair is the worst pair in the ball. It is the textbook worst case (``c = -R e``, ``c' = R e``,
   all other records contributing 0); we did not prove that no other pair inside ``B(0, R)`` is worse, but
-  ``tests/test_accountant.py`` checks, by 2-D numerical integration, that the hockey-stick divergences of several
-  other pairs in the ball never exceed the library pair's.
+  ``tests/protocols/privacy/test_accountant.py`` checks, by 2-D numerical integration, that the hockey-stick divergences
+  of several other pairs in the ball never exceed the library pair's.
 * The centre must be 0. A ball of radius ``r`` around a centre ``m_i != 0`` that merely does not depend on ``s_i``
   (e.g. SteFFLe's W-gradient ``-2 W diag(F(x_i)) + 2 P_S^(-1/2) e_(s_i) F(x_i)^T``, whose first term is such a
   centre) is NOT covered with ``R = r``: for ``|m_i| >> noise std`` the output reveals whether record ``i`` was

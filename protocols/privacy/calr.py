@@ -125,8 +125,9 @@ def calr_sensitivity(mu: float, n: int, relation: str = "replace_one") -> float:
     That is the sensitivity of ``sum / n`` for a public, fixed ``n``. Algorithm 2 (and :func:`dp_calr`) divides by the
     actual record count, and then adding a record to ``n - 1`` others moves the mean by ``(C - R(D)) / n`` with ``C``
     its own term; both are PSD with norm ``<= mu``, so the bound is again ``sqrt(2) mu / n`` (attained when the others'
-    views are orthogonal to the new record's; ``tests/test_calr.py`` shows ``mu / n`` is exceeded). The default
-    ``replace_one`` value therefore also covers add/remove neighbours of the mean (with ``n`` the larger data set).
+    views are orthogonal to the new record's; ``tests/protocols/privacy/test_calr.py`` shows ``mu / n`` is exceeded).
+    The default ``replace_one`` value therefore also covers add/remove neighbours of the mean (with ``n`` the larger
+    data set).
     """
     m = _positive(mu, "mu", "representations are clipped to norm sqrt(mu)")
     count = _count(n, "n", "the client's number of records |D_j|", minimum=1)
@@ -384,11 +385,11 @@ def calr_closed_form_epsilon(
     at its best order (``alpha - 1 = sqrt(ln(1/delta) / rho)``, ``rho = T s^2 / (2 sigma^2)``); dp-accounting's RDP
     conversion and its PLD are tighter, so it is never below the accountant's epsilon (:func:`calr_epsilon`).
 
-    Check against the paper's Table 6 (``tests/test_calr.py``; T = 200 rounds, shares counted from the table's round
-    indices, e.g. ``t > 100, t % 2 = 0`` -> 50): with ``replace_one`` the table's sigmas give epsilons within 3 % of
-    the nominal ones in 8 of 12 rows (e.g. SVHN eps 6: 6.003, CIFAR-10 eps 8: 7.96) and 0.76-0.96 x nominal in the
-    other four (sigma rounded up or chosen conservatively); with ``add_remove`` every row is at 0.53-0.71 x nominal.
-    ``shares = 0`` -> ``0.0``; ``sigma = 0`` -> ``inf``.
+    Check against the paper's Table 6 (``tests/protocols/privacy/test_calr.py``; T = 200 rounds, shares counted from
+    the table's round indices, e.g. ``t > 100, t % 2 = 0`` -> 50): with ``replace_one`` the table's sigmas give
+    epsilons within 3 % of the nominal ones in 8 of 12 rows (e.g. SVHN eps 6: 6.003, CIFAR-10 eps 8: 7.96) and
+    0.76-0.96 x nominal in the other four (sigma rounded up or chosen conservatively); with ``add_remove`` every row
+    is at 0.53-0.71 x nominal. ``shares = 0`` -> ``0.0``; ``sigma = 0`` -> ``inf``.
     """
     count = _count(shares, "shares", "how many times the client uploaded R~_j", minimum=0)
     std = _sigma(sigma)

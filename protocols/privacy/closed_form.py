@@ -43,9 +43,9 @@ Conversion to our noise multipliers (``std / sensitivity``, :class:`protocols.pr
   holds every record's contribution to the mean (see :mod:`protocols.privacy.accountant`); ``R >= Delta / 2``, with
   equality only when the contributions of the two neighbours can be opposite points of that ball.
 
-Measured with these readings (``tests/test_closed_form.py``, Credit Card: ``n = 7,500`` per silo of three,
-``m = 256``, ``T = 1,200``, ``delta = 1 / n^2``): under add_remove the closed form's epsilon is larger than its nominal
-one, 9 -> 17.3 (PLD, one stream; outside the theorem's validity condition, which needs ``T >= 1,932`` there) and
+Measured with these readings (``tests/protocols/privacy/test_closed_form.py``, Credit Card: ``n = 7,500`` per silo of
+three, ``m = 256``, ``T = 1,200``, ``delta = 1 / n^2``): under add_remove the closed form's epsilon is larger than its
+nominal one, 9 -> 17.3 (PLD, one stream; outside the theorem's validity condition, which needs ``T >= 1,932`` there) and
 1 -> 1.30 (RDP, theta and W together).
 """
 

@@ -6,7 +6,7 @@ first. Its epsilon is that of ``ComposedDpEvent([dp_event(entry) for entry in en
 :func:`pld_epsilon` reproduce, operation for operation, what dp-accounting's ``RdpAccountant`` / ``PLDAccountant`` do
 for that event (:func:`protocols.privacy.accountant.epsilon_spent` hands it to them), with the expensive
 per-mechanism parts cached, so that a silo's ledger admits exactly the ``T`` steps ``calibrate_noise`` chose at a
-fraction of the cost. tests/test_ledger.py checks the results equal the library's.
+fraction of the cost. tests/protocols/privacy/test_ledger.py checks the results equal the library's.
 
 Why not call :mod:`protocols.privacy.accountant`: it builds fresh library accountants for each figure (10-40 ms for
 RDP, 10-75 ms for PLD), which a silo charging every round of a run of thousands of rounds cannot afford; here
@@ -38,11 +38,11 @@ DP_ACCOUNTING_CHECKED = ("0.6.0", "0.7")
 The module uses only dp-accounting's public API, but it reproduces, operation for operation, what its ``RdpAccountant``
 and ``PLDAccountant`` compute (:func:`rdp_to_epsilon` re-implements ``compute_epsilon``; :func:`pld_epsilon` composes
 the PLDs as ``PLDAccountant`` does), so that a silo's ledger admits exactly the ``T`` steps ``calibrate_noise`` chose.
-tests/test_ledger.py checks that equality, and fails when the installed version is outside this range: on a new
-dp-accounting, re-run tests/test_ledger.py and tests/test_accountant.py, read the library's changes to
-``rdp_privacy_accountant`` and ``pld`` (RDP conversion, PLD composition / discretization), then widen the range here
-and in pyproject.toml. (0.4.4 made ``RdpAccountant.orders`` / ``.rdp`` public; 0.5.0 added the PLD
-``neighboring_relation`` used for ``replace_one``; 0.6.0 added ``get_epsilon_gaussian``, which the tests use.)"""
+tests/protocols/privacy/test_ledger.py checks that equality, and fails when the installed version is outside this range:
+on a new dp-accounting, re-run tests/protocols/privacy/test_ledger.py and tests/protocols/privacy/test_accountant.py,
+read the library's changes to ``rdp_privacy_accountant`` and ``pld`` (RDP conversion, PLD composition / discretization),
+then widen the range here and in pyproject.toml. (0.4.4 made ``RdpAccountant.orders`` / ``.rdp`` public; 0.5.0 added the
+PLD ``neighboring_relation`` used for ``replace_one``; 0.6.0 added ``get_epsilon_gaussian``, which the tests use.)"""
 
 #: One step's noise: a multiplier, or a tuple of multipliers of releases on independent Poisson samples of one rate.
 StepNoise = float | tuple[float, ...]

@@ -56,14 +56,14 @@ def pld_value_discretization(noise_multiplier: float, sampling_rate: float) -> f
 
     ``noise_multiplier`` is the step's combined multiplier. Why this rule: a fixed grid is too coarse when one step's
     privacy loss (of order ``q / sigma``) is comparable to the grid step. Measured at delta = 1e-9 against a grid 10x
-    finer (``tests/test_accountant.py`` re-checks a few): the library default 1e-4 costs 0.3-0.8 s at q = 256/12000,
-    T = 2000; a fixed 1e-3 is 10x faster but overstates epsilon by up to 5.7 % at epsilon ~ 0.3 (sigma ~ 17); this
-    rule overstates it by at most 2.1e-4 (relative) from epsilon 0.28 to 30, T = 20 to 60,000, q = 0.02 to 0.5, in
-    10-75 ms. The rounding is pessimistic at every grid (``pessimistic_estimate=True``, the library default, kept), so
-    every grid gives an upper bound on the true epsilon; a coarser grid only loses tightness (in every case measured
-    its epsilon was at or above the finer grid's). Under ``replace_one`` a step's loss is about twice as large for the
-    same multiplier, so the same grid is relatively finer: measured against a 10x finer grid it overstates epsilon by
-    at most 5.6e-5 (relative) for q = 0.02-0.2, T = 40-60,000, epsilon 1.3-180, in 10-80 ms.
+    finer (``tests/protocols/privacy/test_accountant.py`` re-checks a few): the library default 1e-4 costs 0.3-0.8 s
+    at q = 256/12000, T = 2000; a fixed 1e-3 is 10x faster but overstates epsilon by up to 5.7 % at epsilon ~ 0.3
+    (sigma ~ 17); this rule overstates it by at most 2.1e-4 (relative) from epsilon 0.28 to 30, T = 20 to 60,000,
+    q = 0.02 to 0.5, in 10-75 ms. The rounding is pessimistic at every grid (``pessimistic_estimate=True``, the library
+    default, kept), so every grid gives an upper bound on the true epsilon; a coarser grid only loses tightness (in
+    every case measured its epsilon was at or above the finer grid's). Under ``replace_one`` a step's loss is about
+    twice as large for the same multiplier, so the same grid is relatively finer: measured against a 10x finer grid it
+    overstates epsilon by at most 5.6e-5 (relative) for q = 0.02-0.2, T = 40-60,000, epsilon 1.3-180, in 10-80 ms.
     """
     if math.isinf(noise_multiplier) or noise_multiplier <= 0.0:
         return PLD_MAX_VALUE_DISCRETIZATION
