@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -58,17 +57,20 @@ def test_roundtrip(silo: SiloData, tmp_path: Path) -> None:
     assert_same_silo(other, load_silo(tmp_path / "s"))
 
 
-def test_adult_silo_loads_in_milliseconds(data_dir: Path, tmp_path: Path) -> None:
+def test_adult_silo_loads_from_its_arrays_alone(data_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A stored silo loads from its own arrays: no table is read or encoded again (that is what makes it fast;
+    the time itself is a benchmark's, not a test's), and the loaded silo is the saved one."""
+    import pandas as pd
+
     silos = partition_dataset(load_dataset("adult", data_dir=data_dir), 3, seed=0)
     save_silo(silos[0], tmp_path / "adult0")
+
+    def no_table(*args, **kwargs):
+        raise AssertionError("load_silo read a table")
+
+    for reader in ("read_csv", "read_parquet", "read_table"):
+        monkeypatch.setattr(pd, reader, no_table)
     assert_same_silo(silos[0], load_silo(tmp_path / "adult0"))
-    timings = []
-    for _ in range(20):
-        start = time.perf_counter()
-        load_silo(tmp_path / "adult0")
-        timings.append(time.perf_counter() - start)
-    # Measured about 2 ms on a 2-core VM; the bound leaves room for a loaded CI machine.
-    assert float(np.median(timings)) < 0.025
 
 
 def test_missing_files_are_named(silo: SiloData, tmp_path: Path) -> None:
