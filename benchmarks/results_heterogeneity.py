@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_headline import T_975
 from benchmarks.results_runs import RunFiles, figure_lines, runs_by, sweep_opening
 from benchmarks.results_text import fmt
 from silofl.server import plots
@@ -33,8 +34,6 @@ PAPER_CLAIM = (
     'misclassification error and demographic parity violation as heterogeneity increases".'
 )
 
-#: A change across h counts as a trend when its mean over seeds exceeds this many standard errors (paired by seed).
-TREND_SES = 2.0
 
 Cell = tuple[float, float, float]  # (epsilon, lambda, h)
 
@@ -74,8 +73,9 @@ def paired_change(
 
 
 def trend_word(change: float, se: float, seeds: int) -> str:
-    """`rises` / `falls` when the paired change exceeds TREND_SES standard errors (two seeds or more), else `flat`."""
-    if seeds < 2 or abs(change) <= TREND_SES * se:
+    """`rises` / `falls` when the 95% Student-t interval of the paired change over `seeds` seeds (two or more)
+    excludes 0, else `flat`."""
+    if seeds < 2 or abs(change) <= T_975[min(seeds - 2, len(T_975) - 1)] * se:
         return "flat"
     return "rises" if change > 0 else "falls"
 
@@ -145,7 +145,8 @@ def heterogeneity_table(means: Mapping[Cell, tuple[float, float, int]]) -> list[
 
 def heterogeneity_conclusion(cells: Mapping[Cell, Mapping[int, plots.RunRecord]], metric: str) -> list[str]:
     """Per (epsilon, lambda in FIGURE_LAMBDAS): the change of the error and of the violation from the smallest to the
-    largest h, paired by seed, and whether each is a trend (TREND_SES standard errors); then the count of rises."""
+    largest h, paired by seed, and whether each is a trend (its 95% Student-t interval excludes 0); then the count
+    of rises."""
     hs = sorted({h for _, _, h in cells})
     if len(hs) < 2:
         return []
@@ -168,7 +169,7 @@ def heterogeneity_conclusion(cells: Mapping[Cell, Mapping[int, plots.RunRecord]]
         return []
     return [
         f"From h {fmt(first)} to h {fmt(last)}, the change paired by seed (mean ± standard error over the seeds; a "
-        f"trend when beyond {fmt(TREND_SES)} standard errors): " + "; ".join(parts) + ".",
+        "trend when the 95% Student-t interval over the seeds excludes 0): " + "; ".join(parts) + ".",
         "",
         f"{PAPER_CLAIM} Here {rising} of the {total} changes above are rises.",
     ]
