@@ -36,8 +36,9 @@ NOT_REPRODUCED: tuple[tuple[str, str, str], ...] = (
         "DP-FERMI",
         "its Section 4.1.1 settings (Appendix F.2.1: batch 1024, 200 epochs, constant steps) on Credit Card and "
         "Parkinsons",
-        "sized for Adult only (`benchmarks/sweeps/dp_fermi_adult.toml`, 55 CPU seconds per run); Credit Card and "
-        "Parkinsons appear above at SteFFLe's settings (DP-FERMI is SteFFLe with one silo)",
+        "sized for Adult only (`benchmarks/sweeps/dp_fermi_adult.toml`, 7-24 CPU seconds per run; the same file "
+        "with `dataset` changed runs them); Credit Card and Parkinsons appear above at SteFFLe's settings (DP-FERMI "
+        "is SteFFLe with one silo)",
     ),
     (
         "FedSC",

@@ -603,6 +603,17 @@ def test_dp_fermi_section_tables_each_epsilon_and_finds_the_lowest_violation_wit
     assert "- epsilon inf (no noise: FERMI): lambda 0 error 0.1500, violation 0.1000; within the budget" in text
     assert "That lowest violation falls at every step of epsilon (0.0600, 0.0400 at epsilon 1, 3)" in text
     assert "by a median sd of 0.0071." in text
+    # at one error (the largest all three reach: epsilon 3's 0.158), each front interpolated; seeds paired
+    assert (
+        "the largest every epsilon reaches (0.1580), each epsilon's lowest violation at an error <= it (its Pareto "
+        "front, interpolated as in the headline) is 0.0540 (epsilon 1), 0.0400 (epsilon 3), 0.0200 (epsilon inf)."
+    ) in text
+    assert (
+        "From epsilon 1 to inf, each seed's runs alone (each its own matched error), the violation changes by -0.0340"
+        in text
+    )
+    assert "[-0.0340, -0.0340]: falls)." in text
+    assert "the grid's largest lambda" not in text  # epsilon 1's lowest within the budget is lambda 1, not 2
     assert "DP-FERMI offers superior fairness-accuracy tradeoffs at every privacy (ϵ) level." in text
     assert "this sweep has no Tran baseline at these settings" in text
     links = re.findall(r"!\[DP-FERMI on Adult[^\]]*\]\(([^)]+)\)", text)
@@ -612,6 +623,10 @@ def test_dp_fermi_section_tables_each_epsilon_and_finds_the_lowest_violation_wit
     assert (
         "does not fall at every step of epsilon (0.0300, 0.0500 at epsilon 1, 3): it does not fall from epsilon 1 "
         "to 3." in "\n".join(results_dp_fermi.dp_fermi_conclusion(rising))
+    )
+    # every epsilon's lowest violation within the budget at the grid's largest lambda: the grid, not the budget, binds
+    assert "At every epsilon that lowest violation is the grid's largest lambda (1), still inside the budget" in (
+        "\n".join(results_dp_fermi.dp_fermi_conclusion(rising))
     )
     # without the sweep's folder: not generated yet, with the command
     lines, files, _ = _section(results_dp_fermi.dp_fermi_section, tmp_path, "none")
