@@ -8,11 +8,17 @@ Each round t (on the shared round loop of :class:`strategies.base.SiloflStrategy
    the cache holds every silo), else a random `participation` fraction (at least one silo) drawn from (seed, t);
 2. if t is a sharing round (t >= share_start and (t - share_start) % share_every == 0), before the train message
    (:meth:`FedscStrategy.before_train`): ``query.correlation`` to the participants; each returns its DP correlation
-   matrix R~_j (noised in the silo). The cache keeps every silo's latest R~_j; silos not sampled keep their stale
-   entry;
+   matrix R~_j (noised in the silo). The cache keeps every silo's latest R~_j and the round it was shared in;
 3. ``train`` to the participants with this round's alpha_t (1 before the first share, then eq. 80's linear decay
    from alpha_start (the paper: 1) to alpha_end) and Rbar_{-j} = (R~ - q_j R~_j) / (1 - q_j), R~ = sum_j q_j R~_j
-   over the cache with q_j = n_j / n: a silo's own noise cancels from what it receives;
+   with q_j = n_j / n normalised over the entries used: a silo's own noise cancels from what it receives. Which
+   entries (`stale_shares`): "keep" = the whole cache, stale entries of the silos not sampled included (the paper's
+   Algorithm 1, line 17); "drop" (the default) = the entries of the latest sharing round only. With every silo
+   sharing in every sharing round (participation 1) the two are the same; under partial participation stale entries
+   describe an encoder that has moved on, and a participant contrasts its records against where the other silos'
+   representations were, not where they are: docs/FEDSC.md, "Stale shares under partial participation", measures
+   what that costs. A participant with no other entry from the latest sharing round (one participant) falls back
+   to the whole cache;
 4. the new model is the n_j-weighted mean of the participants' weights (FedAvg over J_t), or, with
    `server_optimizer` "adam", an Adam step from the current model along that mean's displacement (FedAdam,
    `strategies.server_optimizer`).
@@ -24,9 +30,10 @@ normalizes). Evaluation is central
 end) through `evaluator`, a server-side object with the labelled evaluation data (`server.ssl_evaluation`); without
 one the run trains only.
 
-The server's state between rounds, beyond the model, is the cache with what each silo reported with its matrix, the
-alphas so far and FedAdam's moments (:meth:`FedscStrategy.state_arrays`): a run resumed from its checkpoint continues
-bit for bit (the participants and the silos' draws are functions of the seed and the round).
+The server's state between rounds, beyond the model, is the cache with what each silo reported with its matrix and
+the round it was shared in, the alphas so far and FedAdam's moments (:meth:`FedscStrategy.state_arrays`): a run
+resumed from its checkpoint continues bit for bit (the participants and the silos' draws are functions of the seed
+and the round).
 """
 
 from __future__ import annotations
@@ -85,6 +92,8 @@ class FedscStrategy(SiloflStrategy):
         alpha_t's linear decay (eq. 80) from the first share to the end.
     participation : float
         the fraction of silos sampled each round outside the first rounds.
+    stale_shares : str
+        "drop": Rbar_{-j} from the latest sharing round's entries only; "keep": from the whole cache (the paper).
     sharing : bool
         share correlation matrices (FedSC) or not (FedAvg+SC, alpha = 1).
     server_optimizer : str
@@ -108,6 +117,7 @@ class FedscStrategy(SiloflStrategy):
         alpha_start: float = 1.0,
         alpha_end: float,
         participation: float,
+        stale_shares: str = "drop",
         sharing: bool = True,
         server_optimizer: str = "avg",
         server_lr: float = 1e-3,
@@ -123,10 +133,14 @@ class FedscStrategy(SiloflStrategy):
         self.alpha_start = alpha_start
         self.alpha_end = alpha_end
         self.participation = participation
+        if stale_shares not in ("drop", "keep"):
+            raise ValueError(f"stale_shares must be 'drop' or 'keep', got {stale_shares!r}")
+        self.stale_shares = stale_shares
         self.evaluator = evaluator
         n = federation.n_train
         self.weights = {e.info.silo_id: e.info.n_train / n for e in federation.silos}
         self.cache: dict[int, np.ndarray] = {}
+        self.shared_in: dict[int, int] = {}  # the round of each cache entry's share
         self.shares: dict[int, int] = {e.info.silo_id: 0 for e in federation.silos}
         self.correlation_epsilon: dict[int, float] = {}
         self.noise_std: dict[int, float] = {}
@@ -225,16 +239,34 @@ class FedscStrategy(SiloflStrategy):
             self.cache[silo_id] = normalize_release(
                 matrix, self.instruction.calr_relation, self.instruction.calr_sampling_rate, n_train[silo_id]
             )
+            self.shared_in[silo_id] = server_round
             self.shares[silo_id] = report.shares
             self.correlation_epsilon[silo_id] = report.epsilon_spent
             self.noise_std[silo_id] = report.noise_std
 
+    def entries_used(self) -> dict[int, np.ndarray]:
+        """The cache entries Rbar_{-j} is made of: all of them ("keep"), or those of the latest sharing round
+        ("drop"; with participation 1 that is all of them)."""
+        if self.stale_shares == "keep" or not self.shared_in:
+            return self.cache
+        latest = max(self.shared_in.values())
+        return {j: r for j, r in self.cache.items() if self.shared_in.get(j) == latest}
+
     def others_for(self, silo_ids: list[int]) -> dict[int, np.ndarray]:
-        """Rbar_{-j} of each silo from the cache: one aggregate per round, q_j normalised over the silos in the cache
-        (as `fedsc.aggregate` weighs them)."""
-        total = fedsc.aggregate(self.cache, self.weights)
-        q = fedsc.normalize_weights(self.weights, list(self.cache))
-        return {j: fedsc.others(total, self.cache[j], q[j]) for j in silo_ids}
+        """Rbar_{-j} of each silo from :meth:`entries_used`: one aggregate per round, q_j normalised over the entries
+        used (as `fedsc.aggregate` weighs them); a silo with no other entry there gets the whole cache's."""
+        used = self.entries_used()
+        out = {}
+        if len(used) >= 2:
+            total = fedsc.aggregate(used, self.weights)
+            q = fedsc.normalize_weights(self.weights, list(used))
+            out = {j: fedsc.others(total, used[j], q[j]) for j in silo_ids if j in used}
+        rest = [j for j in silo_ids if j not in out]
+        if rest:
+            total = fedsc.aggregate(self.cache, self.weights)
+            q = fedsc.normalize_weights(self.weights, list(self.cache))
+            out |= {j: fedsc.others(total, self.cache[j], q[j]) for j in rest}
+        return out
 
     # -- the train message and its replies --------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
@@ -291,12 +323,13 @@ class FedscStrategy(SiloflStrategy):
             "noise_std": {str(k): v for k, v in self.noise_std.items()},
             "alphas": list(self.alphas),
             "participation": self.participation,
+            "stale_shares": self.stale_shares,
             "server_optimizer": self.server_optimizer.kind,
         }
 
     def _cache_arrays(self) -> dict[str, np.ndarray]:
-        """The cache and what came with it, one row per silo in id order (`cached`: the silos with an entry; NaN
-        where none), and the alphas so far (NaN for the rounds to come)."""
+        """The cache and what came with it, one row per silo in id order (`cached`: the silos with an entry; NaN,
+        or round 0, where none), and the alphas so far (NaN for the rounds to come)."""
         ids = [e.info.silo_id for e in self.federation.silos]
         h = self.instruction.projection_dim
         alphas = np.full(self.instruction.total_rounds, np.nan)
@@ -305,6 +338,7 @@ class FedscStrategy(SiloflStrategy):
             "cached": np.array([j in self.cache for j in ids], dtype=bool),
             "correlation": np.stack([self.cache.get(j, np.zeros((h, h))) for j in ids]).astype(np.float64, copy=False),
             "shares": np.array([self.shares[j] for j in ids], dtype=np.int64),
+            "shared_in": np.array([self.shared_in.get(j, 0) for j in ids], dtype=np.int64),
             "correlation_epsilon": np.array([self.correlation_epsilon.get(j, np.nan) for j in ids], dtype=np.float64),
             "noise_std": np.array([self.noise_std.get(j, np.nan) for j in ids], dtype=np.float64),
             "alphas": alphas,
@@ -330,6 +364,7 @@ class FedscStrategy(SiloflStrategy):
         # id order, the order of the first share (every silo): `fedsc.aggregate` sums the cache in this order
         self.cache = {ids[i]: own["correlation"][i].copy() for i in rows}
         self.shares = {j: int(v) for j, v in zip(ids, own["shares"], strict=True)}
+        self.shared_in = {ids[i]: int(own["shared_in"][i]) for i in rows}
         self.correlation_epsilon = {ids[i]: float(own["correlation_epsilon"][i]) for i in rows}
         self.noise_std = {ids[i]: float(own["noise_std"][i]) for i in rows}
         self.alphas = [float(a) for a in own["alphas"] if not np.isnan(a)]
@@ -357,6 +392,7 @@ def _build(inputs: StrategyInputs, *, sharing: bool) -> FedscStrategy:
             "share_every": config.share_every,
             "alpha_start": config.alpha_start,
             "alpha_end": config.alpha_end,
+            "stale_shares": config.stale_shares,
         }
         if sharing
         else {"share_start": 1, "share_every": 1, "alpha_end": 1.0}

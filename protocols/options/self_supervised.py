@@ -93,6 +93,12 @@ class CalrOptions(OptionGroup):
     )
     share_start: int = Field(default=1, ge=1, description="first round the silos share correlation matrices")
     share_every: int = Field(default=1, ge=1, description="rounds between two shares")
+    stale_shares: Literal["drop", "keep"] = Field(
+        default="drop",
+        description="with participation < 1, what a participant's Rbar_{-j} is made of: 'drop' = the matrices shared "
+        "in the latest sharing round only (the other participants'; measured best, docs/FEDSC.md); 'keep' = every "
+        "silo's latest matrix, stale for the silos not sampled (the paper's Algorithm 1, line 17)",
+    )
     calr_relation: Literal["replace_one", "add_remove"] = Field(
         default="replace_one", description="neighbouring relation of DP-CalR's sensitivity", json_schema_extra=SILO
     )

@@ -127,8 +127,12 @@ def test_correlation_replies_are_noised_in_the_silo() -> None:
 
 
 @pytest.mark.slow
-def test_partial_participation_reuses_stale_cache_entries() -> None:
-    result, grid = _run(_config(rounds=3, participation=0.3, epsilon=6.0, delta=1e-2))
+@pytest.mark.parametrize("stale_shares", ["keep", "drop"])
+def test_partial_participation_builds_rbar_from_the_stale_cache_or_from_the_latest_shares_only(stale_shares) -> None:
+    """'keep' (the paper's Algorithm 1): a participant's Rbar_{-j} weighs every silo's latest matrix, stale ones of the
+    silos not sampled included; 'drop' (the default): only the matrices of this round's share, the other
+    participants'. Round 1 (everyone shares) is the same for both."""
+    result, grid = _run(_config(rounds=3, participation=0.3, epsilon=6.0, delta=1e-2, stale_shares=stale_shares))
     shares = grid.exchanges(msg.CORRELATION)
     trains = grid.exchanges(msg.TRAIN)
     assert len(shares[0][0]) == 10  # round 1: everyone
@@ -136,14 +140,57 @@ def test_partial_participation_reuses_stale_cache_entries() -> None:
     latest: dict[int, np.ndarray] = {}
     n = {s["node_id"]: s["n_train"] for s in result["federation"]["silos"]}
     for (_, replies), (messages, _) in zip(shares, trains, strict=True):
-        latest.update({r.metadata.src_node_id: _matrix(r) for r in replies})
+        fresh = {r.metadata.src_node_id: _matrix(r) for r in replies}
+        latest.update(fresh)
+        used = latest if stale_shares == "keep" else fresh
         for m in messages:
             j = m.metadata.dst_node_id
-            expected = sum(n[k] * latest[k] for k in latest if k != j) / (sum(n.values()) - n[j])
+            expected = sum(n[k] * used[k] for k in used if k != j) / (sum(n[k] for k in used) - n[j])
             np.testing.assert_allclose(m.content[msg.OTHERS]["R"].numpy(), expected, rtol=1e-12, atol=1e-14)
+    assert len(latest) == 10 and len(fresh) == 3  # what 'drop' leaves out in the last round: 7 stale matrices
+    assert result["server_state"]["stale_shares"] == stale_shares
     counted = {int(k): v["shares"] for k, v in result["privacy"]["correlation_shares"].items()}
     assert sorted(counted.values()) != [3] * 10  # not everyone shared every round
     assert sum(counted.values()) == 10 + 3 + 3
+
+
+def test_drop_uses_the_latest_sharing_round_and_falls_back_to_the_cache_for_a_lone_participant() -> None:
+    """Between shares (share-every > 1) 'drop' uses the latest sharing round's entries; a participant that is the only
+    entry of that round gets the whole cache's Rbar_{-j}; 'keep' always the whole cache; a bad value is refused."""
+    rng = np.random.default_rng(1)
+    s = _strategy()
+    h = s.instruction.projection_dim
+    s.cache = {j: rng.normal(size=(h, h)) for j in (0, 1, 2)}
+    s.shared_in = {0: 4, 1: 4, 2: 2}  # silo 2 last shared two rounds before the latest share
+    weights = {j: s.weights[j] for j in (0, 1)}
+    expected = {0: s.cache[1], 1: s.cache[0]}  # each of the two fresh entries is the other's whole Rbar
+    got = s.others_for([0, 1])
+    for j in (0, 1):
+        np.testing.assert_allclose(got[j], expected[j], rtol=1e-12)
+    assert set(s.entries_used()) == {0, 1} and sum(weights.values()) > 0
+    s.stale_shares = "keep"
+    keep = s.others_for([0])[0]
+    total = sum(s.weights[k] for k in (1, 2))
+    np.testing.assert_allclose(keep, (s.weights[1] * s.cache[1] + s.weights[2] * s.cache[2]) / total, rtol=1e-12)
+    s.stale_shares = "drop"
+    s.shared_in = {0: 6, 1: 4, 2: 2}  # silo 0 alone in the latest share: the whole cache for it
+    np.testing.assert_allclose(s.others_for([0])[0], keep, rtol=1e-12)
+    with pytest.raises(ValueError, match="stale_shares must be 'drop' or 'keep', got 'old'"):
+        FedscStrategy(
+            s.federation,
+            s.param_spec,
+            instruction=s.instruction,
+            eval_instruction=s.eval_instruction,
+            initial=s.initial,
+            share_start=1,
+            share_every=1,
+            alpha_end=0.2,
+            participation=0.5,
+            stale_shares="old",
+            evaluator=None,
+        )
+    with pytest.raises(ValueError, match="stale-shares"):
+        _config(participation=0.5, stale_shares="old")
 
 
 def test_fedavg_sc_shares_nothing_and_share_schedule_delays_sharing() -> None:
@@ -239,6 +286,7 @@ def test_fedsc_state_arrays_round_trip_and_a_foreign_checkpoint_is_refused() -> 
     h, spec = s.instruction.projection_dim, s.param_spec
     s.cache = {0: rng.normal(size=(h, h)), 2: rng.normal(size=(h, h))}  # silo 1 never shared
     s.shares, s.correlation_epsilon, s.noise_std = {0: 2, 1: 0, 2: 1}, {0: 1.5, 2: math.inf}, {0: 0.3, 2: 0.0}
+    s.shared_in = {0: 2, 2: 1}  # silo 2's entry is older: 'drop' leaves it out
     s.alphas = [1.0, 0.6]
     current = {name: rng.normal(size=shape).astype(np.float32) for name, shape in spec}
     s.server_optimizer.step(current, {k: v + 1.0 for k, v in current.items()}, lr=0.01)
@@ -246,7 +294,8 @@ def test_fedsc_state_arrays_round_trip_and_a_foreign_checkpoint_is_refused() -> 
     assert state["cached"].tolist() == [True, False, True] and state["alphas"].shape == (5,)  # 5 rounds
     t = _strategy()
     t.restore_state_arrays(state)
-    assert list(t.cache) == [0, 2] and t.result_state() == s.result_state()
+    assert list(t.cache) == [0, 2] and t.result_state() == s.result_state() and t.shared_in == s.shared_in
+    assert state["shared_in"].tolist() == [2, 0, 1]
     for j, others in s.others_for([0, 2]).items():
         np.testing.assert_array_equal(t.others_for([j])[j], others)
     mean = {k: v - 0.5 for k, v in current.items()}
