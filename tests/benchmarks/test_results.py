@@ -643,9 +643,15 @@ FEDSC_KNOWN = {
     (3.0, 0.5): (0.69, 0.60, 0.66, 1.52),
     ("inf", 0.5): (0.72, 0.62, 0.68, "inf"),
 }
+#: The same at participation 0.5 with Rbar_{-j} from the latest shares only (method fedsc-fresh, silofl's default).
+FEDSC_FRESH_KNOWN = {
+    (1.0, 0.5): (0.69, 0.60, 0.655, 0.51),
+    (3.0, 0.5): (0.705, 0.61, 0.67, 1.52),
+    ("inf", 0.5): (0.725, 0.62, 0.685, "inf"),
+}
 
 
-def _fedsc_result(folder: Path, eps, part: float, seed: int, known: tuple) -> None:
+def _fedsc_result(folder: Path, eps, part: float, seed: int, known: tuple, method: str = "fedsc") -> None:
     """A FedSC run's result.json with the blocks a real one has (config as `silofl run` writes it, federation,
     per-round entries with the kNN monitor at round 50 and the final evaluation at round 100, final metrics, the
     privacy block with FedSC's own report, timing, server state, status), validated and written as a RunResult."""
@@ -668,6 +674,7 @@ def _fedsc_result(folder: Path, eps, part: float, seed: int, known: tuple) -> No
         "delta": 1e-2,
         "participation": part,
         "seed": seed,
+        "stale-shares": "drop" if method == "fedsc-fresh" else "keep",
         "out-dir": str(folder),
     }
     config = RunConfig.parse(values).to_json()
@@ -714,34 +721,53 @@ def _fedsc_result(folder: Path, eps, part: float, seed: int, known: tuple) -> No
         "status": {"completed": True, "state": "completed", "rounds_completed": 100, "error": None},
     }
     write_result(result, folder)  # a RunResult: a field that drifts from the format fails here
-    (folder / "run.json").write_text(json.dumps({"method": "fedsc", "config": config}))
+    (folder / "run.json").write_text(json.dumps({"method": method, "config": config}))
 
 
 def test_fedsc_privacy_section_from_known_runs(tmp_path: Path):
     """FedSC across epsilon and participation from known runs (epsilon 1, 3, inf x participation 1, 0.5 x two
-    seeds): the table's means ± sd of the final linear probe and kNN, the accountant's epsilon spent and the rounds;
-    the conclusion: accuracy rises with epsilon at each participation (paired by seed: the same rise for both seeds,
-    a trend) and participation 0.5's cost at each epsilon; the paper's Table 3 beside it; the kNN-over-rounds figure."""
+    seeds, and participation 0.5 again with Rbar_{-j} from the latest shares): the table's means ± sd of the final
+    linear probe and kNN, what Rbar_{-j} is made of, the accountant's epsilon spent and the rounds; the conclusion:
+    accuracy rises with epsilon at each participation and for each Rbar_{-j} (paired by seed: the same rise for both
+    seeds, a trend), participation 0.5's cost at each epsilon with each, the latest shares against the stale cache;
+    the paper's Table 3 beside it; the kNN-over-rounds figure."""
     out = tmp_path / "sweeps" / results_fedsc_privacy.FEDSC_PRIVACY_SWEEP
-    for (eps, part), known in FEDSC_KNOWN.items():
-        for seed in (0, 1):
-            _fedsc_result(out / f"fedsc__epsilon={eps}_participation={part}_seed={seed}", eps, part, seed, known)
+    for method, table in (("fedsc", FEDSC_KNOWN), ("fedsc-fresh", FEDSC_FRESH_KNOWN)):
+        for (eps, part), known in table.items():
+            for seed in (0, 1):
+                folder = out / f"{method}__epsilon={eps}_participation={part}_seed={seed}"
+                _fedsc_result(folder, eps, part, seed, known, method)
     lines, files, text = _section(results_fedsc_privacy.fedsc_privacy_section, tmp_path)
-    assert lines[0] == results_fedsc_privacy.FEDSC_PRIVACY_HEADING and files.runs == 12
+    assert lines[0] == results_fedsc_privacy.FEDSC_PRIVACY_HEADING and files.runs == 18
     assert "python benchmarks/results.py --only fedsc-privacy" in text
-    assert "| 1 | 1 | 2 | 70.0% ± 1.4 | 66.0% ± 1.4 | 0.99 ± 0.00 | 100 |" in text
-    assert "| 3 | 0.5 | 2 | 69.0% ± 1.4 | 66.0% ± 1.4 | 1.52 ± 0.00 | 100 |" in text
-    assert "| inf | 1 | 2 | 73.0% ± 1.4 | 69.0% ± 1.4 | inf (no noise) | 100 |" in text
+    assert "| 1 | 1 | all fresh (participation 1) | 2 | 70.0% ± 1.4 | 66.0% ± 1.4 | 0.99 ± 0.00 | 100 |" in text
+    assert "| 3 | 0.5 | the stale cache (the paper's) | 2 | 69.0% ± 1.4 | 66.0% ± 1.4 | 1.52 ± 0.00 | 100 |" in text
+    assert "| inf | 1 | all fresh (participation 1) | 2 | 73.0% ± 1.4 | 69.0% ± 1.4 | inf (no noise) | 100 |" in text
+    fresh_row = "| 3 | 0.5 | the latest shares (silofl's default) | 2 | 70.5% ± 1.4 | 67.0% ± 1.4 | 1.52 ± 0.00 | 100 |"
+    assert fresh_row in text and text.index(fresh_row) < text.index("| 3 | 0.5 | the stale cache")
     assert (
         "- Participation 1, epsilon 1, 3, inf: linear probe 70.0%, 72.0%, 73.0% (rises at every step; epsilon 1 to "
         "inf paired by seed: +3.0 ± 0.0 points (rises)); kNN 66.0%, 68.0%, 69.0% (rises at every step;" in text
     )
-    assert "- Participation 0.5, epsilon 1, 3, inf: linear probe 66.0%, 69.0%, 72.0% (rises at every step;" in text
     assert (
-        "- Epsilon 1, participation 1 to 0.5 (paired by seed): linear probe -4.0 ± 0.0 points (falls); kNN -2.0 ± 0.0 "
-        "points (falls); epsilon spent 0.99 ± 0.00 and 0.51 ± 0.00." in text
+        "- Participation 0.5, Rbar_{-j} from the stale cache (the paper's), epsilon 1, 3, inf: linear probe 66.0%, "
+        "69.0%, 72.0% (rises at every step;" in text
     )
-    assert "- Epsilon inf, participation 1 to 0.5 (paired by seed): linear probe -1.0 ± 0.0 points (falls)" in text
+    assert (
+        "- Participation 0.5, Rbar_{-j} from the latest shares (silofl's default), epsilon 1, 3, inf: linear probe "
+        "69.0%, 70.5%, 72.5% (rises at every step;" in text
+    )
+    assert (
+        "- Epsilon 1, participation 1 to 0.5 (paired by seed), the latest shares (silofl's default): linear probe "
+        "-1.0 ± 0.0 points (falls); kNN -0.5 ± 0.0 points (falls); epsilon spent 0.99 ± 0.00 and 0.51 ± 0.00; the "
+        "stale cache (the paper's): linear probe -4.0 ± 0.0 points (falls); kNN -2.0 ± 0.0 points (falls); epsilon "
+        "spent 0.99 ± 0.00 and 0.51 ± 0.00." in text
+    )
+    assert (
+        "- Epsilon 1, participation 0.5, from the stale cache to the latest shares only (paired by seed): linear probe "
+        "+3.0 ± 0.0 points (rises); kNN +1.5 ± 0.0 points (rises)." in text
+    )
+    assert "- Epsilon inf, participation 1 to 0.5 (paired by seed), the latest shares" in text
     assert '"deploying DP leads to negligible performance degradation"' in text
     assert "partial participation costs it 2.24-2.94 points at each epsilon" in text
     links = re.findall(r"!\[FedSC kNN accuracy over rounds[^\]]*\]\(([^)]+)\)", text)
