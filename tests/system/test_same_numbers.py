@@ -19,7 +19,10 @@ from the project root: it reruns every case of :data:`CASES` with the code of th
 `tests/data/golden_runs.json` (about 10 s; `--record CASE ...` reruns only those cases). The fixture was recorded
 with the code of commit 47fa1a6, before the refactor, in the environment the README's install command gave on
 2026-11-24 (the refactored code reproduces it bit for bit there). Two recordings gave byte-identical fixtures, so
-nothing has a tolerance in the recording environment (see :data:`TOLERANCE`).
+nothing has a tolerance in the recording environment (see :data:`TOLERANCE`). Recorded again on 2026-11-27, with the
+same packages, on another processor generation (AMD EPYC family 26, which the old key "AMD EPYC" could not tell from
+the recording machine's): every number within :data:`DRIFT` of the first recording (the largest change: epsilon in
+the 10th digit, mu2fl's loss in the 7th), the environment key now naming the processor's family and model.
 """
 
 from __future__ import annotations
@@ -178,13 +181,20 @@ def environment() -> dict[str, str]:
 
 
 def _cpu() -> str:
-    """The processor's model name (Linux: /proc/cpuinfo), else what `platform` knows of it."""
+    """The processor (Linux: /proc/cpuinfo's model name with its family and model numbers), else what `platform`
+    knows of it. The name alone is not enough: virtual machines report "AMD EPYC" for every generation, and two of
+    them (family 25 and 26, seen 2026-11-27) round the same code's epsilon differently in the 10th digit."""
     import platform
 
     try:
+        fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():
+                break  # the first processor is enough
+        if "model name" in fields:
+            return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
     except OSError:
         pass
     return platform.processor() or platform.machine()
