@@ -396,8 +396,8 @@ def test_every_sweep_file_of_the_benchmarks_expands_with_each_methods_own_keys()
         "steffle_credit_heterogeneity": 180,
         "steffle_adult_record": 78,
         "steffle_credit_record": 78,
-        "dp_fermi_adult": 90,
-        "fedsc_fmnist_privacy": 24,
+        "dp_fermi_adult": 120,
+        "fedsc_fmnist_privacy": 36,
     }
     files = sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml"))
     assert {f.stem for f in files} == set(expected)
