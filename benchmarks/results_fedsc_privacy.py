@@ -318,6 +318,12 @@ def fedsc_privacy_section(sweeps: Path, sweep_files: Path, figures: Path, doc_di
         *fedsc_privacy_table(by_method),
         "",
     ]
+    lines += [
+        "kNN accuracy over rounds, the mean over the seeds (the FedSC paper's Figure 2 at this scale): the monitor "
+        "every 50 rounds scores a subset of the images, the last point is the final evaluation on the whole split, "
+        "hence the step at the end; dashed: the stale cache.",
+        "",
+    ]
     drawn = [("fedsc-privacy-knn-fashion-mnist", knn_figure(by_method))]
     lines += figure_lines(drawn, figures, "FedSC kNN accuracy over rounds per epsilon and participation", doc_dir)
     lines += fedsc_privacy_conclusion(by_method)

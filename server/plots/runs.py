@@ -93,9 +93,15 @@ def config_defaults(algorithm: str) -> dict[str, Any]:
     return out
 
 
+#: Keys added after runs were recorded whose default is not what those earlier runs did: for a stored config without
+#: the key, the value that describes them. `stale-shares` (2026-11-27): FedSC before the option kept the stale cache.
+EARLIER_BEHAVIOUR: dict[str, Any] = {"stale-shares": "keep"}
+
+
 def normalized_config(stored: Mapping[str, Any], defaults: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """A result.json `config` as this version writes it: the algorithm's keys only (older versions stored every key
-    of every algorithm), with the defaults of keys added since. `defaults` caches `config_defaults` per algorithm."""
+    of every algorithm), with the defaults of keys added since, or, for a key in :data:`EARLIER_BEHAVIOUR`, what runs
+    made before it existed did. `defaults` caches `config_defaults` per algorithm."""
     algorithm = str(stored.get("algorithm", ""))
     cache = defaults if defaults is not None else {}
     if algorithm not in cache:
@@ -103,7 +109,8 @@ def normalized_config(stored: Mapping[str, Any], defaults: dict[str, dict[str, A
     own = cache[algorithm]
     if not own:  # an algorithm this process does not know: as stored
         return dict(stored)
-    return {**own, **{k: v for k, v in stored.items() if k in own}}
+    earlier = {k: v for k, v in EARLIER_BEHAVIOUR.items() if k in own and k not in stored}
+    return {**own, **earlier, **{k: v for k, v in stored.items() if k in own}}
 
 
 def load_runs(

@@ -699,3 +699,17 @@ def test_a_methods_non_private_runs_are_a_curve_of_their_own() -> None:
     assert dashed == ["steffle (lambda 0, non-private)", "steffle (lambda 2, non-private)"]
     assert not [t for t in _texts(fig) if "None" in t]
     _assert_legends_fit(fig)
+
+
+def test_a_key_added_since_takes_its_default_unless_earlier_runs_did_otherwise() -> None:
+    """A FedSC result stored before `--stale-shares` existed ran the paper's stale cache: its config reads "keep",
+    not the default "drop"; a config that stores the key keeps its value, and other new keys take their defaults."""
+    from silofl.protocols.config import RunConfig
+    from silofl.server.plots.runs import normalized_config
+
+    written = RunConfig.parse({"algorithm": "fedsc", "participation": 0.5}).to_json()
+    assert written["stale-shares"] == "drop"
+    before = {k: v for k, v in written.items() if k not in ("stale-shares", "probe-epochs")}
+    read = normalized_config(before)
+    assert read["stale-shares"] == "keep" and read["probe-epochs"] == written["probe-epochs"]
+    assert normalized_config(written)["stale-shares"] == "drop"
