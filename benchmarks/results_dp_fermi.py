@@ -152,16 +152,7 @@ def matched_error_lines(cells: Cells, metric: str) -> list[str]:
         by_eps[eps][lam] = runs
     if len(by_eps) < 2:
         return []
-    means = {
-        eps: [
-            (
-                plots.mean_sd([r.final["error"] for r in runs.values()])[0],
-                plots.mean_sd([r.final[metric] for r in runs.values()])[0],
-            )
-            for runs in lams.values()
-        ]
-        for eps, lams in by_eps.items()
-    }
+    means = {eps: list(by_lam.values()) for eps, by_lam in summary_of(cells, metric).items()}
     matched = _fair_end(means)
     if matched is None:
         return []

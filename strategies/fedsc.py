@@ -256,17 +256,15 @@ class FedscStrategy(SiloflStrategy):
         """Rbar_{-j} of each silo from :meth:`entries_used`: one aggregate per round, q_j normalised over the entries
         used (as `fedsc.aggregate` weighs them); a silo with no other entry there gets the whole cache's."""
         used = self.entries_used()
-        out = {}
-        if len(used) >= 2:
-            total = fedsc.aggregate(used, self.weights)
-            q = fedsc.normalize_weights(self.weights, list(used))
-            out = {j: fedsc.others(total, used[j], q[j]) for j in silo_ids if j in used}
+        out = self._others_over(used, [j for j in silo_ids if j in used]) if len(used) >= 2 else {}
         rest = [j for j in silo_ids if j not in out]
-        if rest:
-            total = fedsc.aggregate(self.cache, self.weights)
-            q = fedsc.normalize_weights(self.weights, list(self.cache))
-            out |= {j: fedsc.others(total, self.cache[j], q[j]) for j in rest}
-        return out
+        return out | (self._others_over(self.cache, rest) if rest else {})
+
+    def _others_over(self, entries: dict[int, np.ndarray], silo_ids: list[int]) -> dict[int, np.ndarray]:
+        """Rbar_{-j} of each of `silo_ids` (all in `entries`) from `entries`, q_j normalised over them."""
+        total = fedsc.aggregate(entries, self.weights)
+        q = fedsc.normalize_weights(self.weights, list(entries))
+        return {j: fedsc.others(total, entries[j], q[j]) for j in silo_ids}
 
     # -- the train message and its replies --------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
